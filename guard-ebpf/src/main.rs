@@ -1,0 +1,223 @@
+//! guard's BPF programs.
+//!
+//! Each program turns one kernel event into a [`RawEvent`] in the `EVENTS` ring buffer:
+//!
+//! | program | attach point | emits |
+//! |---|---|---|
+//! | `sched_process_fork` | tp_btf `sched_process_fork(parent, child)` | FORK for a new process, never a thread |
+//! | `sched_process_exec` | tp_btf `sched_process_exec(p, old_pid, bprm)` | EXEC (new comm, new euid) |
+//! | `sched_process_exit_gd` | tp_btf `sched_process_exit(p, group_dead)` (Linux ≥ 6.16) | EXIT once the last thread is gone |
+//! | `sched_process_exit_live` | tp_btf `sched_process_exit(p)` (older kernels) | EXIT when `signal->live` reached 0 |
+//! | `task_rename` | tp_btf `task_rename(task, comm)` | RENAME of a group leader |
+//! | `sys_exit_setuid` | tracepoint `syscalls/sys_exit_set{,re,res}uid` | SETUID of a group leader |
+//!
+//! Structure offsets are not compiled in: user space reads them from the running kernel's BTF
+//! (/sys/kernel/btf/vmlinux) and stores them in `OFFSETS`. A record that cannot be reserved
+//! (ring buffer full) or read is counted in `LOST`, and user space rebuilds its table from /proc.
+//!
+//! Task pointers are read out of the context with `bpf_probe_read_kernel`, which makes them
+//! plain scalars for the verifier: we add run-time offsets to them, which it refuses on typed
+//! BTF pointers.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes},
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::{Array, PerCpuArray, RingBuf},
+    programs::{BtfTracePointContext, TracePointContext},
+    EbpfContext,
+};
+use guard_common::{kind, KernelOffsets, RawEvent, COMM_LEN, DEFAULT_RING_BYTES, LOST_INDEX, PF_KTHREAD};
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static OFFSETS: Array<KernelOffsets> = Array::with_max_entries(1, 0);
+
+type Res = Result<(), i64>;
+
+#[inline(always)]
+fn offsets() -> Result<&'static KernelOffsets, i64> {
+    match OFFSETS.get(0) {
+        Some(o) if o.ready != 0 => Ok(o),
+        _ => Err(0),
+    }
+}
+
+/// Reads a `T` at `base + off` in kernel memory.
+#[inline(always)]
+fn read<T>(base: u64, off: u32) -> Result<T, i64> {
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.map_err(|e| e as i64)
+}
+
+/// The `n`th tp_btf argument as a plain scalar (see the crate doc for why).
+#[inline(always)]
+fn arg(ctx: &BtfTracePointContext, n: usize) -> Result<u64, i64> {
+    unsafe { bpf_probe_read_kernel((ctx.as_ptr() as *const u64).add(n)) }.map_err(|e| e as i64)
+}
+
+fn count_lost() {
+    if let Some(p) = LOST.get_ptr_mut(LOST_INDEX) {
+        // Per-CPU slot: no other CPU writes it, and BPF programs do not nest on one CPU for
+        // tracepoints, so a plain add is race-free.
+        unsafe { *p += 1 };
+    }
+}
+
+/// Fills and submits one record for the process whose leader is `leader`.
+#[inline(always)]
+fn emit(o: &KernelOffsets, event_kind: u32, task: u64, aux: u32, comm: Option<[u8; COMM_LEN]>) -> Res {
+    let leader: u64 = read(task, o.task_group_leader)?;
+    let tgid: u32 = read(task, o.task_tgid)?;
+    let cred: u64 = read(task, o.task_cred)?;
+    let euid: u32 = read(cred, o.cred_euid)?;
+    let start: u64 = read(leader, o.task_start_boottime)?;
+    let comm = match comm {
+        Some(c) => c,
+        None => read(leader, o.task_comm)?,
+    };
+    match EVENTS.reserve::<RawEvent>(0) {
+        Some(mut slot) => {
+            slot.write(RawEvent { kind: event_kind, pid: tgid, aux, euid, start_boottime_ns: start, comm });
+            slot.submit(0);
+            Ok(())
+        }
+        None => Err(1),
+    }
+}
+
+/// Runs a handler; any failure to build or queue a record counts as a lost event.
+#[inline(always)]
+fn finish(r: Res) -> i32 {
+    if let Err(code) = r {
+        // code 0: offsets not loaded yet (before start-up finished): nothing to report.
+        if code != 0 {
+            count_lost();
+        }
+    }
+    0
+}
+
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+    finish(try_fork(&ctx))
+}
+
+fn try_fork(ctx: &BtfTracePointContext) -> Res {
+    let o = offsets()?;
+    let parent = arg(ctx, 0)?;
+    let child = arg(ctx, 1)?;
+    let pid: u32 = read(child, o.task_pid)?;
+    let tgid: u32 = read(child, o.task_tgid)?;
+    if pid != tgid {
+        return Ok(()); // a thread: the process already counts once
+    }
+    let flags: u32 = read(child, o.task_flags)?;
+    if flags & PF_KTHREAD != 0 {
+        return Ok(());
+    }
+    let parent_tgid: u32 = read(parent, o.task_tgid)?;
+    emit(o, kind::FORK, child, parent_tgid, None)
+}
+
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
+    finish(try_exec(&ctx))
+}
+
+fn try_exec(ctx: &BtfTracePointContext) -> Res {
+    let o = offsets()?;
+    let task = arg(ctx, 0)?;
+    let old_pid = arg(ctx, 1)? as u32;
+    emit(o, kind::EXEC, task, old_pid, None)
+}
+
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit_gd(ctx: BtfTracePointContext) -> i32 {
+    finish(try_exit(&ctx, true))
+}
+
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit_live(ctx: BtfTracePointContext) -> i32 {
+    finish(try_exit(&ctx, false))
+}
+
+fn try_exit(ctx: &BtfTracePointContext, has_group_dead: bool) -> Res {
+    let o = offsets()?;
+    let task = arg(ctx, 0)?;
+    let group_dead = if has_group_dead {
+        arg(ctx, 1)? & 0xff != 0
+    } else {
+        // do_exit() decrements signal->live before it fires the tracepoint.
+        let signal: u64 = read(task, o.task_signal)?;
+        let live: i32 = read(signal, o.signal_live)?;
+        live == 0
+    };
+    if !group_dead {
+        return Ok(());
+    }
+    let flags: u32 = read(task, o.task_flags)?;
+    if flags & PF_KTHREAD != 0 {
+        return Ok(());
+    }
+    emit(o, kind::EXIT, task, 0, None)
+}
+
+#[btf_tracepoint(function = "task_rename")]
+pub fn task_rename(ctx: BtfTracePointContext) -> i32 {
+    finish(try_rename(&ctx))
+}
+
+fn try_rename(ctx: &BtfTracePointContext) -> Res {
+    let o = offsets()?;
+    let task = arg(ctx, 0)?;
+    let pid: u32 = read(task, o.task_pid)?;
+    let tgid: u32 = read(task, o.task_tgid)?;
+    if pid != tgid {
+        return Ok(()); // a thread's name is not the process's name
+    }
+    let flags: u32 = read(task, o.task_flags)?;
+    if flags & PF_KTHREAD != 0 {
+        return Ok(());
+    }
+    // The tracepoint fires before the copy into task->comm: take the new name from the argument.
+    let src = arg(ctx, 1)?;
+    let mut comm = [0u8; COMM_LEN];
+    unsafe { bpf_probe_read_kernel_str_bytes(src as *const u8, &mut comm[..COMM_LEN - 1]) }.map_err(|e| e as i64)?;
+    emit(o, kind::RENAME, task, 0, Some(comm))
+}
+
+/// Attached to `syscalls/sys_exit_setuid`, `sys_exit_setreuid` and `sys_exit_setresuid`: the
+/// caller's credentials are committed by then, so we report the current state, whatever the
+/// return value. Only the leader's euid is the process's (what `ps -u` shows).
+#[tracepoint]
+pub fn sys_exit_setuid(ctx: TracePointContext) -> i32 {
+    let _ = &ctx;
+    finish(try_setuid())
+}
+
+fn try_setuid() -> Res {
+    let o = offsets()?;
+    let task = unsafe { bpf_get_current_task() };
+    let pid: u32 = read(task, o.task_pid)?;
+    let tgid: u32 = read(task, o.task_tgid)?;
+    if pid != tgid {
+        return Ok(());
+    }
+    emit(o, kind::SETUID, task, 0, None)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
