@@ -1,0 +1,6 @@
+//! `guard-user check` (in progress).
+use std::process::ExitCode;
+
+pub fn main(_args: impl std::fmt::Debug) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("not built yet")
+}

@@ -1,0 +1,7 @@
+//! `guard-user install` (in progress).
+use std::process::ExitCode;
+
+pub fn main(_args: impl std::fmt::Debug) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("not built yet")
+}
+pub fn uninstall(_args: impl std::fmt::Debug) -> anyhow::Result<ExitCode> { anyhow::bail!("not built yet") }
