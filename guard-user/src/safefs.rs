@@ -1,1 +1,217 @@
-//! (in progress)
+//! Files in the account's home, written so that a link planted there cannot make a root daemon
+//! write anywhere the account itself could not (SPEC §2).
+//!
+//! Three layers:
+//! 1. Every file operation runs with the account's file-system identity ([`FsIdentity::scope`]:
+//!    per-thread `setfsuid`/`setfsgid` and an empty per-thread group list), so the kernel's
+//!    own permission checks treat the daemon as the account: a symlink or hard link to a file
+//!    the account cannot write is refused with EACCES, and new files belong to the account.
+//! 2. The final component is opened with `O_NOFOLLOW`; an appended-to file must be a regular
+//!    file with one link, owned by the account.
+//! 3. Whole-file writes go to a fresh temp file (`O_EXCL`), are fsynced, and renamed over the
+//!    target, so a reader sees the old or the new file, never a torn one, and a link at the
+//!    target is replaced, not written through.
+use std::{
+    ffi::OsString,
+    fs::{self, File, OpenOptions},
+    io::{self, Write},
+    os::unix::{
+        ffi::OsStringExt,
+        fs::{MetadataExt, OpenOptionsExt},
+    },
+    path::{Path, PathBuf},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SafeFsError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{}: refusing to write through it: {why}", path.display())]
+    Unsafe { path: PathBuf, why: &'static str },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SafeFsError + '_ {
+    move |source| SafeFsError::Io { path: path.to_path_buf(), source }
+}
+
+/// Whose file-system identity file operations use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsIdentity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Restores root's file-system identity when dropped (also on panic).
+pub struct FsScope {
+    active: bool,
+    groups: Vec<libc::gid_t>,
+}
+
+impl FsIdentity {
+    /// Runs file operations as the account until the returned scope drops. A no-op when the
+    /// daemon is not root (it can then only write what its own uid can).
+    pub fn scope(&self) -> FsScope {
+        // SAFETY: plain syscalls on the calling thread's credentials. The raw syscalls (not
+        // glibc's wrappers) are used because glibc broadcasts setgroups to every thread.
+        unsafe {
+            if libc::geteuid() != 0 || self.uid == 0 {
+                return FsScope { active: false, groups: Vec::new() };
+            }
+            let n = libc::getgroups(0, std::ptr::null_mut());
+            let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
+            if n > 0 {
+                libc::getgroups(n, groups.as_mut_ptr());
+            }
+            libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>());
+            libc::syscall(libc::SYS_setfsgid, self.gid as usize);
+            libc::syscall(libc::SYS_setfsuid, self.uid as usize);
+            FsScope { active: true, groups }
+        }
+    }
+}
+
+impl Drop for FsScope {
+    fn drop(&mut self) {
+        if self.active {
+            // SAFETY: see FsIdentity::scope.
+            unsafe {
+                libc::syscall(libc::SYS_setfsuid, 0usize);
+                libc::syscall(libc::SYS_setfsgid, 0usize);
+                libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
+            }
+        }
+    }
+}
+
+/// Replaces `path` with `bytes` atomically: temp file beside it, fsync, rename, fsync the dir.
+pub fn atomic_write(path: &Path, bytes: &[u8], who: FsIdentity) -> Result<(), SafeFsError> {
+    let _scope = who.scope();
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp_name: OsString = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    // A leftover temp file from a crashed run: remove it (unlink removes a link, never its target).
+    let _ = fs::remove_file(&tmp);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        fs::rename(&tmp, path).map_err(io_err(path))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Appends one record with a single `write` (O_APPEND), rotating `path` to `path.1` first
+/// when it has reached `max_bytes`.
+pub fn append_rotating(path: &Path, record: &[u8], max_bytes: u64, who: FsIdentity) -> Result<(), SafeFsError> {
+    let _scope = who.scope();
+    let mut f = open_append(path, who)?;
+    let size = f.metadata().map_err(io_err(path))?.len();
+    if size >= max_bytes {
+        let mut rotated = path.as_os_str().to_os_string().into_vec();
+        rotated.extend_from_slice(b".1");
+        let rotated = PathBuf::from(OsString::from_vec(rotated));
+        // rename replaces a link planted at .1 rather than writing through it.
+        fs::rename(path, &rotated).map_err(io_err(path))?;
+        f = open_append(path, who)?;
+    }
+    f.write_all(record).map_err(io_err(path))
+}
+
+fn open_append(path: &Path, who: FsIdentity) -> Result<File, SafeFsError> {
+    let f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                SafeFsError::Unsafe { path: path.into(), why: "it is a symbolic link" }
+            } else {
+                SafeFsError::Io { path: path.into(), source: e }
+            }
+        })?;
+    let meta = f.metadata().map_err(io_err(path))?;
+    if !meta.file_type().is_file() {
+        return Err(SafeFsError::Unsafe { path: path.into(), why: "it is not a regular file" });
+    }
+    if meta.nlink() > 1 {
+        return Err(SafeFsError::Unsafe { path: path.into(), why: "it has more than one hard link" });
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 && meta.uid() != who.uid {
+        return Err(SafeFsError::Unsafe { path: path.into(), why: "it is not owned by the guarded account" });
+    }
+    Ok(f)
+}
+
+/// Reads a small file as the account (so a link to a file the account cannot read fails).
+pub fn read_as(path: &Path, who: FsIdentity, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let _scope = who.scope();
+    let mut buf = Vec::new();
+    File::open(path)?.take(limit).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> FsIdentity {
+        unsafe { FsIdentity { uid: libc::geteuid(), gid: libc::getegid() } }
+    }
+
+    #[test]
+    fn atomic_write_replaces_a_planted_symlink_instead_of_following_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, "precious").unwrap();
+        let state = dir.path().join("state.json");
+        std::os::unix::fs::symlink(&outside, &state).unwrap();
+        atomic_write(&state, b"{}", me()).unwrap();
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
+        assert!(!fs::symlink_metadata(&state).unwrap().file_type().is_symlink());
+        assert_eq!(fs::read_to_string(&state).unwrap(), "{}");
+    }
+
+    #[test]
+    fn appending_refuses_symlinks_and_hard_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, "precious").unwrap();
+        let log = dir.path().join("guard-daemon.log");
+        std::os::unix::fs::symlink(&outside, &log).unwrap();
+        assert!(matches!(append_rotating(&log, b"x\n", 1 << 20, me()), Err(SafeFsError::Unsafe { .. })));
+        fs::remove_file(&log).unwrap();
+        fs::hard_link(&outside, &log).unwrap();
+        assert!(matches!(append_rotating(&log, b"x\n", 1 << 20, me()), Err(SafeFsError::Unsafe { .. })));
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
+    }
+
+    #[test]
+    fn the_log_rotates_to_dot_one_once_it_reaches_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("guard-daemon.log");
+        for i in 0..5 {
+            append_rotating(&log, format!("line{i}\n").as_bytes(), 12, me()).unwrap();
+        }
+        // 6 bytes per line, limit 12: rotate before the 3rd and the 5th line.
+        assert_eq!(fs::read_to_string(&log).unwrap(), "line4\n");
+        assert_eq!(fs::read_to_string(dir.path().join("guard-daemon.log.1")).unwrap(), "line2\nline3\n");
+    }
+}
