@@ -1,1 +1,557 @@
-//! (in progress)
+//! The daemon: the event pump (ebpf backend) and the tick (SPEC §4), wired together.
+//!
+//! Two tasks share the [`ProcessTable`]: the pump drains the ring buffer and applies events,
+//! rebuilding from /proc at start-up, after any lost event and when the periodic audit finds
+//! drift; the tick loop runs the policy every interval (and at the earliest enforcement
+//! deadline). All file and /proc work of a tick runs on a blocking thread, so neither task
+//! stalls the other.
+//!
+//! # Rebuild
+//! A rebuild scans /proc on a blocking thread while the pump keeps applying events *and*
+//! recording them. When the scan ends, the recorded events are replayed over the snapshot in
+//! order; because every event carries a full process state keyed by pid + start time (see
+//! [`crate::table`]), the result is exact: nothing born during the scan is missed or counted
+//! twice.
+use std::{
+    collections::BTreeSet,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, SystemTime},
+};
+
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::{
+    account::Account,
+    config::{self, Config, ConfigError},
+    ebpf::{EbpfOptions, EbpfSource},
+    enforcer::{Enforcer, Outcome},
+    event::{Event, ProcState},
+    log::Logger,
+    policy::{self, classify, hours_one_decimal, minutes_ago, FlagClocks, ProcessVerdict},
+    procfs,
+    safefs::{atomic_write, FsIdentity},
+    state::{self, StateError},
+    status::{self, NameStatus, Status},
+    table::ProcessTable,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto,
+    Ebpf,
+    Procfs,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "ebpf" => Ok(Backend::Ebpf),
+            "procfs" => Ok(Backend::Procfs),
+            other => Err(format!("--backend {other}: expected auto, ebpf or procfs")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DaemonOptions {
+    pub account: Account,
+    /// Where default files live (the account's home, or `--home`).
+    pub home: PathBuf,
+    pub config_path: PathBuf,
+    pub dry_run: bool,
+    pub interval: Duration,
+    pub backend: Backend,
+    pub audit_interval: Duration,
+    pub ring_bytes: Option<u32>,
+    /// Arm a timer for the earliest enforcement deadline (enforce at the timeout, not up to an
+    /// interval later).
+    pub deadline_timer: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot load the BPF programs ({reason}): {detail}")]
+    Ebpf { reason: &'static str, detail: String },
+    #[error("cannot read /proc: {0}")]
+    Proc(std::io::Error),
+}
+
+/// Counters shared by the pump, the tick and the status file.
+#[derive(Default)]
+struct Counters {
+    events: AtomicU64,
+    lost: AtomicU64,
+    resyncs: AtomicU64,
+    kills: AtomicU64,
+}
+
+struct Shared {
+    table: Mutex<ProcessTable>,
+    counters: Counters,
+    /// Set once the start-up rebuild finished: no tick runs on a half-built table (it would
+    /// see names below the threshold and drop their flag clocks).
+    ready: AtomicBool,
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Runs until SIGTERM/SIGINT. Returns the `STOPPED` reason.
+pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
+    let who = FsIdentity { uid: opts.account.uid, gid: opts.account.gid };
+    let initial = config::load(&opts.config_path, &opts.home).ok();
+    let log_bytes = initial.as_ref().map(|c| c.log_max_bytes).unwrap_or(10 << 20);
+    let logger = Logger::new(opts.home.join("guard-daemon.log"), who, log_bytes, true);
+    let self_pid = std::process::id();
+    let shared = Arc::new(Shared {
+        table: Mutex::new(ProcessTable::new(Some(self_pid))),
+        counters: Counters::default(),
+        ready: AtomicBool::new(false),
+    });
+
+    let source = match opts.backend {
+        Backend::Procfs => None,
+        Backend::Ebpf | Backend::Auto => match EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes }) {
+            Ok(s) => Some(s),
+            Err(e) if opts.backend == Backend::Auto => {
+                eprintln!("guard-user: BPF unavailable, using the procfs backend: {e}");
+                logger.raw(&format!("WARN backend_fallback reason={}", e.reason()));
+                None
+            }
+            Err(e) => {
+                let err = DaemonError::Ebpf { reason: e.reason(), detail: e.to_string() };
+                logger.line("STOPPED", &[("reason", &"error")]);
+                return Err(err);
+            }
+        },
+    };
+    let backend = if source.is_some() { "ebpf" } else { "procfs" };
+    logger.line(
+        "STARTED",
+        &[
+            ("version", &crate::VERSION),
+            ("backend", &backend),
+            ("user", &opts.account.name),
+            ("dry_run", &(opts.dry_run as u8)),
+            ("pid", &self_pid),
+        ],
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let pump = match source {
+        Some(src) => Some(tokio::spawn(pump(src, shared.clone(), logger.clone(), opts.audit_interval, stop_rx.clone()))),
+        None => {
+            shared.ready.store(true, Ordering::SeqCst);
+            None
+        }
+    };
+
+    let reason = tick_loop(&opts, backend, &shared, &logger, who, stop_rx.clone()).await;
+    let _ = stop_tx.send(true);
+    if let Some(p) = pump {
+        let _ = p.await;
+    }
+    logger.line("STOPPED", &[("reason", &reason)]);
+    Ok(reason)
+}
+
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+    tokio::select! {
+        _ = term.recv() => "signal",
+        _ = int.recv() => "signal",
+        _ = hup.recv() => "signal",
+    }
+}
+
+async fn tick_loop(
+    opts: &DaemonOptions,
+    backend: &'static str,
+    shared: &Arc<Shared>,
+    logger: &Logger,
+    who: FsIdentity,
+    _stop: watch::Receiver<bool>,
+) -> &'static str {
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    // Wait for the start-up table.
+    while !shared.ready.load(Ordering::SeqCst) {
+        tokio::select! {
+            r = &mut stop => return r,
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+    let mut ctx = TickContext {
+        opts: opts.clone(),
+        backend,
+        shared: shared.clone(),
+        logger: logger.clone(),
+        who,
+        started_at: now_unix(),
+        ticks: 0,
+        warned_keys: BTreeSet::new(),
+        last_state_path: None,
+    };
+    let mut interval = tokio::time::interval(opts.interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let deadline_sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = &mut stop => return r,
+            _ = interval.tick() => {}
+            _ = deadline_sleep => {}
+        }
+        let (returned, next) = {
+            let handle = tokio::task::spawn_blocking(move || {
+                let next = ctx.tick();
+                (ctx, next)
+            });
+            match handle.await {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("guard-user: tick failed: {e}");
+                    return "error";
+                }
+            }
+        };
+        ctx = returned;
+        deadline = next.filter(|_| opts.deadline_timer).map(|at| {
+            let wait = (at - now_unix()).max(0.0);
+            // A hair after the deadline, so the tick sees `elapsed >= timeout`.
+            tokio::time::Instant::now() + Duration::from_secs_f64(wait) + Duration::from_millis(5)
+        });
+    }
+}
+
+struct TickContext {
+    opts: DaemonOptions,
+    backend: &'static str,
+    shared: Arc<Shared>,
+    logger: Logger,
+    who: FsIdentity,
+    started_at: f64,
+    ticks: u64,
+    /// Unknown config keys already warned about (once per key per run, not every tick).
+    warned_keys: BTreeSet<String>,
+    last_state_path: Option<PathBuf>,
+}
+
+impl TickContext {
+    /// One tick (SPEC §4). Blocking. Returns the next enforcement deadline (unix seconds).
+    fn tick(&mut self) -> Option<f64> {
+        self.ticks += 1;
+        let log = self.logger.clone();
+        if self.backend == "procfs" {
+            match procfs::snapshot() {
+                Ok(snap) => {
+                    *self.shared.table.lock().unwrap() = ProcessTable::from_snapshot(snap, Some(std::process::id()));
+                }
+                Err(e) => eprintln!("guard-user: cannot read /proc: {e}"),
+            }
+        }
+        let config = match config::load(&self.opts.config_path, &self.opts.home) {
+            Ok(c) => c,
+            Err(e) => {
+                self.config_error(&e);
+                return None;
+            }
+        };
+        log.set_max_bytes(config.log_max_bytes);
+        for key in &config.unknown_keys {
+            if self.warned_keys.insert(key.clone()) {
+                log.raw(&format!("WARN config_unknown_key key={key} path={}", self.opts.config_path.display()));
+            }
+        }
+        let mut errors = 0u32;
+        let clocks = match state::load(&config.state_file, self.who) {
+            Ok(c) => c,
+            Err(e) => {
+                log.raw(&format!("ERROR {e}"));
+                errors += 1;
+                FlagClocks::new()
+            }
+        };
+        let now = now_unix();
+        let (counts, tracked) = {
+            let t = self.shared.table.lock().unwrap();
+            (t.counts_for(self.opts.account.uid), t.len())
+        };
+        let plan = policy::plan(&counts, &config, &clocks, now);
+        if plan.clocks != clocks || self.last_state_path.as_ref() != Some(&config.state_file) {
+            if let Err(e) = state::save(&config.state_file, &self.opts.account.name, &plan.clocks, self.who) {
+                eprintln!("guard-user: {e}");
+                if let StateError::Write(_) = e {
+                    errors += 1;
+                    log.raw(&format!("ERROR state_unwritable path={}", config.state_file.display()));
+                }
+            } else {
+                self.last_state_path = Some(config.state_file.clone());
+            }
+        }
+        let enforcer =
+            Enforcer { account_uid: self.opts.account.uid, self_pid: std::process::id(), grace: Duration::from_millis(500) };
+        let mut kills = 0u64;
+        let mut name_status = Vec::new();
+        for v in &plan.names {
+            let elapsed = v.elapsed_secs(now);
+            let ago = if v.newly_flagged { "now".to_string() } else { format!("{}m_ago", minutes_ago(elapsed)) };
+            log.line("FLAGGED", &[("name", &v.name), ("count", &v.count), ("first_flagged", &ago)]);
+            let procs = self.shared.table.lock().unwrap().processes_of(self.opts.account.uid, &v.name);
+            let mut targets: Vec<ProcState> = Vec::new();
+            let mut skip = 0u32;
+            for p in procs {
+                match procfs::cmdline(p.id.pid) {
+                    None => {
+                        if v.enforce {
+                            log.line("SKIPPED", &[("pid", &p.id.pid), ("name", &v.name), ("reason", &"identity_changed")]);
+                        }
+                    }
+                    Some(cmd) => match classify(&cmd, &config) {
+                        ProcessVerdict::Skip { .. } => {
+                            skip += 1;
+                            if v.enforce {
+                                log.line("SKIPPED", &[("pid", &p.id.pid), ("name", &v.name), ("reason", &"excluded_command")]);
+                            }
+                        }
+                        ProcessVerdict::End => targets.push(p),
+                    },
+                }
+            }
+            let would_end = targets.len() as u32;
+            if v.enforce {
+                let hours = hours_one_decimal(elapsed);
+                let hours = format!("{hours}h");
+                let fields = |pid: &u32| -> Vec<(&str, String)> {
+                    vec![
+                        ("pid", pid.to_string()),
+                        ("name", v.name.to_string()),
+                        ("reason", "ghost_detected".into()),
+                        ("count", v.count.to_string()),
+                        ("elapsed", hours.clone()),
+                    ]
+                };
+                let emit = |event: &str, pid: u32| {
+                    let f = fields(&pid);
+                    let refs: Vec<(&str, &dyn std::fmt::Display)> =
+                        f.iter().map(|(k, v)| (*k, v as &dyn std::fmt::Display)).collect();
+                    log.line(event, &refs);
+                };
+                if self.opts.dry_run {
+                    for t in &targets {
+                        match enforcer.verify(t) {
+                            Ok(()) => emit("DRY_RUN", t.id.pid),
+                            Err(_) => log.line("SKIPPED", &[("pid", &t.id.pid), ("name", &v.name), ("reason", &"identity_changed")]),
+                        }
+                    }
+                } else {
+                    for (t, outcome) in targets.iter().zip(enforcer.end_all(&targets)) {
+                        match outcome {
+                            Outcome::Ended { .. } => {
+                                kills += 1;
+                                emit("KILLED", t.id.pid);
+                            }
+                            Outcome::Refused(_) => {
+                                log.line("SKIPPED", &[("pid", &t.id.pid), ("name", &v.name), ("reason", &"identity_changed")])
+                            }
+                        }
+                    }
+                }
+            }
+            name_status.push(NameStatus {
+                name: v.name.to_string(),
+                count: v.count,
+                threshold: config.threshold,
+                flagged_since: Some(v.first_flagged),
+                time_left_secs: Some((v.deadline(&config) - now).max(0.0)),
+                would_skip: Some(skip),
+                would_end: Some(would_end),
+            });
+        }
+        // Names at or over half the threshold that are not flagged, for `status`.
+        let half = config.threshold.div_ceil(2);
+        for (name, count) in &counts {
+            if *count >= half && *count < config.threshold && !config.is_excluded(name) {
+                name_status.push(NameStatus { name: name.to_string(), count: *count, threshold: config.threshold, ..Default::default() });
+            }
+        }
+        name_status.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
+        self.shared.counters.kills.fetch_add(kills, Ordering::Relaxed);
+        log.line("TICK_COMPLETE", &[("flagged", &plan.names.len()), ("kills", &kills), ("errors", &errors)]);
+        self.write_status(&config.state_file, &config, name_status, tracked, None);
+        if self.opts.deadline_timer {
+            plan.next_deadline(&config)
+        } else {
+            None
+        }
+    }
+
+    fn config_error(&mut self, e: &ConfigError) {
+        let log = &self.logger;
+        log.raw(&format!("ERROR {e}"));
+        log.line("TICK_COMPLETE", &[("flagged", &0), ("kills", &0), ("errors", &1)]);
+        let state_file =
+            self.last_state_path.clone().unwrap_or_else(|| config::expand_tilde(config::DEFAULT_STATE_FILE, &self.opts.home));
+        let tracked = self.shared.table.lock().unwrap().len();
+        let defaults = Config::defaults(&self.opts.home);
+        self.write_status(&state_file, &defaults, Vec::new(), tracked, Some(e.to_string()));
+    }
+
+    fn write_status(&self, state_file: &std::path::Path, config: &Config, names: Vec<NameStatus>, tracked: usize, err: Option<String>) {
+        let c = &self.shared.counters;
+        let s = Status {
+            version: crate::VERSION.into(),
+            user: self.opts.account.name.clone(),
+            uid: self.opts.account.uid,
+            pid: std::process::id(),
+            backend: self.backend.into(),
+            dry_run: self.opts.dry_run,
+            started_at: self.started_at,
+            last_tick: now_unix(),
+            interval_secs: self.opts.interval.as_secs_f64(),
+            ticks: self.ticks,
+            events: c.events.load(Ordering::Relaxed),
+            lost_events: c.lost.load(Ordering::Relaxed),
+            resyncs: c.resyncs.load(Ordering::Relaxed),
+            kills: c.kills.load(Ordering::Relaxed),
+            tracked_processes: tracked as u64,
+            config_error: err,
+            names,
+        };
+        let _ = config;
+        let mut bytes = serde_json::to_vec_pretty(&s).unwrap();
+        bytes.push(b'\n');
+        if let Err(e) = atomic_write(&status::path_beside(state_file), &bytes, self.who) {
+            eprintln!("guard-user: cannot write the status file: {e}");
+        }
+    }
+}
+
+/// Why a rebuild runs; `RESYNC reason=…`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RebuildReason {
+    Startup,
+    LostEvents,
+    Audit,
+}
+
+struct Rebuild {
+    reason: RebuildReason,
+    lost: u64,
+    recorded: Vec<Event>,
+    scan: JoinHandle<std::io::Result<Vec<ProcState>>>,
+}
+
+/// Recorded events beyond this during one scan: the scan restarts (memory stays bounded).
+const MAX_RECORDED: usize = 1 << 20;
+
+fn start_rebuild(reason: RebuildReason, lost: u64) -> Rebuild {
+    Rebuild { reason, lost, recorded: Vec::new(), scan: tokio::task::spawn_blocking(procfs::snapshot) }
+}
+
+async fn pump(
+    mut src: EbpfSource,
+    shared: Arc<Shared>,
+    logger: Logger,
+    audit_every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let self_pid = Some(std::process::id());
+    let mut rebuild = Some(start_rebuild(RebuildReason::Startup, 0));
+    let mut pending_lost = 0u64;
+    let mut last_lost = src.lost();
+    let mut audit = tokio::time::interval_at(tokio::time::Instant::now() + audit_every, audit_every);
+    let mut batch: Vec<Event> = Vec::with_capacity(4096);
+    let mut raw: Vec<Result<Event, crate::event::DecodeError>> = Vec::with_capacity(4096);
+    loop {
+        let scan_done = async {
+            match rebuild.as_mut() {
+                Some(r) => (&mut r.scan).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.changed() => return,
+            r = src.next_batch(&mut raw, 4096) => {
+                if r.is_err() { return; }
+                batch.clear();
+                for ev in raw.drain(..) {
+                    match ev { Ok(e) => batch.push(e), Err(e) => eprintln!("guard-user: bad event record: {e}") }
+                }
+                if !batch.is_empty() {
+                    let mut t = shared.table.lock().unwrap();
+                    for e in &batch { t.apply(e); }
+                    drop(t);
+                    shared.counters.events.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    if let Some(r) = rebuild.as_mut() {
+                        r.recorded.extend_from_slice(&batch);
+                        if r.recorded.len() > MAX_RECORDED {
+                            let (reason, lost) = (r.reason, r.lost);
+                            r.scan.abort();
+                            rebuild = Some(start_rebuild(reason, lost));
+                        }
+                    }
+                }
+                let lost = src.lost();
+                if lost > last_lost {
+                    let delta = lost - last_lost;
+                    last_lost = lost;
+                    shared.counters.lost.store(lost, Ordering::Relaxed);
+                    match rebuild.as_mut() {
+                        // A scan in progress has missed events too: run another one after it.
+                        Some(_) => pending_lost += delta,
+                        None => rebuild = Some(start_rebuild(RebuildReason::LostEvents, delta)),
+                    }
+                }
+            }
+            snap = scan_done => {
+                let r = rebuild.take().unwrap();
+                match snap {
+                    Ok(Ok(procs)) => {
+                        let mut fresh = ProcessTable::from_snapshot(procs, self_pid);
+                        for e in &r.recorded { fresh.apply(e); }
+                        let mut t = shared.table.lock().unwrap();
+                        let log_it = match r.reason {
+                            RebuildReason::Audit => t.difference(&fresh) > 0,
+                            _ => true,
+                        };
+                        *t = fresh;
+                        drop(t);
+                        shared.ready.store(true, Ordering::SeqCst);
+                        if log_it {
+                            let reason = match r.reason { RebuildReason::Startup => "startup", RebuildReason::LostEvents => "lost_events", RebuildReason::Audit => "drift" };
+                            shared.counters.resyncs.fetch_add(1, Ordering::Relaxed);
+                            logger.line("RESYNC", &[("reason", &reason), ("lost", &r.lost)]);
+                        }
+                    }
+                    Ok(Err(e)) => eprintln!("guard-user: /proc scan failed: {e}"),
+                    Err(e) => eprintln!("guard-user: /proc scan task failed: {e}"),
+                }
+                if pending_lost > 0 {
+                    rebuild = Some(start_rebuild(RebuildReason::LostEvents, pending_lost));
+                    pending_lost = 0;
+                } else if !shared.ready.load(Ordering::SeqCst) {
+                    rebuild = Some(start_rebuild(RebuildReason::Startup, 0));
+                }
+            }
+            _ = audit.tick() => {
+                if rebuild.is_none() { rebuild = Some(start_rebuild(RebuildReason::Audit, 0)); }
+            }
+        }
+    }
+}

@@ -1,1 +1,102 @@
-//! (in progress)
+//! Ending processes: SIGTERM to every target, SIGKILL half a second later to survivors
+//! (SPEC §4 step 5), each signal through a pidfd and right after re-verifying the process's
+//! identity (pid, start time, name, effective uid).
+//!
+//! Why the pidfd is opened *before* the check: a pidfd names the process that held the pid at
+//! `pidfd_open` time. If /proc then shows our target's start time at that pid, the pidfd is the
+//! target (the target existed before the open, so nothing else could hold its pid at that
+//! moment). A pid recycled after the check cannot receive the signal: the pidfd still names the
+//! old, dead process and the kernel answers ESRCH.
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    time::Duration,
+};
+
+use crate::{event::ProcState, procfs};
+
+/// Why a process was not signalled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Gone, or its pid now names another process, or its name/uid changed.
+    IdentityChanged,
+    /// The daemon itself, pid 1, or another uid: never signalled, whatever the table says.
+    Forbidden,
+}
+
+/// The outcome for one target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// SIGTERM delivered (and SIGKILL if it outlived the grace period).
+    Ended { needed_sigkill: bool },
+    /// Not signalled.
+    Refused(Refusal),
+}
+
+pub struct Enforcer {
+    pub account_uid: u32,
+    pub self_pid: u32,
+    pub grace: Duration,
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open has no memory arguments; a non-negative result is a new fd we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0 as libc::c_uint) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn pidfd_signal(fd: &OwnedFd, sig: i32) -> bool {
+    // SAFETY: a null siginfo is allowed; the fd is a pidfd we own.
+    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), sig, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
+}
+
+impl Enforcer {
+    /// Re-reads /proc and compares with what the decision was made on.
+    pub fn verify(&self, target: &ProcState) -> Result<(), Refusal> {
+        if target.id.pid == self.self_pid || target.id.pid <= 1 || target.euid != self.account_uid {
+            return Err(Refusal::Forbidden);
+        }
+        let mut buf = Vec::with_capacity(1024);
+        match procfs::read_process(target.id.pid, &mut buf) {
+            Some(now) if now.id == target.id && now.comm == target.comm && now.euid == target.euid => Ok(()),
+            _ => Err(Refusal::IdentityChanged),
+        }
+    }
+
+    /// Opens a pidfd and verifies; the pidfd is returned only for a verified target.
+    fn open_verified(&self, target: &ProcState) -> Result<OwnedFd, Refusal> {
+        self.verify(target)?; // cheap refusal of forbidden targets before touching them
+        let fd = pidfd_open(target.id.pid).ok_or(Refusal::IdentityChanged)?;
+        self.verify(target)?;
+        Ok(fd)
+    }
+
+    /// Ends `targets` (already classified as End): SIGTERM to all, wait `grace`, SIGKILL to
+    /// the ones still alive. Blocking (it sleeps): run it off the event loop.
+    pub fn end_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
+        let mut outcomes = vec![Outcome::Refused(Refusal::IdentityChanged); targets.len()];
+        let mut termed: Vec<(usize, OwnedFd)> = Vec::with_capacity(targets.len());
+        for (i, t) in targets.iter().enumerate() {
+            match self.open_verified(t) {
+                Ok(fd) => {
+                    if pidfd_signal(&fd, libc::SIGTERM) {
+                        outcomes[i] = Outcome::Ended { needed_sigkill: false };
+                        termed.push((i, fd));
+                    }
+                }
+                Err(r) => outcomes[i] = Outcome::Refused(r),
+            }
+        }
+        if termed.is_empty() {
+            return outcomes;
+        }
+        std::thread::sleep(self.grace);
+        for (i, fd) in termed {
+            // Still alive and still the same process: the pidfd guarantees the second half,
+            // the check guards against a name or uid change (an exec) during the grace period.
+            if self.verify(&targets[i]).is_ok() && pidfd_signal(&fd, libc::SIGKILL) {
+                outcomes[i] = Outcome::Ended { needed_sigkill: true };
+            }
+        }
+        outcomes
+    }
+}

@@ -1,6 +1,49 @@
-//! `guard-user run` (in progress).
+//! `guard-user run` (also bare `guard-user`): validates the arguments, then runs the daemon.
 use std::process::ExitCode;
 
-pub fn main(_args: impl std::fmt::Debug) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("not built yet")
+use anyhow::Context;
+
+use super::{AccountArgs, RunArgs};
+use crate::{
+    account::Account,
+    daemon::{self, Backend, DaemonOptions},
+    duration::parse_duration,
+};
+
+/// The account and where its files live (shared by every subcommand).
+pub fn resolve_account(args: &AccountArgs) -> anyhow::Result<(Account, std::path::PathBuf, std::path::PathBuf)> {
+    let account = Account::resolve(args.user.as_deref())?;
+    let home = args.home.clone().unwrap_or_else(|| account.home.clone());
+    let config = args.config.clone().unwrap_or_else(|| home.join("guard-config.json"));
+    Ok((account, home, config))
+}
+
+pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
+    let (account, home, config_path) = resolve_account(&args.account)?;
+    let interval = parse_duration(&args.interval).context("--interval")?;
+    anyhow::ensure!(!interval.is_zero(), "--interval must be longer than 0s");
+    let audit_interval = parse_duration(&args.audit_interval).context("--audit-interval")?;
+    anyhow::ensure!(!audit_interval.is_zero(), "--audit-interval must be longer than 0s");
+    let backend: Backend = args.backend.parse().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(home.is_dir(), "--home {}: not a directory", home.display());
+    Ok(DaemonOptions {
+        account,
+        home,
+        config_path,
+        dry_run: args.dry_run,
+        interval,
+        backend,
+        audit_interval,
+        ring_bytes: args.ring_bytes,
+        deadline_timer: !args.no_deadline_timer,
+    })
+}
+
+pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let opts = options(&args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    match rt.block_on(daemon::run(opts)) {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.into()),
+    }
 }
