@@ -1,1 +1,204 @@
-//! Helpers shared by the integration tests (RAII guards for temp homes, probe processes, daemons).
+//! Helpers shared by the integration tests: RAII guards for temp homes, probe processes and
+//! daemons (Drop kills and reaps what a test spawned). Tests need root (they load BPF and run
+//! probes as test accounts); without root they print why and pass as skipped.
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    os::unix::{fs::PermissionsExt, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+pub const TEST_USER: &str = "guardtest1";
+pub const TEST_UID: u32 = 4201;
+pub const OTHER_USER: &str = "guardtest2";
+pub const OTHER_UID: u32 = 4202;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Set-up for a kernel test: `None` (with the reason printed) when it cannot run, else a
+/// guard that serialises the tests of one binary (they all count the same test account).
+pub fn setup(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped {test}: needs root (run `cargo xtask test` as root)");
+        return None;
+    }
+    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    ensure_account(TEST_USER, TEST_UID);
+    ensure_account(OTHER_USER, OTHER_UID);
+    Some(guard)
+}
+
+/// Creates a test account when missing (the VM image ships them in /etc/passwd).
+pub fn ensure_account(name: &str, uid: u32) {
+    if guard::account::Account::by_name(name).is_ok() {
+        return;
+    }
+    let status = Command::new("useradd")
+        .args(["--uid", &uid.to_string(), "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+        .status()
+        .expect("useradd");
+    assert!(status.success() || guard::account::Account::by_name(name).is_ok(), "cannot create test account {name}");
+}
+
+fn target_dir_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    exe.parent().and_then(|d| d.parent()).map(|d| d.join(name)).unwrap()
+}
+
+pub fn guard_bin() -> PathBuf {
+    std::env::var_os("GUARD_USER_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir_bin("guard-user"))
+}
+
+pub fn probe_bin() -> PathBuf {
+    std::env::var_os("GUARD_PROBE_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir_bin("guard-probe"))
+}
+
+/// A temp home owned by the test account, with a copy of the probe named `name`.
+pub struct Home {
+    pub dir: tempfile::TempDir,
+}
+
+impl Home {
+    pub fn new() -> Home {
+        let dir = tempfile::Builder::new().prefix("guard-test-").tempdir_in("/tmp").unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(TEST_UID), Some(TEST_UID)).unwrap();
+        Home { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn write_config(&self, json: &str) {
+        fs::write(self.path().join("guard-config.json"), json).unwrap();
+    }
+
+    /// A copy of the probe binary called `name` (its comm), world-executable.
+    pub fn probe_named(&self, name: &str) -> PathBuf {
+        let bindir = self.path().join("bin");
+        fs::create_dir_all(&bindir).unwrap();
+        fs::set_permissions(&bindir, fs::Permissions::from_mode(0o755)).unwrap();
+        let p = bindir.join(name);
+        if !p.exists() {
+            fs::copy(probe_bin(), &p).unwrap_or_else(|e| panic!("copy {}: {e}", probe_bin().display()));
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        p
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.path().join("guard-daemon.log")).unwrap_or_default()
+    }
+
+    pub fn state(&self) -> Option<serde_json::Value> {
+        fs::read(self.path().join("guard-daemon-state.json")).ok().and_then(|b| serde_json::from_slice(&b).ok())
+    }
+
+    /// Polls the log until `pred` holds or `timeout` passes; returns the log.
+    pub fn wait_log(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if pred(&log) || Instant::now() > end {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Default for Home {
+    fn default() -> Self {
+        Home::new()
+    }
+}
+
+/// A probe process; killed and reaped on drop.
+pub struct Probe {
+    pub child: Child,
+}
+
+impl Probe {
+    /// Starts `exe args…` as `uid` and waits until it printed `ready`.
+    pub fn spawn(exe: &Path, args: &[&str], uid: u32) -> Probe {
+        let mut child = Command::new(exe)
+            .args(args)
+            .uid(uid)
+            .gid(uid)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", exe.display()));
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "probe did not start");
+        Probe { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reaps the probe if it has exited.
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits up to `timeout` for the probe to exit.
+    pub fn wait_dead(&mut self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if !self.is_alive() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        // The whole process group: forked children too.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+/// A running guard-user; SIGTERM then reaped on drop.
+pub struct Daemon {
+    pub child: Child,
+}
+
+impl Daemon {
+    pub fn start(home: &Home, extra: &[&str]) -> Daemon {
+        let mut cmd = Command::new(guard_bin());
+        cmd.arg("run").args(["--user", TEST_USER, "--home"]).arg(home.path()).args(["--interval", "1s"]).args(extra);
+        cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+        Daemon { child: cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", guard_bin().display())) }
+    }
+
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let st = self.child.wait().unwrap();
+        std::mem::forget(self);
+        st
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Lines of `log` whose event is `event`.
+pub fn lines<'a>(log: &'a str, event: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.split(' ').nth(2) == Some(event)).collect()
+}
