@@ -70,9 +70,6 @@ pub struct RunArgs {
     /// Ring buffer size in bytes (a power of two ≥ 4096; tests use a tiny one to force loss).
     #[arg(long, value_name = "BYTES", hide = true)]
     pub ring_bytes: Option<u32>,
-    /// Stop after this many ticks (tests and benchmarks).
-    #[arg(long, value_name = "N", hide = true)]
-    pub ticks: Option<u64>,
     /// Do not arm the deadline timer: enforce only on interval ticks.
     #[arg(long, hide = true)]
     pub no_deadline_timer: bool,
