@@ -103,6 +103,16 @@ fn now_unix() -> f64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
+/// Whether this process holds the capabilities BPF loading and tp_btf attachment need
+/// (`CapEff` in /proc/self/status): CAP_BPF (39) and CAP_PERFMON (38), or CAP_SYS_ADMIN (21).
+fn may_load_bpf() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return true };
+    let Some(hex) = status.lines().find_map(|l| l.strip_prefix("CapEff:")) else { return true };
+    let Ok(caps) = u64::from_str_radix(hex.trim(), 16) else { return true };
+    let has = |bit: u32| caps & (1u64 << bit) != 0;
+    has(21) || (has(38) && has(39))
+}
+
 /// Runs until SIGTERM/SIGINT. Returns the `STOPPED` reason.
 pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
     let who = FsIdentity { uid: opts.account.uid, gid: opts.account.gid };
@@ -116,17 +126,27 @@ pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
         ready: AtomicBool::new(false),
     });
 
-    let source = match opts.backend {
+    let loaded = match opts.backend {
         Backend::Procfs => None,
-        Backend::Ebpf | Backend::Auto => match EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes }) {
-            Ok(s) => Some(s),
-            Err(e) if opts.backend == Backend::Auto => {
-                eprintln!("guard-user: BPF unavailable, using the procfs backend: {e}");
-                logger.raw(&format!("WARN backend_fallback reason={}", e.reason()));
+        Backend::Ebpf | Backend::Auto if !may_load_bpf() => Some(Err((
+            "permission_denied",
+            "loading BPF programs needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run guard-user as root".to_string(),
+        ))),
+        Backend::Ebpf | Backend::Auto => Some(
+            EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes }).map_err(|e| (e.reason(), e.to_string())),
+        ),
+    };
+    let source = match loaded {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err((reason, detail))) => match opts.backend {
+            Backend::Auto => {
+                eprintln!("guard-user: BPF unavailable, using the procfs backend: {detail}");
+                logger.raw(&format!("WARN backend_fallback reason={reason}"));
                 None
             }
-            Err(e) => {
-                let err = DaemonError::Ebpf { reason: e.reason(), detail: e.to_string() };
+            _ => {
+                let err = DaemonError::Ebpf { reason, detail };
                 logger.line("STOPPED", &[("reason", &"error")]);
                 return Err(err);
             }

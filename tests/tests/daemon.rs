@@ -180,3 +180,51 @@ fn both_backends_count_the_same_workload_the_same() {
     assert_eq!(seen[0], vec!["name=agentihooks count=6".to_string(), "name=sleeper-x count=5".to_string()]);
     assert_eq!(seen[0], seen[1]);
 }
+
+#[test]
+fn without_bpf_privileges_the_guard_falls_back_to_procfs_and_says_why() {
+    let Some(_g) = setup("fallback") else { return };
+    use std::os::unix::process::CommandExt;
+    let home = Home::new();
+    home.write_config(&config(2, "1h"));
+    let exe = home.probe_named("agentihooks");
+    let _pile: Vec<Probe> = (0..2).map(|_| Probe::spawn(&exe, &[], TEST_UID)).collect();
+    let mut child = std::process::Command::new(guard_bin())
+        .args(["run", "--user", TEST_USER, "--interval", "1s", "--home"])
+        .arg(home.path())
+        .uid(TEST_UID)
+        .gid(TEST_UID)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = home.wait_log(WAIT, |l| l.contains("TICK_COMPLETE"));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    let warn = lines(&log, "WARN");
+    assert!(
+        warn.iter().any(|l| l.ends_with("WARN backend_fallback reason=permission_denied")),
+        "{log}"
+    );
+    assert!(log.contains("backend=procfs"), "{log}");
+    assert!(log.contains("FLAGGED name=agentihooks count=2 first_flagged=now"), "{log}");
+}
+
+#[test]
+fn an_explicit_ebpf_backend_without_privileges_fails_instead_of_falling_back() {
+    let Some(_g) = setup("explicit ebpf") else { return };
+    use std::os::unix::process::CommandExt;
+    let home = Home::new();
+    home.write_config(&config(2, "1h"));
+    let out = std::process::Command::new(guard_bin())
+        .args(["run", "--backend", "ebpf", "--user", TEST_USER, "--home"])
+        .arg(home.path())
+        .uid(TEST_UID)
+        .gid(TEST_UID)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("permission_denied") || err.contains("needs root"), "{err}");
+    assert!(home.log().contains("STOPPED reason=error"), "{}", home.log());
+}
