@@ -1,0 +1,829 @@
+//! The swarm Redis mirror against a real `redis-server` (SPEC §9).
+//!
+//! Each test starts its own server on a free loopback port (never 6379) in a temp directory,
+//! with persistence off, and a [`RedisServer`] guard kills it on drop. Without a
+//! `redis-server` binary the server tests print why and pass without checking anything
+//! (`cargo xtask test` installs one). Waits poll for the state they need with generous bounds;
+//! nothing asserts how long a call took.
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use guard::redis_mirror::{
+    check_lines, fleet, fleet_table, heartbeat_key, read_heartbeat, Endpoint, Heartbeat, Mirror, MirrorError,
+    StreamEvent, EVENT_QUEUE_CAPACITY, STREAM_KEY,
+};
+use redis::aio::MultiplexedConnection;
+
+const SECRET: &str = "secret";
+
+fn redis_server_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("redis-server"))
+        .find(|p| p.is_file())
+}
+
+/// Returns early from a test, saying why, when there is no redis-server to run.
+macro_rules! require_redis_server {
+    () => {
+        if redis_server_binary().is_none() {
+            eprintln!("skipping: redis-server is not installed (cargo xtask test installs it)");
+            return;
+        }
+    };
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    let port = listener.local_addr().expect("local addr").port();
+    assert_ne!(port, 6379);
+    port
+}
+
+/// A redis-server this test started; killed (and reaped) on drop.
+struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    password: Option<&'static str>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    fn start(password: Option<&'static str>) -> RedisServer {
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            password,
+            dir: tempfile::tempdir().expect("temp dir for redis-server"),
+        };
+        server.restart();
+        server
+    }
+
+    /// Starts the server (again) on the same port, with an empty dataset.
+    fn restart(&mut self) {
+        assert!(self.child.is_none(), "server already running");
+        let mut cmd = Command::new(redis_server_binary().expect("redis-server"));
+        cmd.args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--protected-mode", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(self.dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        if let Some(password) = self.password {
+            cmd.args(["--requirepass", password]);
+        }
+        self.child = Some(cmd.spawn().expect("start redis-server"));
+        let started = std::time::Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server did not listen on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        match self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/0", self.port),
+            None => format!("redis://127.0.0.1:{}/0", self.port),
+        }
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::new(self.url())
+    }
+
+    async fn conn(&self) -> MultiplexedConnection {
+        let client = redis::Client::open(self.url()).expect("client");
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis-server")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A listener that accepts connections and never answers: a hung Redis.
+struct HungServer {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HungServer {
+    fn start() -> HungServer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => held.push(stream),
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        HungServer {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for HungServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+type Warnings = Arc<Mutex<Vec<String>>>;
+
+fn capture_warnings() -> (Arc<dyn Fn(String) + Send + Sync>, Warnings) {
+    let lines: Warnings = Arc::default();
+    let sink = Arc::clone(&lines);
+    (Arc::new(move |line| sink.lock().unwrap().push(line)), lines)
+}
+
+fn warnings(lines: &Warnings) -> Vec<String> {
+    lines.lock().unwrap().clone()
+}
+
+/// Polls `cond` every 50 ms until it holds; panics with `what` after `limit`.
+async fn wait_for<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = tokio::time::Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn heartbeat(user: &str, pid: u32) -> Heartbeat {
+    Heartbeat {
+        host: "box1".into(),
+        user: user.into(),
+        home: format!("/home/{user}"),
+        pid,
+        version: guard::VERSION.into(),
+        backend: "ebpf".into(),
+        dry_run: false,
+        last_tick: now_secs(),
+        flagged: vec!["sleep".into()],
+        kills: 3,
+        lost_events: 1,
+        resyncs: 2,
+        interval_secs: 60,
+    }
+}
+
+fn killed(pid: u32, count: u64) -> StreamEvent {
+    StreamEvent {
+        event: "KILLED".into(),
+        pid: Some(pid),
+        name: "sleep".into(),
+        reason: "ghost_detected".into(),
+        count: Some(count),
+        elapsed: Some("1.0h".into()),
+        ts: 1_700_000_000,
+    }
+}
+
+async fn stream_entries(conn: &mut MultiplexedConnection) -> Vec<HashMap<String, String>> {
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(STREAM_KEY)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .expect("XRANGE");
+    entries.into_iter().map(|(_, fields)| fields).collect()
+}
+
+async fn xlen(conn: &mut MultiplexedConnection) -> u64 {
+    redis::cmd("XLEN")
+        .arg(STREAM_KEY)
+        .query_async(conn)
+        .await
+        .expect("XLEN")
+}
+
+#[test]
+fn endpoint_follows_spec_precedence() {
+    let hive = "redis://hive:1/0";
+    let swarm = "redis://swarm:2/0";
+    for hive_value in [None, Some(""), Some("  "), Some(hive)] {
+        for swarm_value in [None, Some(""), Some(swarm)] {
+            for mode in [None, Some(""), Some("local"), Some("LOCAL"), Some("hive")] {
+                let env = |name: &str| {
+                    match name {
+                        "AGENTIHOOKS_HIVE_REDIS_URL" => hive_value,
+                        "AGENTIHOOKS_SWARM_REDIS_URL" => swarm_value,
+                        "AGENTIHOOKS_LEDGER_MODE" => mode,
+                        _ => None,
+                    }
+                    .map(String::from)
+                };
+                let local = mode.is_some_and(|m| m.eq_ignore_ascii_case("local"));
+                let expected = if hive_value == Some(hive) && !local {
+                    hive
+                } else if swarm_value == Some(swarm) {
+                    swarm
+                } else {
+                    "redis://127.0.0.1:6379/0"
+                };
+                assert_eq!(
+                    Endpoint::resolve(env).url,
+                    expected,
+                    "hive={hive_value:?} swarm={swarm_value:?} ledger_mode={mode:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn redacted_endpoint_has_no_credentials() {
+    let cases = [
+        ("redis://:secret@h:1/0", "redis://h:1/0"),
+        ("redis://default:secret@h:1/0", "redis://h:1/0"),
+        (
+            "rediss://alice:secret@redis.example:6380/2",
+            "rediss://redis.example:6380/2",
+        ),
+        (
+            "rediss://:secret@redis.example/0#insecure",
+            "rediss://redis.example/0#insecure",
+        ),
+        ("redis://:s%40cr%2Fet@h:1/0", "redis://h:1/0"),
+        ("redis://:se/cr@et@h:1/0", "redis://h:1/0"),
+        ("redis://:secret@h:1/0?protocol=resp3", "redis://h:1/0?protocol=resp3"),
+        ("redis://h:1/0", "redis://h:1/0"),
+        (
+            "redis+unix:///run/redis.sock?db=1&pass=secret",
+            "redis+unix:///run/redis.sock?db=1",
+        ),
+        (
+            "unix:///run/redis.sock?user=alice&pass=secret",
+            "unix:///run/redis.sock",
+        ),
+        ("unix:///tmp/a@b.sock?db=2", "unix:///tmp/a@b.sock?db=2"),
+        (":secret@h:1", "h:1"),
+    ];
+    for (url, expected) in cases {
+        let endpoint = Endpoint::new(url);
+        assert_eq!(endpoint.redacted(), expected, "{url}");
+        assert_eq!(endpoint.to_string(), expected, "Display of {url}");
+        assert!(!format!("{endpoint:?}").contains(SECRET), "Debug of {url}");
+    }
+}
+
+#[test]
+fn check_lines_name_the_redacted_endpoint() {
+    let endpoint = Endpoint::new("redis://:secret@10.0.0.5:6379/0");
+    let ok: Result<Option<Heartbeat>, MirrorError> = Ok(Some(heartbeat("alice", 1)));
+    assert_eq!(check_lines(&endpoint, "box1", "alice", &ok), None);
+    assert_eq!(
+        check_lines(&endpoint, "box1", "alice", &Ok(None)).as_deref(),
+        Some("no heartbeat for box1:alice on redis://10.0.0.5:6379/0")
+    );
+    let down = Err(MirrorError::Timeout {
+        endpoint: endpoint.redacted(),
+        what: "connect",
+    });
+    assert_eq!(
+        check_lines(&endpoint, "box1", "alice", &down).as_deref(),
+        Some("the swarm Redis at redis://10.0.0.5:6379/0 is unreachable, so the fleet heartbeat was not checked")
+    );
+}
+
+#[test]
+fn fleet_table_aligns_its_columns() {
+    let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let mut a = heartbeat("alice", 10);
+    a.last_tick = 1_000_000 - 12;
+    a.flagged = vec![];
+    let mut b = heartbeat("a-much-longer-user", 11);
+    b.host = "a-much-longer-host".into();
+    b.last_tick = 1_000_000 - 300;
+    b.backend = "procfs".into();
+    b.flagged = vec!["sleep".into(), "yes".into()];
+    b.kills = 12345;
+    let table = fleet_table(&[a, b], now);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    let header = lines[0];
+    let rows = [
+        ["box1", "alice", "12s ago", "ebpf", "-", "3"],
+        [
+            "a-much-longer-host",
+            "a-much-longer-user",
+            "5m ago",
+            "procfs",
+            "sleep,yes",
+            "12345",
+        ],
+    ];
+    for (col, title) in ["HOST", "USER", "LAST TICK", "BACKEND", "FLAGGED", "KILLS"]
+        .iter()
+        .enumerate()
+    {
+        let at = header.find(title).unwrap_or_else(|| panic!("{title} in {header:?}"));
+        for (row, cells) in lines[1..].iter().zip(&rows) {
+            assert!(
+                row[at..].starts_with(cells[col]),
+                "column {title} of {row:?} in\n{table}"
+            );
+            assert!(
+                at == 0 || row[..at].ends_with("  "),
+                "column {title} of {row:?} not separated\n{table}"
+            );
+        }
+    }
+    assert!(table.lines().all(|l| !l.ends_with(' ')), "trailing spaces in\n{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_is_written_with_its_ttl_and_expires() {
+    require_redis_server!();
+    let server = RedisServer::start(None);
+    let endpoint = server.endpoint();
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let hb = heartbeat("alice", 4242);
+    mirror.heartbeat(hb.clone(), Duration::from_secs(2));
+
+    wait_for(Duration::from_secs(10), "the heartbeat", || async {
+        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+    })
+    .await;
+    let read = read_heartbeat(&endpoint, "box1", "alice")
+        .await
+        .expect("read the heartbeat");
+    assert_eq!(read.as_ref(), Some(&hb));
+    assert_eq!(check_lines(&endpoint, "box1", "alice", &Ok(read)), None);
+
+    let mut conn = server.conn().await;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(heartbeat_key("box1", "alice"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!((1..=2).contains(&ttl), "TTL {ttl}");
+    let json: String = redis::cmd("GET")
+        .arg(heartbeat_key("box1", "alice"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for field in [
+        "host",
+        "user",
+        "home",
+        "pid",
+        "version",
+        "backend",
+        "dry_run",
+        "last_tick",
+        "flagged",
+        "kills",
+        "lost_events",
+        "resyncs",
+        "interval_secs",
+    ] {
+        assert!(value.get(field).is_some(), "heartbeat JSON lacks {field}: {json}");
+    }
+    assert!(value["last_tick"].is_u64(), "last_tick is unix seconds: {json}");
+
+    wait_for(Duration::from_secs(6), "the heartbeat to expire", || async {
+        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(None))
+    })
+    .await;
+    let missing = read_heartbeat(&endpoint, "box1", "alice").await;
+    assert_eq!(
+        check_lines(&endpoint, "box1", "alice", &missing),
+        Some(format!(
+            "no heartbeat for box1:alice on redis://127.0.0.1:{}/0",
+            server.port
+        ))
+    );
+    assert_eq!(read_heartbeat(&endpoint, "box1", "bob").await.unwrap(), None);
+    assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_the_stream_with_their_fields() {
+    require_redis_server!();
+    let server = RedisServer::start(None);
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), warn);
+    mirror.event(StreamEvent {
+        event: "FLAGGED".into(),
+        pid: None,
+        name: "sleep".into(),
+        reason: String::new(),
+        count: Some(31),
+        elapsed: None,
+        ts: 1_700_000_000,
+    });
+    mirror.event(killed(777, 31));
+    mirror.event(StreamEvent {
+        event: "SKIPPED".into(),
+        pid: Some(778),
+        name: "sleep".into(),
+        reason: "excluded_command".into(),
+        count: None,
+        elapsed: None,
+        ts: 1_700_000_001,
+    });
+
+    let mut conn = server.conn().await;
+    wait_for(Duration::from_secs(10), "three stream entries", || {
+        let mut conn = conn.clone();
+        async move { xlen(&mut conn).await == 3 }
+    })
+    .await;
+    let entries = stream_entries(&mut conn).await;
+    let fields = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let expected: Vec<HashMap<String, String>> = vec![
+        fields(&[
+            ("host", "box1"),
+            ("user", "alice"),
+            ("event", "FLAGGED"),
+            ("name", "sleep"),
+            ("count", "31"),
+            ("ts", "1700000000"),
+        ]),
+        fields(&[
+            ("host", "box1"),
+            ("user", "alice"),
+            ("event", "KILLED"),
+            ("pid", "777"),
+            ("name", "sleep"),
+            ("reason", "ghost_detected"),
+            ("count", "31"),
+            ("elapsed", "1.0h"),
+            ("ts", "1700000000"),
+        ]),
+        fields(&[
+            ("host", "box1"),
+            ("user", "alice"),
+            ("event", "SKIPPED"),
+            ("pid", "778"),
+            ("name", "sleep"),
+            ("reason", "excluded_command"),
+            ("ts", "1700000001"),
+        ]),
+    ];
+    assert_eq!(entries, expected);
+    assert_eq!(mirror.dropped(), 0);
+    assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_stays_near_its_maxlen() {
+    require_redis_server!();
+    let server = RedisServer::start(None);
+    let (warn, _warned) = capture_warnings();
+    let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), warn);
+    const TOTAL: u64 = 25_000;
+    const CHUNK: u64 = 500; // below the queue's capacity, so nothing is dropped
+    for start in (0..TOTAL).step_by(CHUNK as usize) {
+        for i in start..start + CHUNK {
+            mirror.event(killed(1000, i));
+        }
+        let m = mirror.clone();
+        wait_for(Duration::from_secs(20), "the queue to drain", move || {
+            let m = m.clone();
+            async move { m.pending_events() == 0 }
+        })
+        .await;
+    }
+    let mut conn = server.conn().await;
+    wait_for(Duration::from_secs(20), "the last event", || {
+        let mut conn = conn.clone();
+        async move {
+            let last: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+                .arg(STREAM_KEY)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            last.first()
+                .is_some_and(|(_, f)| f.get("count").map(String::as_str) == Some("24999"))
+        }
+    })
+    .await;
+    let len = xlen(&mut conn).await;
+    assert!(
+        (10_000..=11_000).contains(&len),
+        "stream length {len} after {TOTAL} events"
+    );
+    assert_eq!(mirror.dropped(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
+    require_redis_server!();
+    let mut server = RedisServer::start(None);
+    let endpoint = server.endpoint();
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    mirror.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
+    wait_for(Duration::from_secs(10), "the first heartbeat", || async {
+        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+    })
+    .await;
+
+    server.stop();
+    mirror.heartbeat(heartbeat("alice", 2), Duration::from_secs(60));
+    let w = Arc::clone(&warned);
+    wait_for(Duration::from_secs(10), "redis_unreachable", move || {
+        let w = Arc::clone(&w);
+        async move { !warnings(&w).is_empty() }
+    })
+    .await;
+    let unreachable = format!("redis_unreachable endpoint=redis://127.0.0.1:{}/0", server.port);
+    assert_eq!(warnings(&warned), std::slice::from_ref(&unreachable));
+    assert!(read_heartbeat(&endpoint, "box1", "alice").await.is_err());
+
+    // While Redis is down, calls return at once and nothing grows past its bound.
+    let queued = 3 * EVENT_QUEUE_CAPACITY as u64;
+    for i in 0..queued {
+        mirror.event(killed(2000, i));
+        if i % 100 == 0 {
+            mirror.heartbeat(heartbeat("alice", 3), Duration::from_secs(60));
+        }
+    }
+    assert!(mirror.pending_events() <= EVENT_QUEUE_CAPACITY);
+    assert!(
+        mirror.dropped() >= queued - EVENT_QUEUE_CAPACITY as u64,
+        "dropped {}",
+        mirror.dropped()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(mirror.pending_events() <= EVENT_QUEUE_CAPACITY);
+    assert_eq!(warnings(&warned), std::slice::from_ref(&unreachable), "one warning per outage");
+
+    server.restart();
+    wait_for(Duration::from_secs(45), "the heartbeat after the restart", || async {
+        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.pid == 3)
+    })
+    .await;
+    let m = mirror.clone();
+    wait_for(Duration::from_secs(10), "the queued events", move || {
+        let m = m.clone();
+        async move { m.pending_events() == 0 }
+    })
+    .await;
+    let mut conn = server.conn().await;
+    let c = conn.clone();
+    wait_for(Duration::from_secs(10), "the queued events in the stream", move || {
+        let mut c = c.clone();
+        async move { xlen(&mut c).await > 0 }
+    })
+    .await;
+    let len = xlen(&mut conn).await;
+    assert!(
+        len <= EVENT_QUEUE_CAPACITY as u64,
+        "{len} events kept through the outage"
+    );
+    let recovered = format!("redis_recovered endpoint=redis://127.0.0.1:{}/0", server.port);
+    assert_eq!(warnings(&warned), [unreachable, recovered]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
+    let hung = HungServer::start();
+    let endpoint = Endpoint::new(format!("redis://:{SECRET}@127.0.0.1:{}/0", hung.port));
+    let read = tokio::time::timeout(Duration::from_secs(5), read_heartbeat(&endpoint, "box1", "alice"))
+        .await
+        .expect("read_heartbeat returns within its bound");
+    let err = read.expect_err("a hung Redis gives an error");
+    assert!(matches!(err, MirrorError::Timeout { .. }), "{err:?}");
+    assert!(!err.to_string().contains(SECRET), "{err}");
+    assert_eq!(
+        check_lines(&endpoint, "box1", "alice", &Err(err)),
+        Some(format!(
+            "the swarm Redis at redis://127.0.0.1:{}/0 is unreachable, so the fleet heartbeat was not checked",
+            hung.port
+        ))
+    );
+    let listed = tokio::time::timeout(Duration::from_secs(10), fleet(&endpoint))
+        .await
+        .expect("fleet returns");
+    assert!(listed.is_err());
+
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    mirror.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
+    mirror.event(killed(1, 1));
+    let w = Arc::clone(&warned);
+    wait_for(Duration::from_secs(10), "redis_unreachable", move || {
+        let w = Arc::clone(&w);
+        async move { !warnings(&w).is_empty() }
+    })
+    .await;
+    for round in 0..3 {
+        for i in 0..2 * EVENT_QUEUE_CAPACITY as u64 {
+            mirror.event(killed(1, i));
+        }
+        mirror.heartbeat(heartbeat("alice", round + 2), Duration::from_secs(60));
+        assert!(mirror.pending_events() <= EVENT_QUEUE_CAPACITY);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let lines = warnings(&warned);
+    assert_eq!(
+        lines,
+        [format!("redis_unreachable endpoint=redis://127.0.0.1:{}/0", hung.port)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_appear_in_errors_or_warnings() {
+    require_redis_server!();
+    let mut server = RedisServer::start(Some(SECRET));
+    let endpoint = server.endpoint();
+    assert!(endpoint.url.contains(SECRET));
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn.clone());
+    mirror.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
+    wait_for(Duration::from_secs(10), "the heartbeat behind a password", || async {
+        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+    })
+    .await;
+
+    let port = server.port;
+    let mut errors = Vec::new();
+    let wrong = [
+        format!("redis://:{SECRET}-wrong@127.0.0.1:{port}/0"),
+        format!("redis://default:{SECRET}-wrong@127.0.0.1:{port}/0"),
+        format!("redis://127.0.0.1:{port}/0"),
+        format!("redis://:{SECRET}@/0"),
+        format!("redis://:{SECRET}@127.0.0.1:{port}/not-a-db"),
+        format!("http://:{SECRET}@127.0.0.1:{port}/0"),
+        format!("redis://:{SECRET}@127.0.0.1:{}/0", free_port()),
+    ];
+    for url in &wrong {
+        let endpoint = Endpoint::new(url);
+        match read_heartbeat(&endpoint, "box1", "alice").await {
+            Ok(found) => panic!("{} read {found:?}", endpoint.redacted()),
+            Err(err) => errors.push(err),
+        }
+        let listed = fleet(&endpoint).await;
+        errors.push(listed.expect_err("fleet with bad credentials"));
+    }
+    // A mirror with the wrong password warns like an outage.
+    let bad = Mirror::spawn(Endpoint::new(&wrong[0]), "box1".into(), "alice".into(), warn.clone());
+    bad.heartbeat(heartbeat("alice", 9), Duration::from_secs(60));
+    // An unusable URL is said once and then discarded.
+    let invalid = Mirror::spawn(Endpoint::new(&wrong[5]), "box1".into(), "alice".into(), warn.clone());
+    invalid.event(killed(1, 1));
+
+    server.stop();
+    mirror.heartbeat(heartbeat("alice", 2), Duration::from_secs(60));
+    let w = Arc::clone(&warned);
+    wait_for(Duration::from_secs(10), "three warnings", move || {
+        let w = Arc::clone(&w);
+        async move { warnings(&w).len() >= 3 }
+    })
+    .await;
+    server.restart();
+    let w = Arc::clone(&warned);
+    wait_for(Duration::from_secs(45), "redis_recovered", move || {
+        let w = Arc::clone(&w);
+        async move { warnings(&w).iter().any(|l| l.starts_with("redis_recovered")) }
+    })
+    .await;
+
+    let lines = warnings(&warned);
+    let redacted = format!("endpoint=redis://127.0.0.1:{port}/0");
+    assert!(lines.contains(&format!("redis_unreachable {redacted}")), "{lines:?}");
+    assert!(lines.contains(&format!("redis_recovered {redacted}")), "{lines:?}");
+    assert!(
+        lines.contains(&format!("redis_endpoint_invalid endpoint=http://127.0.0.1:{port}/0")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| l.starts_with("redis_")), "{lines:?}");
+    for line in &lines {
+        assert!(!line.contains(SECRET), "warning leaks the password: {line}");
+    }
+    assert!(
+        errors.iter().any(|e| matches!(e, MirrorError::InvalidEndpoint { .. })),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| matches!(e, MirrorError::Unreachable { .. })),
+        "{errors:?}"
+    );
+    for err in &errors {
+        assert!(!err.to_string().contains(SECRET), "error leaks the password: {err}");
+        assert!(
+            !format!("{err:?}").contains(SECRET),
+            "error leaks the password: {err:?}"
+        );
+    }
+    assert_eq!(invalid.pending_events(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_lists_every_heartbeat_but_not_the_stream() {
+    require_redis_server!();
+    let server = RedisServer::start(None);
+    let endpoint = server.endpoint();
+    let (warn, _warned) = capture_warnings();
+    let alice = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn.clone());
+    let bob = Mirror::spawn(endpoint.clone(), "box1".into(), "bob".into(), warn);
+    alice.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
+    bob.heartbeat(heartbeat("bob", 2), Duration::from_secs(60));
+    alice.event(killed(5, 31));
+    let mut conn = server.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg("agentihooks:host-guard:not-a-heartbeat")
+        .arg("{")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("agentihooks:other")
+        .arg("{}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    wait_for(Duration::from_secs(10), "both heartbeats and the event", || {
+        let mut conn = conn.clone();
+        let endpoint = endpoint.clone();
+        async move { xlen(&mut conn).await == 1 && fleet(&endpoint).await.is_ok_and(|f| f.len() == 2) }
+    })
+    .await;
+    let listed = fleet(&endpoint).await.unwrap();
+    assert_eq!(
+        listed,
+        [
+            heartbeat_like(&listed[0], "alice", 1),
+            heartbeat_like(&listed[1], "bob", 2)
+        ]
+    );
+    let table = fleet_table(&listed, SystemTime::now());
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    let user_col = lines[0].find("USER").unwrap();
+    assert!(lines[1][user_col..].starts_with("alice"), "{table}");
+    assert!(lines[2][user_col..].starts_with("bob"), "{table}");
+}
+
+/// `heartbeat(user, pid)` with the `last_tick` actually stored (the clock moved on since).
+fn heartbeat_like(stored: &Heartbeat, user: &str, pid: u32) -> Heartbeat {
+    Heartbeat {
+        last_tick: stored.last_tick,
+        ..heartbeat(user, pid)
+    }
+}
