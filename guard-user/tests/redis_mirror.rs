@@ -610,7 +610,11 @@ async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(mirror.pending_events() <= EVENT_QUEUE_CAPACITY);
-    assert_eq!(warnings(&warned), std::slice::from_ref(&unreachable), "one warning per outage");
+    assert_eq!(
+        warnings(&warned),
+        std::slice::from_ref(&unreachable),
+        "one warning per outage"
+    );
 
     server.restart();
     wait_for(Duration::from_secs(45), "the heartbeat after the restart", || async {
@@ -826,4 +830,33 @@ fn heartbeat_like(stored: &Heartbeat, user: &str, pid: u32) -> Heartbeat {
         last_tick: stored.last_tick,
         ..heartbeat(user, pid)
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_mirror_still_sends_what_was_queued() {
+    require_redis_server!();
+    let server = RedisServer::start(None);
+    let endpoint = server.endpoint();
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let clone = mirror.clone();
+    clone.heartbeat(heartbeat("alice", 7), Duration::from_secs(60));
+    for i in 0..600 {
+        clone.event(killed(7, i));
+    }
+    drop(clone);
+    drop(mirror);
+    let mut conn = server.conn().await;
+    wait_for(
+        Duration::from_secs(10),
+        "the queued events after the last handle went",
+        || {
+            let mut conn = conn.clone();
+            async move { xlen(&mut conn).await == 600 }
+        },
+    )
+    .await;
+    assert_eq!(xlen(&mut conn).await, 600);
+    assert!(matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.pid == 7));
+    assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
