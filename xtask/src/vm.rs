@@ -1,7 +1,230 @@
-//! (in progress)
-#[derive(clap::Args, Debug)]
-pub struct Options {}
+//! `cargo xtask vm [--kernel 6.12] [-- <cargo test args>]`: guard's tests inside qemu guests
+//! booting several Debian kernels (aya's VM test layout).
+//!
+//! 1. qemu-system-x86_64 is installed if missing (from bookworm-backports; [`qemu`]);
+//! 2. the kernels are resolved through Debian's `linux-image-cloud-amd64` metapackage with a
+//!    private apt configuration and cached under `target/vm/kernels` ([`kernels`]);
+//! 3. the BPF object, then statically linked test binaries, guard-user, guard-probe and vm-init
+//!    are built into `target/vm/build` ([`payload`]);
+//! 4. one uncompressed cpio initramfs holds all of it ([`initramfs`], [`cpio`]);
+//! 5. each kernel boots it under TCG; vm-init runs the tests and prints `init: success` or
+//!    `init: failure`; a matrix of the results ends the run, which fails if any kernel did.
+//!
+//! Console logs are kept in `target/vm/logs/<kernel>.log`.
+use std::{
+    ffi::OsString,
+    fs,
+    time::{Duration, Instant},
+};
 
-pub fn run(_opts: Options) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+use anyhow::{bail, Context as _};
+
+use crate::build_ebpf;
+
+mod cpio;
+mod initramfs;
+mod kernels;
+mod payload;
+mod qemu;
+
+#[derive(clap::Args, Debug)]
+pub struct Options {
+    /// Boot only these kernels (repeatable or comma-separated): 6.1, 6.12, 7.x. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub kernel: Vec<String>,
+    /// Resolve and download the kernels, print them, and stop.
+    #[arg(long)]
+    pub list_kernels: bool,
+    /// Seconds one guest may run, boot included, before qemu is killed.
+    #[arg(long, default_value_t = 1800)]
+    pub timeout: u64,
+    /// Seconds until vm-init's first line before the boot counts as hung.
+    #[arg(long, default_value_t = 180)]
+    pub boot_timeout: u64,
+    /// Guest memory (qemu -m).
+    #[arg(long, default_value = "2G")]
+    pub memory: String,
+    /// Guest CPUs (qemu -smp).
+    #[arg(long, default_value_t = 2)]
+    pub cpus: u32,
+    /// Extra kernel command-line words (e.g. "loglevel=7" to see the kernel's messages).
+    #[arg(long, default_value = "")]
+    pub cmdline: String,
+    /// An argument for every test binary, after --test-threads=1 (repeatable; e.g. a test name filter).
+    #[arg(long = "test-arg", allow_hyphen_values = true)]
+    pub test_args: Vec<String>,
+    /// Also run the long tests (GUARD_LONG_TESTS=1 in the guest).
+    #[arg(long)]
+    pub long: bool,
+    /// Do not build the BPF object; embed whatever guard-ebpf/target already holds.
+    #[arg(long)]
+    pub skip_ebpf: bool,
+    /// Arguments for `cargo test --no-run` instead of `--workspace --exclude xtask --exclude vm-init`
+    /// (after `--`, e.g. `-- -p guard-user --lib`).
+    #[arg(last = true)]
+    pub cargo_args: Vec<OsString>,
+}
+
+/// One row of the final matrix.
+struct Row {
+    kernel: kernels::Kernel,
+    outcome: Result<qemu::Outcome, String>,
+}
+
+pub fn run(opts: Options) -> anyhow::Result<()> {
+    let specs = kernels::select(&opts.kernel)?;
+    let kernels = kernels::prepare(&specs)?;
+    if opts.list_kernels {
+        for k in &kernels {
+            println!(
+                "{:5} linux-image-cloud-amd64 {} ({}) → {}; vmlinuz from {}: {}",
+                k.name,
+                k.meta_version,
+                k.suite,
+                k.package,
+                k.downloaded.join(" "),
+                k.vmlinuz.display()
+            );
+        }
+        return Ok(());
+    }
+    for k in &kernels {
+        if let Some(missing) = k.config.as_deref().map(missing_config).transpose()?.filter(|m| !m.is_empty()) {
+            println!("vm: WARNING: kernel {} lacks {}", k.name, missing.join(", "));
+        }
+    }
+    let qemu = qemu::ensure_installed()?;
+
+    let ebpf_object = if opts.skip_ebpf {
+        let default = build_ebpf::workspace_root().join("guard-ebpf/target/bpfel-unknown-none/release/guard");
+        default.is_file().then_some(default)
+    } else {
+        Some(build_ebpf::build(&build_ebpf::Options::default())?)
+    };
+    let built = payload::build(&opts.cargo_args, ebpf_object.as_deref())?;
+    let mut env = Vec::new();
+    if opts.long {
+        env.push(("GUARD_LONG_TESTS".to_string(), "1".to_string()));
+    }
+    let vm_dir = build_ebpf::target_dir().join("vm");
+    let initrd = vm_dir.join("initramfs.cpio");
+    let size = initramfs::write(
+        &initrd,
+        &initramfs::Payload {
+            init: built.init,
+            tests: built.tests.clone(),
+            bins: built.bins,
+            test_args: opts.test_args.clone(),
+            env,
+        },
+    )?;
+    println!(
+        "vm: {} ({} MiB): {}",
+        initrd.display(),
+        size >> 20,
+        built.tests.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", ")
+    );
+
+    let logs = vm_dir.join("logs");
+    fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let mut rows = Vec::new();
+    for kernel in kernels {
+        let log = logs.join(format!("{}.log", kernel.name));
+        let started = Instant::now();
+        let outcome = qemu::boot(&qemu::Boot {
+            name: &kernel.name,
+            qemu: &qemu,
+            vmlinuz: &kernel.vmlinuz,
+            initrd: &initrd,
+            memory: &opts.memory,
+            cpus: opts.cpus,
+            cmdline: &opts.cmdline,
+            boot_timeout: Duration::from_secs(opts.boot_timeout),
+            timeout: Duration::from_secs(opts.timeout),
+            log: &log,
+        })
+        .map_err(|err| format!("{err:#}"));
+        println!(
+            "vm: kernel {} done in {:.1}s (console log: {})",
+            kernel.name,
+            started.elapsed().as_secs_f64(),
+            log.display()
+        );
+        rows.push(Row { kernel, outcome });
+    }
+
+    print_matrix(&rows);
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| !matches!(&r.outcome, Ok(o) if o.verdict == qemu::Verdict::Passed))
+        .map(|r| r.kernel.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("the VM tests failed on kernel {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn print_matrix(rows: &[Row]) {
+    let secs = |d: Option<Duration>| d.map(|d| format!("{:.1}s", d.as_secs_f64())).unwrap_or_else(|| "-".into());
+    let mut table = vec![["kernel", "package", "version string", "result", "boot", "suite"].map(String::from)];
+    let mut notes = Vec::new();
+    for row in rows {
+        let k = &row.kernel;
+        let package = format!("{} {}", k.package, k.meta_version);
+        let line = match &row.outcome {
+            Ok(o) => {
+                let result = match &o.verdict {
+                    qemu::Verdict::Passed => "pass".to_string(),
+                    qemu::Verdict::Failed => "FAIL".to_string(),
+                    qemu::Verdict::Broken(why) => {
+                        notes.push(format!("{}: {why}", k.name));
+                        "BROKEN".to_string()
+                    }
+                };
+                [
+                    k.name.clone(),
+                    package,
+                    o.release.clone().unwrap_or_else(|| "-".into()),
+                    result,
+                    secs(o.boot_time),
+                    secs(o.suite_time),
+                ]
+            }
+            Err(err) => {
+                notes.push(format!("{}: {err}", k.name));
+                [k.name.clone(), package, "-".into(), "ERROR".into(), "-".into(), "-".into()]
+            }
+        };
+        table.push(line);
+    }
+    let widths: Vec<usize> = (0..6).map(|c| table.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    println!();
+    for (i, row) in table.iter().enumerate() {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:w$}")).collect();
+        println!("| {} |", cells.join(" | "));
+        if i == 0 {
+            println!("|{}|", widths.iter().map(|w| "-".repeat(w + 2)).collect::<Vec<_>>().join("|"));
+        }
+    }
+    for note in notes {
+        println!("  {note}");
+    }
+}
+
+/// Kernel options guard's tests rely on that a config lacks (`=y` required: the guest loads no modules).
+fn missing_config(config: &std::path::Path) -> anyhow::Result<Vec<&'static str>> {
+    const NEEDED: &[&str] = &[
+        "CONFIG_BPF_SYSCALL",
+        "CONFIG_DEBUG_INFO_BTF",
+        "CONFIG_BPF_EVENTS",
+        "CONFIG_TRACING",
+        "CONFIG_CGROUP_BPF",
+        "CONFIG_DEVTMPFS",
+        "CONFIG_TMPFS",
+        "CONFIG_BLK_DEV_INITRD",
+        "CONFIG_SERIAL_8250_CONSOLE",
+    ];
+    let text = fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    Ok(NEEDED.iter().copied().filter(|option| !text.lines().any(|l| l == format!("{option}=y"))).collect())
 }

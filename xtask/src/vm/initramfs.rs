@@ -1,0 +1,238 @@
+//! The guest's whole root filesystem: one uncompressed newc cpio the kernel unpacks into RAM.
+//!
+//! Layout (merged-/usr like Debian, so paths `ldd` prints on the host resolve the same way):
+//! - `/init`: vm-init; `/tests/<package>.<target>`: the static test binaries;
+//! - `/usr/bin/guard-user` (and `guard-probe` when built): what the tests start;
+//! - `/usr/bin/{bash,sleep}` and the shared libraries `ldd` names for them (some tests use
+//!   bash as an oracle), `/bin/sh` → bash; `/bin`, `/sbin`, `/lib`, `/lib64` → `usr/…`;
+//! - `/etc/passwd` and `/etc/group` with root and the test accounts guardtest1 (4201) and
+//!   guardtest2 (4202), whose homes exist and belong to them;
+//! - `/dev/console`, so the kernel can give vm-init its stdout before devtmpfs is mounted;
+//! - `/etc/guard-vm/{test-args,env}`: what vm-init passes on to every test binary.
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::BufWriter,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _};
+
+use super::cpio::{CpioWriter, Owner};
+use crate::build_ebpf::which;
+
+/// Host programs copied in with their libraries.
+const HOST_TOOLS: &[&str] = &["bash", "sleep"];
+/// Test accounts (name, uid); their gid equals the uid. Must match tests/src/lib.rs.
+pub const TEST_ACCOUNTS: &[(&str, u32)] = &[("guardtest1", 4201), ("guardtest2", 4202)];
+
+/// What goes into the image besides the fixed layout.
+pub struct Payload {
+    pub init: PathBuf,
+    /// `(file name under /tests, built binary)`.
+    pub tests: Vec<(String, PathBuf)>,
+    /// `(file name under /usr/bin, built binary)`.
+    pub bins: Vec<(String, PathBuf)>,
+    /// Appended to every test binary's command line.
+    pub test_args: Vec<String>,
+    /// Added to every test binary's environment.
+    pub env: Vec<(String, String)>,
+}
+
+enum Node {
+    Dir(Owner),
+    File(Owner, Content),
+    Symlink(String),
+    CharDevice(Owner, u32, u32),
+}
+
+enum Content {
+    Host(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// Paths (relative, `usr/bin/bash`) to nodes; sorted order puts every directory before its
+/// children, which is the order the kernel needs them in.
+#[derive(Default)]
+struct Image(BTreeMap<String, Node>);
+
+impl Image {
+    fn add(&mut self, path: &str, node: Node) {
+        let path = path.trim_start_matches('/').to_string();
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            self.mkdir(parent, Owner::root(0o755));
+        }
+        self.0.insert(path, node);
+    }
+
+    /// Creates `path` and its missing parents; leaves existing ones as they are.
+    fn mkdir(&mut self, path: &str, owner: Owner) {
+        let path = path.trim_start_matches('/');
+        if self.0.contains_key(path) {
+            return;
+        }
+        self.add(path, Node::Dir(owner));
+    }
+
+    fn text(&mut self, path: &str, mode: u32, text: String) {
+        self.add(path, Node::File(Owner::root(mode), Content::Bytes(text.into_bytes())));
+    }
+
+    fn host_file(&mut self, path: &str, mode: u32, source: &Path) {
+        self.add(path, Node::File(Owner::root(mode), Content::Host(source.to_path_buf())));
+    }
+
+    fn write(&self, path: &Path) -> anyhow::Result<u64> {
+        let file = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut cpio = CpioWriter::new(BufWriter::new(file));
+        for (name, node) in &self.0 {
+            let result = match node {
+                Node::Dir(owner) => cpio.dir(name, *owner),
+                Node::Symlink(target) => cpio.symlink(name, target),
+                Node::CharDevice(owner, major, minor) => cpio.char_device(name, *owner, *major, *minor),
+                Node::File(owner, Content::Bytes(bytes)) => cpio.file(name, *owner, bytes),
+                Node::File(owner, Content::Host(source)) => {
+                    let bytes =
+                        fs::read(source).with_context(|| format!("reading {} for /{name}", source.display()))?;
+                    cpio.file(name, *owner, &bytes)
+                }
+            };
+            result.with_context(|| format!("writing /{name} to {}", path.display()))?;
+        }
+        cpio.finish()?;
+        Ok(fs::metadata(path)?.len())
+    }
+}
+
+/// Writes the image to `path` and returns its size in bytes.
+pub fn write(path: &Path, payload: &Payload) -> anyhow::Result<u64> {
+    let mut image = Image::default();
+    for (link, target) in [("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")] {
+        image.mkdir(target, Owner::root(0o755));
+        image.add(link, Node::Symlink(target.into()));
+    }
+    for dir in ["proc", "sys", "run", "etc", "tests", "var/tmp", "home"] {
+        image.mkdir(dir, Owner::root(0o755));
+    }
+    image.mkdir("tmp", Owner::root(0o1777));
+    image.mkdir("root", Owner::root(0o700));
+    image.mkdir("dev", Owner::root(0o755));
+    image.add("dev/console", Node::CharDevice(Owner::root(0o600), 5, 1));
+    image.add("dev/null", Node::CharDevice(Owner::root(0o666), 1, 3));
+
+    image.host_file("init", 0o755, &payload.init);
+    for (name, binary) in &payload.tests {
+        image.host_file(&format!("tests/{name}"), 0o755, binary);
+    }
+    for (name, binary) in &payload.bins {
+        image.host_file(&format!("usr/bin/{name}"), 0o755, binary);
+    }
+    add_host_tools(&mut image)?;
+    image.add("usr/bin/sh", Node::Symlink("bash".into()));
+    add_accounts(&mut image);
+    image.text("etc/guard-vm/test-args", 0o644, payload.test_args.iter().map(|a| format!("{a}\n")).collect());
+    image.text("etc/guard-vm/env", 0o644, payload.env.iter().map(|(k, v)| format!("{k}={v}\n")).collect());
+    image.write(path)
+}
+
+fn add_accounts(image: &mut Image) {
+    let mut passwd = String::from("root:x:0:0:root:/root:/bin/bash\n");
+    let mut group = String::from("root:x:0:\n");
+    for &(name, uid) in TEST_ACCOUNTS {
+        passwd.push_str(&format!("{name}:x:{uid}:{uid}:guard test account:/home/{name}:/bin/bash\n"));
+        group.push_str(&format!("{name}:x:{uid}:\n"));
+        image.mkdir(&format!("home/{name}"), Owner { mode: 0o755, uid, gid: uid });
+    }
+    image.text("etc/passwd", 0o644, passwd);
+    image.text("etc/group", 0o644, group);
+    image.text("etc/nsswitch.conf", 0o644, "passwd: files\ngroup: files\nshadow: files\nhosts: files\n".into());
+    image.text("etc/hosts", 0o644, "127.0.0.1 localhost\n::1 localhost\n".into());
+    image.text("etc/hostname", 0o644, "guard-vm\n".into());
+}
+
+/// Copies each host tool and every library `ldd` names for it. Statically linked glibc
+/// programs `dlopen` the NSS module for /etc/passwd lookups, so it comes along when present.
+fn add_host_tools(image: &mut Image) -> anyhow::Result<()> {
+    let mut libraries = Vec::new();
+    for tool in HOST_TOOLS {
+        let path = which(tool).with_context(|| format!("{tool} is not on PATH; the VM image needs it"))?;
+        image.host_file(&image_path(&path), 0o755, &fs::canonicalize(&path)?);
+        libraries.extend(shared_libraries(&path)?);
+    }
+    for nss in ["/lib/x86_64-linux-gnu/libnss_files.so.2", "/lib/x86_64-linux-gnu/libc.so.6"] {
+        if Path::new(nss).exists() {
+            libraries.push(PathBuf::from(nss));
+        }
+    }
+    for library in libraries {
+        let real = fs::canonicalize(&library).with_context(|| format!("resolving {}", library.display()))?;
+        image.host_file(&image_path(&library), 0o755, &real);
+    }
+    Ok(())
+}
+
+/// Where a host path lives in the merged-/usr image: `/lib64/ld-linux…` → `usr/lib64/ld-linux…`.
+fn image_path(host: &Path) -> String {
+    let host = host.to_string_lossy();
+    for dir in ["bin", "sbin", "lib", "lib64"] {
+        if let Some(rest) = host.strip_prefix(&format!("/{dir}/")) {
+            return format!("usr/{dir}/{rest}");
+        }
+    }
+    host.trim_start_matches('/').to_string()
+}
+
+fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(binary).output().context("running ldd")?;
+    if !out.status.success() {
+        bail!("ldd {} failed: {}", binary.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` and `/lib64/ld-linux-x86-64.so.2 (0x…)`.
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let path = match line.split_once("=>") {
+                Some((_, right)) => right.split_whitespace().next()?,
+                None => line.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_lines_name_libraries_and_the_loader_but_not_the_vdso() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibtinfo.so.6 => /lib/x86_64-linux-gnu/libtinfo.so.6 (0x1)\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x2)\n\tnotfound.so => not found\n";
+        assert_eq!(
+            parse_ldd(text),
+            vec![PathBuf::from("/lib/x86_64-linux-gnu/libtinfo.so.6"), PathBuf::from("/lib64/ld-linux-x86-64.so.2")]
+        );
+    }
+
+    #[test]
+    fn host_paths_map_into_the_merged_usr_image() {
+        assert_eq!(image_path(Path::new("/lib64/ld-linux-x86-64.so.2")), "usr/lib64/ld-linux-x86-64.so.2");
+        assert_eq!(image_path(Path::new("/usr/bin/bash")), "usr/bin/bash");
+        assert_eq!(image_path(Path::new("/bin/sleep")), "usr/bin/sleep");
+    }
+
+    #[test]
+    fn parents_come_before_children_and_keep_their_owner() {
+        let mut image = Image::default();
+        image.mkdir("home/guardtest1", Owner { mode: 0o755, uid: 4201, gid: 4201 });
+        image.text("home/guardtest1/.profile", 0o644, String::new());
+        let names: Vec<_> = image.0.keys().map(String::as_str).collect();
+        assert_eq!(names, ["home", "home/guardtest1", "home/guardtest1/.profile"]);
+        assert!(matches!(image.0["home/guardtest1"], Node::Dir(Owner { uid: 4201, .. })));
+    }
+}
