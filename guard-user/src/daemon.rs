@@ -33,6 +33,7 @@ use crate::{
     log::Logger,
     policy::{self, classify, hours_one_decimal, minutes_ago, FlagClocks, ProcessVerdict},
     procfs,
+    redis_mirror::{Endpoint, Heartbeat, Mirror, StreamEvent},
     safefs::{atomic_write, FsIdentity},
     state::{self, StateError},
     status::{self, NameStatus, Status},
@@ -164,6 +165,14 @@ pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
         ],
     );
 
+    let warn_log = logger.clone();
+    let mirror = Mirror::spawn(
+        Endpoint::resolve(|k| std::env::var(k).ok()),
+        hostname(),
+        opts.account.name.clone(),
+        Arc::new(move |w: String| warn_log.raw(&format!("WARN {w}"))),
+    );
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let pump = match source {
         Some(src) => Some(tokio::spawn(pump(src, shared.clone(), logger.clone(), opts.audit_interval, stop_rx.clone()))),
@@ -173,7 +182,7 @@ pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
         }
     };
 
-    let reason = tick_loop(&opts, backend, &shared, &logger, who, stop_rx.clone()).await;
+    let reason = tick_loop(&opts, backend, &shared, &logger, who, mirror, stop_rx.clone()).await;
     let _ = stop_tx.send(true);
     if let Some(p) = pump {
         let _ = p.await;
@@ -200,6 +209,7 @@ async fn tick_loop(
     shared: &Arc<Shared>,
     logger: &Logger,
     who: FsIdentity,
+    mirror: Mirror,
     _stop: watch::Receiver<bool>,
 ) -> &'static str {
     let stop = stop_signal();
@@ -221,6 +231,7 @@ async fn tick_loop(
         ticks: 0,
         warned_keys: BTreeSet::new(),
         last_state_path: None,
+        mirror,
     };
     let mut interval = tokio::time::interval(opts.interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -270,9 +281,34 @@ struct TickContext {
     /// Unknown config keys already warned about (once per key per run, not every tick).
     warned_keys: BTreeSet<String>,
     last_state_path: Option<PathBuf>,
+    /// The swarm Redis mirror: fire-and-forget, never waited on.
+    mirror: Mirror,
+}
+
+/// This host's name for the heartbeat key.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) } != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 impl TickContext {
+    fn stream(&self, event: &str, pid: Option<u32>, name: &crate::comm::Comm, reason: &str, count: Option<u32>, elapsed: Option<&str>) {
+        self.mirror.event(StreamEvent {
+            event: event.into(),
+            pid,
+            name: name.to_string(),
+            reason: reason.into(),
+            count: count.map(u64::from),
+            elapsed: elapsed.map(str::to_string),
+            ts: now_unix() as i64,
+        });
+    }
+
     /// One tick (SPEC §4). Blocking. Returns the next enforcement deadline (unix seconds).
     fn tick(&mut self) -> Option<f64> {
         self.ticks += 1;
@@ -332,6 +368,9 @@ impl TickContext {
             let elapsed = v.elapsed_secs(now);
             let ago = if v.newly_flagged { "now".to_string() } else { format!("{}m_ago", minutes_ago(elapsed)) };
             log.line("FLAGGED", &[("name", &v.name), ("count", &v.count), ("first_flagged", &ago)]);
+            if v.newly_flagged {
+                self.stream("FLAGGED", None, &v.name, "threshold", Some(v.count), None);
+            }
             let procs = self.shared.table.lock().unwrap().processes_of(self.opts.account.uid, &v.name);
             let mut targets: Vec<ProcState> = Vec::new();
             let mut skip = 0u32;
@@ -340,6 +379,7 @@ impl TickContext {
                     None => {
                         if v.enforce {
                             log.line("SKIPPED", &[("pid", &p.id.pid), ("name", &v.name), ("reason", &"identity_changed")]);
+                            self.stream("SKIPPED", Some(p.id.pid), &v.name, "identity_changed", None, None);
                         }
                     }
                     Some(cmd) => match classify(&cmd, &config) {
@@ -347,6 +387,7 @@ impl TickContext {
                             skip += 1;
                             if v.enforce {
                                 log.line("SKIPPED", &[("pid", &p.id.pid), ("name", &v.name), ("reason", &"excluded_command")]);
+                                self.stream("SKIPPED", Some(p.id.pid), &v.name, "excluded_command", None, None);
                             }
                         }
                         ProcessVerdict::End => targets.push(p),
@@ -371,12 +412,16 @@ impl TickContext {
                     let refs: Vec<(&str, &dyn std::fmt::Display)> =
                         f.iter().map(|(k, v)| (*k, v as &dyn std::fmt::Display)).collect();
                     log.line(event, &refs);
+                    self.stream(event, Some(pid), &v.name, "ghost_detected", Some(v.count), Some(&hours));
                 };
                 if self.opts.dry_run {
                     for t in &targets {
                         match enforcer.verify(t) {
                             Ok(()) => emit("DRY_RUN", t.id.pid),
-                            Err(_) => log.line("SKIPPED", &[("pid", &t.id.pid), ("name", &v.name), ("reason", &"identity_changed")]),
+                            Err(_) => {
+                                log.line("SKIPPED", &[("pid", &t.id.pid), ("name", &v.name), ("reason", &"identity_changed")]);
+                                self.stream("SKIPPED", Some(t.id.pid), &v.name, "identity_changed", None, None);
+                            }
                         }
                     }
                 } else {
@@ -387,7 +432,8 @@ impl TickContext {
                                 emit("KILLED", t.id.pid);
                             }
                             Outcome::Refused(_) => {
-                                log.line("SKIPPED", &[("pid", &t.id.pid), ("name", &v.name), ("reason", &"identity_changed")])
+                                log.line("SKIPPED", &[("pid", &t.id.pid), ("name", &v.name), ("reason", &"identity_changed")]);
+                                self.stream("SKIPPED", Some(t.id.pid), &v.name, "identity_changed", None, None);
                             }
                         }
                     }
@@ -454,6 +500,24 @@ impl TickContext {
             names,
         };
         let _ = config;
+        self.mirror.heartbeat(
+            Heartbeat {
+                host: hostname(),
+                user: s.user.clone(),
+                home: self.opts.home.display().to_string(),
+                pid: s.pid,
+                version: s.version.clone(),
+                backend: s.backend.clone(),
+                dry_run: s.dry_run,
+                last_tick: s.last_tick as u64,
+                flagged: s.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect(),
+                kills: s.kills,
+                lost_events: s.lost_events,
+                resyncs: s.resyncs,
+                interval_secs: self.opts.interval.as_secs().max(1),
+            },
+            self.opts.interval * 3,
+        );
         let mut bytes = serde_json::to_vec_pretty(&s).unwrap();
         bytes.push(b'\n');
         if let Err(e) = atomic_write(&status::path_beside(state_file), &bytes, self.who) {
