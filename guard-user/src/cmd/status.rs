@@ -8,7 +8,27 @@ fn now() -> f64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
+/// `status --fleet`: every heartbeat on the current swarm Redis endpoint.
+fn fleet(json: bool) -> anyhow::Result<ExitCode> {
+    use crate::redis_mirror::{fleet, fleet_table, Endpoint};
+    let endpoint = Endpoint::resolve(|k| std::env::var(k).ok());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match rt.block_on(fleet(&endpoint)) {
+        Ok(hbs) if json => println!("{}", serde_json::to_string_pretty(&hbs)?),
+        Ok(hbs) if hbs.is_empty() => println!("no guard heartbeat on {}", endpoint.redacted()),
+        Ok(hbs) => print!("{}", fleet_table(&hbs, SystemTime::now())),
+        Err(e) => {
+            eprintln!("guard-user status --fleet: {e}");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    if args.fleet {
+        return fleet(args.json);
+    }
     let (_account, home, config_path) = super::run::resolve_account(&args.account)?;
     let state_file = config::load(&config_path, &home)
         .map(|c| c.state_file)

@@ -1,0 +1,99 @@
+//! The daemon and the swarm Redis (SPEC §9) end to end: a real redis-server on a free
+//! loopback port, a real kill, the heartbeat, the stream, and a Redis that dies mid-run.
+use std::{
+    net::TcpListener,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use integration_tests::*;
+
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Option<Redis> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            eprintln!("skipped: no redis-server on PATH (cargo xtask test installs it)");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let r = Redis { child, port };
+        let end = Instant::now() + Duration::from_secs(10);
+        while r.cli(&["PING"]).trim() != "PONG" {
+            assert!(Instant::now() < end, "redis-server did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(r)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_real_kill_reaches_the_stream_and_the_heartbeat_and_a_dead_redis_never_stops_the_guard() {
+    let Some(_g) = setup("redis end to end") else { return };
+    let Some(redis) = Redis::start() else { return };
+    let home = Home::new();
+    home.write_config(r#"{"threshold": 3, "timeout": "1s"}"#);
+    let exe = home.probe_named("agentihooks");
+    let mut pile: Vec<Probe> = (0..3).map(|_| Probe::spawn(&exe, &[], TEST_UID)).collect();
+    std::env::set_var("AGENTIHOOKS_SWARM_REDIS_URL", redis.url());
+    std::env::remove_var("AGENTIHOOKS_HIVE_REDIS_URL");
+    let daemon = Daemon::start(&home, &[]);
+    home.wait_log(Duration::from_secs(20), |l| lines(l, "KILLED").len() >= 3);
+    for p in &mut pile {
+        assert!(p.wait_dead(Duration::from_secs(5)));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let stream = redis.cli(&["XRANGE", "agentihooks:host-guard:events", "-", "+"]);
+    assert_eq!(stream.matches("KILLED").count(), 3, "{stream}");
+    assert!(stream.contains("FLAGGED") && stream.contains("ghost_detected"), "{stream}");
+    let host = guard::daemon::hostname();
+    let key = format!("agentihooks:host-guard:{host}:{TEST_USER}");
+    let hb = redis.cli(&["GET", &key]);
+    assert!(hb.contains("\"kills\":3"), "{hb}");
+    let ttl: i64 = redis.cli(&["TTL", &key]).trim().parse().unwrap();
+    assert!(ttl > 0 && ttl <= 3, "ttl {ttl}");
+
+    // Redis dies: the guard keeps ticking and killing, and says so once.
+    let port = redis.port;
+    drop(redis);
+    let mut more: Vec<Probe> = (0..3).map(|_| Probe::spawn(&exe, &[], TEST_UID)).collect();
+    home.wait_log(Duration::from_secs(20), |l| lines(l, "KILLED").len() >= 6);
+    for p in &mut more {
+        assert!(p.wait_dead(Duration::from_secs(5)), "a kill waited on a dead Redis");
+    }
+    let status = guard::status::read(&home.path().join("guard-status.json")).unwrap();
+    daemon.stop();
+    let log = home.log();
+    assert_eq!(log.matches("WARN redis_unreachable").count(), 1, "{log}");
+    assert!(log.contains(&format!("endpoint=redis://127.0.0.1:{port}/0")), "{log}");
+    assert!(status.kills >= 6);
+    std::env::remove_var("AGENTIHOOKS_SWARM_REDIS_URL");
+}
