@@ -26,6 +26,8 @@ pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
     anyhow::ensure!(!audit_interval.is_zero(), "--audit-interval must be longer than 0s");
     let backend: Backend = args.backend.parse().map_err(anyhow::Error::msg)?;
     anyhow::ensure!(home.is_dir(), "--home {}: not a directory", home.display());
+    // Absolute, so log lines, the heartbeat and `stateFile` expansion do not depend on the cwd.
+    let home = home.canonicalize().with_context(|| format!("--home {}", home.display()))?;
     Ok(DaemonOptions {
         account,
         home,
