@@ -1,0 +1,382 @@
+//! `guard-user install`, `check` and `uninstall` (SPEC §8) against real files in a temp root
+//! (`--home`, `--unit-dir`, `--bin-dir`) and a fake `systemctl` first in PATH: it appends its
+//! argv to `calls` and answers is-enabled / is-active / show MainPID / is-system-running from
+//! files the test controls (`enable --now` and `disable --now` update them, like the real one).
+use std::{
+    fs,
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::Command,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, SystemTime},
+};
+
+use integration_tests::*;
+
+const FAKE_SYSTEMCTL: &str = r#"#!/bin/sh
+d="$FAKE_SYSTEMCTL_DIR"
+echo "$*" >> "$d/calls"
+case "$*" in
+  *is-system-running*) if [ -f "$d/user-manager" ]; then cat "$d/user-manager"; else echo offline; exit 1; fi ;;
+  *"enable --now"*) echo enabled > "$d/is-enabled"; echo active > "$d/is-active" ;;
+  *"disable --now guard-user@"*) echo disabled > "$d/is-enabled"; echo inactive > "$d/is-active" ;;
+  is-enabled*) v=$(cat "$d/is-enabled" 2>/dev/null || echo disabled); echo "$v"; [ "$v" = enabled ]; exit $? ;;
+  is-active*) v=$(cat "$d/is-active" 2>/dev/null || echo inactive); echo "$v"; [ "$v" = active ]; exit $? ;;
+  *MainPID*) cat "$d/MainPID" 2>/dev/null || echo 0 ;;
+esac
+exit 0
+"#;
+
+/// A temp home plus a temp root holding the unit dir, the bin dir, the fake systemctl and
+/// two config sources (`a.json`, the one install links; `b.json`, another checkout).
+struct Host {
+    home: Home,
+    root: tempfile::TempDir,
+    /// The account installed for. Tests other than the leaked-daemon one use OTHER_USER, so a
+    /// `guard-user run --user TEST_USER` of a concurrently running test binary is not drift here.
+    user: &'static str,
+    uid: u32,
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+}
+
+impl Host {
+    fn new() -> Host {
+        Host::for_account(OTHER_USER, OTHER_UID)
+    }
+
+    fn for_account(user: &'static str, uid: u32) -> Host {
+        let root = tempfile::Builder::new().prefix("guard-install-").tempdir_in("/tmp").unwrap();
+        for d in ["units", "bin", "fake"] {
+            fs::create_dir_all(root.path().join(d)).unwrap();
+        }
+        let sc = root.path().join("fake/systemctl");
+        fs::write(&sc, FAKE_SYSTEMCTL).unwrap();
+        fs::set_permissions(&sc, fs::Permissions::from_mode(0o755)).unwrap();
+        let shipped = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/guard-config.json")).unwrap();
+        fs::write(root.path().join("a.json"), &shipped).unwrap();
+        fs::write(root.path().join("b.json"), &shipped).unwrap();
+        let home = Home::new();
+        std::os::unix::fs::chown(home.path(), Some(uid), Some(uid)).unwrap();
+        Host { home, root, user, uid }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+    fn h(&self, rel: &str) -> PathBuf {
+        self.home.path().join(rel)
+    }
+    fn source(&self) -> PathBuf {
+        fs::canonicalize(self.p("a.json")).unwrap()
+    }
+    fn link(&self) -> PathBuf {
+        self.h("guard-config.json")
+    }
+
+    fn answer(&self, file: &str, value: &str) {
+        fs::write(self.p("fake").join(file), format!("{value}\n")).unwrap();
+    }
+    fn calls(&self) -> String {
+        fs::read_to_string(self.p("fake/calls")).unwrap_or_default()
+    }
+
+    fn run_with(&self, sub: &str, source: &Path, systemd: &str) -> Out {
+        let path = format!("{}:{}", self.p("fake").display(), std::env::var("PATH").unwrap_or_default());
+        let o = Command::new(guard_bin())
+            .arg(sub)
+            .args(["--user", self.user, "--home"])
+            .arg(self.home.path())
+            .arg("--config-source")
+            .arg(source)
+            .arg("--unit-dir")
+            .arg(self.p("units"))
+            .arg("--bin-dir")
+            .arg(self.p("bin"))
+            .env("PATH", path)
+            .env("FAKE_SYSTEMCTL_DIR", self.p("fake"))
+            .env("GUARD_SYSTEMD_RUNNING", systemd)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.is_empty() || o.status.code() != Some(2), "{sub}: {stderr}");
+        Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned() }
+    }
+
+    fn run(&self, sub: &str) -> Out {
+        self.run_with(sub, &self.source(), "1")
+    }
+
+    fn write_status(&self, last_tick: f64, interval_secs: f64) {
+        let s = guard::status::Status { last_tick, interval_secs, user: self.user.into(), ..Default::default() };
+        fs::write(self.h("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+    }
+
+    fn plant_legacy(&self) {
+        let units = self.h(".config/systemd/user");
+        fs::create_dir_all(units.join("timers.target.wants")).unwrap();
+        fs::write(self.h("guard-daemon.sh"), "#!/bin/bash\n").unwrap();
+        fs::write(units.join("guard-daemon.timer"), "[Timer]\n").unwrap();
+        fs::write(units.join("guard-daemon.service"), "[Service]\n").unwrap();
+        std::os::unix::fs::symlink("../guard-daemon.timer", units.join("timers.target.wants/guard-daemon.timer")).unwrap();
+    }
+
+    /// (inode, mtime in ns) of every file install writes.
+    fn fingerprint(&self) -> Vec<(u64, i64, i64)> {
+        let dropin = self.p(&format!("units/guard-user@{}.service.d/home.conf", self.user));
+        [self.link(), self.p("units/guard-user@.service"), dropin, self.p("bin/guard-user")]
+            .iter()
+            .map(|p| {
+                let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                (m.ino(), m.mtime(), m.mtime_nsec())
+            })
+            .collect()
+    }
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+#[test]
+fn check_reports_every_drift_and_install_brings_it_in_sync() {
+    let Some(_g) = setup("install drift") else { return };
+    let host = Host::new();
+    let user = host.user;
+    let home = host.home.path().display().to_string();
+    let units = host.p("units").display().to_string();
+    let instance = format!("guard-user@{user}.service");
+
+    // Nothing there yet.
+    let out = host.run("check");
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    for line in [
+        format!("{home}/guard-config.json is missing"),
+        format!("{units}/guard-user@.service is missing or differs from this build"),
+        format!("{instance} is not enabled"),
+        format!("{instance} is not active"),
+    ] {
+        assert!(out.stdout.lines().any(|l| l == line), "missing `{line}` in\n{}", out.stdout);
+    }
+
+    // A hand copy with identical text is still drift; so are the legacy files and a stale heartbeat.
+    fs::copy(host.source(), host.link()).unwrap();
+    host.plant_legacy();
+    let last = now_secs() - 1000.0;
+    host.write_status(last, 60.0);
+    let out = host.run("check");
+    assert_eq!(out.code, 1);
+    let last_at = guard::log::local_timestamp(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(last));
+    for line in [
+        format!("{home}/guard-config.json is not a link to {}", host.source().display()),
+        format!("{home}/guard-daemon.sh is still present, so the legacy guard can run beside guard-user"),
+        format!("{home}/.config/systemd/user/guard-daemon.timer still runs the legacy guard"),
+        format!("{home}/.config/systemd/user/guard-daemon.service still runs the legacy guard"),
+        format!("the guard has not completed a tick for 1000s (last at {last_at})"),
+    ] {
+        assert!(out.stdout.lines().any(|l| l == line), "missing `{line}` in\n{}", out.stdout);
+    }
+    assert!(!out.stdout.contains("is missing\n") || !out.stdout.contains("guard-config.json is missing"), "{}", out.stdout);
+
+    // install: the SPEC line first, exit 0, and the legacy guard retired.
+    host.answer("user-manager", "running");
+    let out = host.run("install");
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_eq!(
+        out.stdout.lines().next().unwrap(),
+        format!("[OK] Host guard installed for {user} in {home} from {}, every 60s as {instance}", host.source().display())
+    );
+    let calls = host.calls();
+    for c in [
+        format!("--user -M {user}@ disable --now guard-daemon.timer"),
+        format!("--user -M {user}@ disable --now guard-daemon.service"),
+        format!("--user -M {user}@ daemon-reload"),
+        "daemon-reload".to_string(),
+        format!("enable --now {instance}"),
+    ] {
+        assert!(calls.lines().any(|l| l == c), "no `systemctl {c}` in\n{calls}");
+    }
+    for p in ["guard-daemon.sh", ".config/systemd/user/guard-daemon.timer", ".config/systemd/user/guard-daemon.service"] {
+        assert!(fs::symlink_metadata(host.h(p)).is_err(), "{p} survived install");
+    }
+    assert!(fs::symlink_metadata(host.h(".config/systemd/user/timers.target.wants/guard-daemon.timer")).is_err());
+    let meta = fs::symlink_metadata(host.link()).unwrap();
+    assert!(meta.file_type().is_symlink() && meta.uid() == host.uid, "the link belongs to the account");
+    let unit = fs::read_to_string(host.p("units/guard-user@.service")).unwrap();
+    assert!(unit.contains(&format!("ExecStart={}/guard-user run --user %i\n", host.p("bin").display())), "{unit}");
+
+    host.write_status(now_secs(), 60.0);
+    // A `guard-user run` another test binary starts for this account at the same moment would be
+    // (rightly) a leak: retry a few times so only a steady report counts.
+    let mut out = host.run("check");
+    for _ in 0..5 {
+        if !out.stdout.contains(" is running outside ") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        out = host.run("check");
+    }
+    assert_eq!(out.stdout, format!("[OK] Host guard in sync with {}\n", host.source().display()));
+    assert_eq!(out.code, 0);
+}
+
+#[test]
+fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
+    let Some(_g) = setup("install invalid") else { return };
+    let host = Host::new();
+    let user = host.user;
+    let home = host.home.path().display().to_string();
+    assert_eq!(host.run("install").code, 0);
+
+    // A link to another checkout.
+    std::os::unix::fs::symlink(host.p("b.json"), host.h("x")).unwrap();
+    fs::rename(host.h("x"), host.link()).unwrap();
+    let out = host.run("check");
+    assert_eq!(out.code, 1);
+    assert!(out.stdout.lines().any(|l| l == format!("{home}/guard-config.json is not a link to {}", host.source().display())), "{}", out.stdout);
+
+    // An invalid source, linked: the ERROR line's reason.
+    fs::write(host.p("bad.json"), "{\"threshold\": 0}").unwrap();
+    let bad = fs::canonicalize(host.p("bad.json")).unwrap();
+    std::os::unix::fs::symlink(&bad, host.h("x")).unwrap();
+    fs::rename(host.h("x"), host.link()).unwrap();
+    let out = host.run_with("check", &bad, "1");
+    assert_eq!(out.code, 1);
+    assert!(out.stdout.lines().any(|l| l == format!("{home}/guard-config.json is invalid: config_malformed threshold value=0")), "{}", out.stdout);
+    assert!(!out.stdout.contains("not a link"), "{}", out.stdout);
+    // install refuses to link an invalid source.
+    let o = Command::new(guard_bin()).args(["install", "--user", TEST_USER, "--home"]).arg(host.home.path())
+        .arg("--config-source").arg(&bad).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is invalid: config_malformed threshold value=0"));
+
+    // An edited unit.
+    let unit = host.p("units/guard-user@.service");
+    let text = fs::read_to_string(&unit).unwrap().replace("MemoryMax=64M", "MemoryMax=1G");
+    fs::write(&unit, text).unwrap();
+    let out = host.run("check");
+    assert!(out.stdout.lines().any(|l| l == format!("{} is missing or differs from this build", unit.display())), "{}", out.stdout);
+    // And a stopped instance.
+    host.answer("is-active", "failed");
+    let out = host.run("check");
+    assert!(out.stdout.lines().any(|l| l == format!("guard-user@{user}.service is not active")), "{}", out.stdout);
+    assert!(!out.stdout.contains("is not enabled"), "{}", out.stdout);
+}
+
+#[test]
+fn a_second_install_changes_nothing() {
+    let Some(_g) = setup("install idempotent") else { return };
+    let host = Host::new();
+    assert_eq!(host.run("install").code, 0);
+    let before = host.fingerprint();
+    let calls_before = host.calls();
+    std::thread::sleep(Duration::from_millis(20));
+    let out = host.run("install");
+    assert_eq!(out.code, 0);
+    assert!(out.stdout.starts_with("[OK] Host guard installed for "), "{}", out.stdout);
+    assert!(out.stdout.contains("(already installed, nothing changed)"), "{}", out.stdout);
+    assert_eq!(host.fingerprint(), before, "a second install rewrote a file");
+    let new_calls = &host.calls()[calls_before.len()..];
+    assert!(!new_calls.contains("daemon-reload") && !new_calls.contains("enable --now") && !new_calls.contains("restart"), "{new_calls}");
+}
+
+#[test]
+fn install_without_systemd_links_and_says_the_guard_is_not_scheduled() {
+    let Some(_g) = setup("install no systemd") else { return };
+    let host = Host::new();
+    let out = host.run_with("install", &host.source(), "0");
+    assert_eq!(out.code, 1);
+    assert_eq!(
+        out.stdout.lines().next().unwrap(),
+        format!("[!!] Host guard linked in {}; systemd is not running, so the guard is not scheduled", host.home.path().display())
+    );
+    assert!(fs::read_link(host.link()).unwrap() == host.source());
+    assert!(!host.calls().lines().any(|l| l.contains("enable")), "{}", host.calls());
+}
+
+#[test]
+fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log() {
+    let Some(_g) = setup("uninstall") else { return };
+    let host = Host::new();
+    let user = host.user;
+    assert_eq!(host.run("install").code, 0);
+    fs::write(host.h("guard-daemon.log"), "x\n").unwrap();
+
+    // Another account's instance keeps the shared template and binary.
+    let wants = host.p("units/multi-user.target.wants");
+    fs::create_dir_all(&wants).unwrap();
+    std::os::unix::fs::symlink("../guard-user@.service", wants.join(format!("guard-user@{TEST_USER}.service"))).unwrap();
+    let out = host.run("uninstall");
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(host.calls().lines().any(|l| l == format!("disable --now guard-user@{user}.service")), "{}", host.calls());
+    assert!(host.p("units/guard-user@.service").exists() && host.p("bin/guard-user").exists(), "{}", out.stdout);
+    assert!(!host.p(&format!("units/guard-user@{user}.service.d/home.conf")).exists());
+
+    fs::remove_file(wants.join(format!("guard-user@{TEST_USER}.service"))).unwrap();
+    let out = host.run("uninstall");
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(!host.p("units/guard-user@.service").exists() && !host.p("bin/guard-user").exists(), "{}", out.stdout);
+    assert!(fs::symlink_metadata(host.link()).unwrap().file_type().is_symlink(), "the config link was removed");
+    assert_eq!(fs::read_to_string(host.h("guard-daemon.log")).unwrap(), "x\n");
+}
+
+#[test]
+fn the_relink_never_leaves_the_config_path_missing() {
+    let Some(_g) = setup("relink atomic") else { return };
+    let host = Host::new();
+    let (a, b) = (host.source(), fs::canonicalize(host.p("b.json")).unwrap());
+    fs::copy(&a, host.link()).unwrap(); // starts as a hand copy
+    let link = host.link();
+    let done = AtomicBool::new(false);
+    let (seen_missing, reads) = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let (mut missing, mut reads) = (0u64, 0u64);
+            while !done.load(Ordering::Relaxed) {
+                if fs::symlink_metadata(&link).is_err() {
+                    missing += 1;
+                }
+                reads += 1;
+            }
+            (missing, reads)
+        });
+        for i in 0..200 {
+            let src = if i % 2 == 0 { &b } else { &a };
+            assert!(guard::install::relink(&link, src, host.uid, host.uid).unwrap());
+        }
+        done.store(true, Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    assert_eq!(seen_missing, 0, "the config path was missing in {seen_missing} of {reads} reads");
+    assert!(reads > 200);
+    assert!(guard::install::links_to(&link, &a));
+}
+
+#[test]
+fn check_reports_a_guard_running_outside_the_unit() {
+    let Some(_g) = setup("install leaked") else { return };
+    let host = Host::for_account(TEST_USER, TEST_UID);
+    assert_eq!(host.run("install").code, 0);
+    let daemon = Daemon::start(&host.home, &["--backend", "procfs"]);
+    let pid = daemon.child.id();
+    let line = format!("guard-user pid {pid} is running outside guard-user@{TEST_USER}.service");
+    // Wait until the child has exec'd (its cmdline is the guard's).
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while !fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default().starts_with(guard_bin().as_os_str().as_encoded_bytes())
+        && std::time::Instant::now() < end
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    host.answer("MainPID", "0");
+    let out = host.run("check");
+    assert_eq!(out.code, 1);
+    assert!(out.stdout.lines().any(|l| l == line), "missing `{line}` in\n{}", out.stdout);
+
+    // The same process as the unit's MainPID is not a leak.
+    host.answer("MainPID", &pid.to_string());
+    let out = host.run("check");
+    assert!(!out.stdout.contains(&format!("pid {pid} ")), "{}", out.stdout);
+    daemon.stop();
+}
