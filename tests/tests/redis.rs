@@ -97,3 +97,33 @@ fn a_real_kill_reaches_the_stream_and_the_heartbeat_and_a_dead_redis_never_stops
     assert!(status.kills >= 6);
     std::env::remove_var("AGENTIHOOKS_SWARM_REDIS_URL");
 }
+
+fn check_output(home: &Home, url: &str) -> String {
+    let out = Command::new(guard_bin())
+        .args(["check", "--user", TEST_USER, "--home"])
+        .arg(home.path())
+        .env("AGENTIHOOKS_SWARM_REDIS_URL", url)
+        .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn check_reports_a_missing_heartbeat_and_an_unreachable_redis() {
+    let Some(_g) = setup("redis check lines") else { return };
+    let Some(redis) = Redis::start() else { return };
+    let home = Home::new();
+    let host = guard::daemon::hostname();
+    let out = check_output(&home, &redis.url());
+    assert!(out.contains(&format!("no heartbeat for {host}:{TEST_USER} on {}", redis.url())), "{out}");
+    let key = format!("agentihooks:host-guard:{host}:{TEST_USER}");
+    redis.cli(&["SET", &key, r#"{"host":"x","user":"guardtest1"}"#, "EX", "60"]);
+    let out = check_output(&home, &redis.url());
+    assert!(!out.contains("no heartbeat"), "{out}");
+    let url = redis.url();
+    drop(redis);
+    let out = check_output(&home, &url.replace("127.0.0.1", ":hunter2@127.0.0.1"));
+    assert!(out.contains(&format!("the swarm Redis at {url} is unreachable, so the fleet heartbeat was not checked")), "{out}");
+    assert!(!out.contains("hunter2"), "{out}");
+}

@@ -9,9 +9,29 @@ use crate::install::{self, Systemctl};
 pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let l = super::install::layout(&args)?;
     let exe = std::env::current_exe().context("finding this binary")?;
-    let report = install::check(&l, &exe, &Systemctl, SystemTime::now());
+    let mut report = install::check(&l, &exe, &Systemctl, SystemTime::now());
+    // SPEC §9: the fleet heartbeat at the current endpoint. A missing heartbeat is drift; an
+    // unreachable Redis is said but is not drift (the guard never depends on Redis).
+    let mut notes = Vec::new();
+    {
+        use crate::redis_mirror::{check_lines, read_heartbeat, Endpoint};
+        let endpoint = Endpoint::resolve(|k| std::env::var(k).ok());
+        let host = crate::daemon::hostname();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let result = rt.block_on(read_heartbeat(&endpoint, &host, &l.account.name));
+        if let Some(line) = check_lines(&endpoint, &host, &l.account.name, &result) {
+            if result.is_err() {
+                notes.push(line);
+            } else {
+                report.drift.push(line);
+            }
+        }
+    }
     for d in &report.drift {
         println!("{d}");
+    }
+    for n in &notes {
+        println!("{n}");
     }
     if report.drift.is_empty() {
         println!("[OK] Host guard in sync with {}", l.source.display());
