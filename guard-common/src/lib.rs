@@ -58,7 +58,8 @@ pub struct KernelOffsets {
     pub task_flags: u32,
     /// `task_struct::comm`
     pub task_comm: u32,
-    /// `task_struct::cred` (the effective credentials)
+    /// `task_struct::real_cred`: the objective credentials, which /proc/PID/status reports and
+    /// `ps -u` selects by (`cred` differs from it only inside override_creds()).
     pub task_cred: u32,
     /// `task_struct::start_boottime`
     pub task_start_boottime: u32,
@@ -71,6 +72,13 @@ pub struct KernelOffsets {
     pub signal_live: u32,
     /// `cred::euid`
     pub cred_euid: u32,
+    /// Byte of `task_struct::in_execve` (a one-bit field, set from alloc_bprm() to
+    /// free_bprm()), so the rename that exec itself does (`__set_task_comm` in
+    /// begin_new_exec(), before the new credentials) is left to the EXEC event.
+    pub task_in_execve: u32,
+    /// The bit of `in_execve` in that byte; 0 when the kernel has no such field (then exec
+    /// also yields a RENAME, with the old euid, right before its EXEC).
+    pub in_execve_mask: u32,
     /// Non-zero when `sched_process_exit` carries `group_dead` as its second argument.
     pub exit_has_group_dead: u32,
     /// Non-zero once user space filled this struct; programs emit nothing before.

@@ -63,8 +63,9 @@ fn arg(ctx: &BtfTracePointContext, n: usize) -> Result<u64, i64> {
 
 fn count_lost() {
     if let Some(p) = LOST.get_ptr_mut(LOST_INDEX) {
-        // Per-CPU slot: no other CPU writes it, and BPF programs do not nest on one CPU for
-        // tracepoints, so a plain add is race-free.
+        // Per-CPU slot, so no other CPU writes it; and every attach point fires in process
+        // context with preemption off, so our programs never interrupt each other on one CPU:
+        // a plain add is race-free.
         unsafe { *p += 1 };
     }
 }
@@ -184,6 +185,14 @@ fn try_rename(ctx: &BtfTracePointContext) -> Res {
     let flags: u32 = read(task, o.task_flags)?;
     if flags & PF_KTHREAD != 0 {
         return Ok(());
+    }
+    // exec renames the task itself (begin_new_exec → __set_task_comm) before it commits the
+    // new credentials; the EXEC event that follows reports both, so skip this one.
+    if o.in_execve_mask != 0 && task == unsafe { bpf_get_current_task() } {
+        let byte: u8 = read(task, o.task_in_execve)?;
+        if byte as u32 & o.in_execve_mask != 0 {
+            return Ok(());
+        }
     }
     // The tracepoint fires before the copy into task->comm: take the new name from the argument.
     let src = arg(ctx, 1)?;

@@ -1,9 +1,15 @@
 //! Structure offsets from the running kernel's BTF (`/sys/kernel/btf/vmlinux`), so one BPF
 //! object works on every kernel: the programs read `task_struct` fields at the offsets this
-//! module finds (format: Documentation/bpf/btf.rst).
+//! module finds.
+//!
+//! A deliberately small parser (format: Documentation/bpf/btf.rst): it indexes the type
+//! section, then answers three questions — where is `struct.member` (looking through anonymous
+//! nested structs and unions, which `task_struct` uses), how big is that member, and what is a
+//! tracepoint's prototype (`btf_trace_<name>`: typedef → pointer → func_proto). aya 0.14 does
+//! parse BTF, but its type tables are not public API.
 use std::path::{Path, PathBuf};
 
-use guard_common::KernelOffsets;
+use guard_common::{KernelOffsets, COMM_LEN};
 
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
@@ -15,35 +21,57 @@ pub enum BtfError {
     Format { path: PathBuf, what: &'static str },
     #[error("{}: no `{ty}.{member}` in the kernel's BTF", path.display())]
     Missing { path: PathBuf, ty: String, member: String },
+    #[error("{}: `{ty}.{member}` is {found} bytes, expected {expected}", path.display())]
+    Layout { path: PathBuf, ty: String, member: String, found: u32, expected: u32 },
+    #[error("{}: no prototype `btf_trace_{name}` for the tracepoint `{name}`", path.display())]
+    Tracepoint { path: PathBuf, name: String },
 }
 
+const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
+const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
 const KIND_TYPEDEF: u32 = 8;
-const KIND_PTR: u32 = 2;
-const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC_PROTO: u32 = 13;
 const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
 
+/// One entry of the type section (`struct btf_type`).
 #[derive(Clone, Debug)]
 struct Type {
     name_off: u32,
     kind: u32,
     vlen: u32,
+    /// For structs/unions: member offsets are `bitfield_size << 24 | bit_offset`.
     kind_flag: bool,
-    /// size or referenced type id
+    /// `size` or `type`, depending on the kind.
     size_type: u32,
-    /// byte offset of the kind-specific data
+    /// Byte offset in `data` of the kind-specific data that follows the entry.
     extra: usize,
 }
 
-/// A parsed BTF blob: enough to find struct members and typedefs.
+/// Where a member sits, from the start of the outer struct, and its type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Byte offset (of the byte holding the first bit, for a bitfield).
+    pub offset: u32,
+    pub bit_offset: u32,
+    /// Width of a bitfield, 0 for a plain member.
+    pub bitfield_bits: u32,
+    pub type_id: u32,
+}
+
+/// A parsed BTF blob: enough to find struct members and tracepoint prototypes.
 pub struct Btf {
     path: PathBuf,
     data: Vec<u8>,
-    types: Vec<Type>, // index = type id - 1
+    /// index = type id - 1 (id 0 is `void`).
+    types: Vec<Type>,
     str_start: usize,
     str_len: usize,
 }
@@ -54,7 +82,8 @@ impl Btf {
         Btf::parse(path, data)
     }
 
-    fn parse(path: &Path, data: Vec<u8>) -> Result<Btf, BtfError> {
+    /// `path` only names the source in errors.
+    pub fn parse(path: &Path, data: Vec<u8>) -> Result<Btf, BtfError> {
         let bad = |what| BtfError::Format { path: path.into(), what };
         let u32_at = |o: usize| data.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
         if data.len() < 24 || data[0..2] != [0x9f, 0xeb] {
@@ -65,9 +94,9 @@ impl Btf {
         let type_len = u32_at(12).ok_or(bad("short header"))? as usize;
         let str_off = u32_at(16).ok_or(bad("short header"))? as usize;
         let str_len = u32_at(20).ok_or(bad("short header"))? as usize;
-        let t0 = hdr_len + type_off;
+        let t0 = hdr_len.checked_add(type_off).ok_or(bad("type section out of bounds"))?;
         let tend = t0.checked_add(type_len).filter(|&e| e <= data.len()).ok_or(bad("type section out of bounds"))?;
-        let str_start = hdr_len + str_off;
+        let str_start = hdr_len.checked_add(str_off).ok_or(bad("string section out of bounds"))?;
         if str_start.checked_add(str_len).is_none_or(|e| e > data.len()) {
             return Err(bad("string section out of bounds"));
         }
@@ -79,18 +108,17 @@ impl Btf {
             let vlen = info & 0xffff;
             let extra = o + 12;
             let extra_len = match kind {
-                1 => 4,
-                3 => 12,
-                4 | 5 => 12 * vlen as usize,
-                6 => 8 * vlen as usize,
-                13 => 8 * vlen as usize,
-                14 => 4,
-                15 => 12 * vlen as usize,
-                17 => 4,
-                19 => 12 * vlen as usize,
+                1 => 4,                                // INT: encoding
+                3 => 12,                               // ARRAY: btf_array
+                4 | 5 | 15 | 19 => 12 * vlen as usize, // STRUCT/UNION members, DATASEC vars, ENUM64
+                6 | 13 => 8 * vlen as usize,           // ENUM values, FUNC_PROTO params
+                14 | 17 => 4,                          // VAR linkage, DECL_TAG component
                 2 | 7 | 8 | 9 | 10 | 11 | 12 | 16 | 18 => 0,
                 _ => return Err(bad("unknown type kind")),
             };
+            if extra + extra_len > tend {
+                return Err(bad("type entry runs past the type section"));
+            }
             types.push(Type {
                 name_off: u32_at(o).unwrap(),
                 kind,
@@ -109,12 +137,12 @@ impl Btf {
     }
 
     fn name(&self, off: u32) -> &[u8] {
-        let s = self.str_start + off as usize;
         if off as usize >= self.str_len {
             return b"";
         }
-        let end = self.data[s..self.str_start + self.str_len].iter().position(|&b| b == 0).map(|p| s + p).unwrap_or(s);
-        &self.data[s..end]
+        let s = self.str_start + off as usize;
+        let strings = &self.data[s..self.str_start + self.str_len];
+        &strings[..strings.iter().position(|&b| b == 0).unwrap_or(strings.len())]
     }
 
     fn ty(&self, id: u32) -> Option<&Type> {
@@ -122,7 +150,7 @@ impl Btf {
     }
 
     fn find(&self, name: &str, kind: u32) -> Option<u32> {
-        // Prefer a complete definition (structs may appear as empty forward copies).
+        // Prefer a complete definition: a struct may also appear as an empty forward copy.
         let mut found = None;
         for (i, t) in self.types.iter().enumerate() {
             if t.kind == kind && self.name(t.name_off) == name.as_bytes() {
@@ -148,65 +176,115 @@ impl Btf {
         id
     }
 
-    /// Byte offset of `member` in struct/union `id`, looking into anonymous members.
-    fn member_in(&self, id: u32, member: &str, depth: u32) -> Option<u32> {
+    /// Size in bytes of type `id`, if it has one (not void, not a function).
+    pub fn size_of(&self, id: u32) -> Option<u32> {
+        let t = self.ty(self.strip(id))?;
+        match t.kind {
+            KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 => Some(t.size_type),
+            KIND_PTR => Some(8),
+            KIND_ARRAY => {
+                let elem = self.u32_at(t.extra);
+                let n = self.u32_at(t.extra + 8);
+                self.size_of(elem)?.checked_mul(n)
+            }
+            _ => None,
+        }
+    }
+
+    /// The member named `member` of struct/union `id`, looking into anonymous members.
+    fn member_in(&self, id: u32, member: &str, depth: u32) -> Option<Member> {
         let t = self.ty(id)?;
         if !matches!(t.kind, KIND_STRUCT | KIND_UNION) || depth > 8 {
             return None;
         }
         for m in 0..t.vlen as usize {
             let base = t.extra + 12 * m;
-            let name_off = self.u32_at(base);
-            let mty = self.u32_at(base + 4);
+            let name = self.name(self.u32_at(base));
+            let type_id = self.u32_at(base + 4);
             let raw = self.u32_at(base + 8);
-            let bits = if t.kind_flag { raw & 0x00ff_ffff } else { raw };
-            let name = self.name(name_off);
+            let (bits, width) = if t.kind_flag { (raw & 0x00ff_ffff, raw >> 24) } else { (raw, 0) };
             if name == member.as_bytes() {
-                return Some(bits / 8);
+                return Some(Member { offset: bits / 8, bit_offset: bits, bitfield_bits: width, type_id });
             }
             if name.is_empty() {
-                if let Some(inner) = self.member_in(self.strip(mty), member, depth + 1) {
-                    return Some(bits / 8 + inner);
+                if let Some(inner) = self.member_in(self.strip(type_id), member, depth + 1) {
+                    let bit_offset = bits + inner.bit_offset;
+                    return Some(Member { offset: bit_offset / 8, bit_offset, ..inner });
                 }
             }
         }
         None
     }
 
-    pub fn member_offset(&self, ty: &str, member: &str) -> Result<u32, BtfError> {
+    pub fn member(&self, ty: &str, member: &str) -> Result<Member, BtfError> {
         let missing = || BtfError::Missing { path: self.path.clone(), ty: ty.into(), member: member.into() };
         let id = self.find(ty, KIND_STRUCT).ok_or_else(missing)?;
         self.member_in(id, member, 0).ok_or_else(missing)
     }
 
-    /// Number of arguments (after the leading `void *`) of the tracepoint's prototype
-    /// `btf_trace_<name>` (typedef → pointer → func_proto), if present.
-    pub fn tracepoint_args(&self, name: &str) -> Option<u32> {
-        let td = self.find(&format!("btf_trace_{name}"), KIND_TYPEDEF)?;
-        let ptr = self.ty(self.ty(td)?.size_type)?;
-        if ptr.kind != KIND_PTR {
-            return None;
+    pub fn member_offset(&self, ty: &str, member: &str) -> Result<u32, BtfError> {
+        Ok(self.member(ty, member)?.offset)
+    }
+
+    /// The member's offset, after checking that it is `size` bytes (the BPF side reads exactly
+    /// that many, so a changed type must fail here rather than yield garbage).
+    fn sized_member(&self, ty: &str, member: &str, size: u32) -> Result<u32, BtfError> {
+        let m = self.member(ty, member)?;
+        let found = self.size_of(m.type_id).unwrap_or(0);
+        if found != size {
+            return Err(BtfError::Layout { path: self.path.clone(), ty: ty.into(), member: member.into(), found, expected: size });
         }
-        let proto = self.ty(ptr.size_type)?;
-        (proto.kind == KIND_FUNC_PROTO).then(|| proto.vlen.saturating_sub(1))
+        Ok(m.offset)
+    }
+
+    /// A one-bit field as (byte offset, mask within that byte), for a little-endian layout.
+    /// None if there is no such member or it is not a one-bit field.
+    fn flag_bit(&self, ty: &str, member: &str) -> Option<(u32, u32)> {
+        let m = self.member(ty, member).ok()?;
+        (m.bitfield_bits == 1).then(|| (m.bit_offset / 8, 1 << (m.bit_offset % 8)))
+    }
+
+    /// The parameter types of the tracepoint's BTF prototype `btf_trace_<name>` (typedef →
+    /// pointer → func_proto), as type ids. The first is always the `void *` context.
+    pub fn tracepoint_params(&self, name: &str) -> Result<Vec<u32>, BtfError> {
+        let missing = || BtfError::Tracepoint { path: self.path.clone(), name: name.into() };
+        let td = self.find(&format!("btf_trace_{name}"), KIND_TYPEDEF).ok_or_else(missing)?;
+        let ptr = self.ty(self.ty(td).ok_or_else(missing)?.size_type).ok_or_else(missing)?;
+        if ptr.kind != KIND_PTR {
+            return Err(missing());
+        }
+        let proto = self.ty(ptr.size_type).ok_or_else(missing)?;
+        if proto.kind != KIND_FUNC_PROTO {
+            return Err(missing());
+        }
+        Ok((0..proto.vlen as usize).map(|i| self.u32_at(proto.extra + 8 * i + 4)).collect())
     }
 
     /// Every offset the BPF programs need; `ready` is left 0 for the loader to set last.
     pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
-        let t = |m| self.member_offset("task_struct", m);
+        let t = |m, size| self.sized_member("task_struct", m, size);
+        // sched_process_exit(p) became sched_process_exit(p, group_dead) in Linux 6.16
+        // (include/trace/events/sched.h); with the context pointer that is 3 parameters.
+        let exit = self.tracepoint_params("sched_process_exit")?;
+        let exit_has_group_dead = exit.len() >= 3 && self.size_of(exit[2]) == Some(1);
+        // Optional: without it exec yields an extra RENAME, which is harmless.
+        let (task_in_execve, in_execve_mask) = self.flag_bit("task_struct", "in_execve").unwrap_or((0, 0));
         Ok(KernelOffsets {
-            task_pid: t("pid")?,
-            task_tgid: t("tgid")?,
-            task_flags: t("flags")?,
-            task_comm: t("comm")?,
-            task_cred: t("cred")?,
-            task_start_boottime: t("start_boottime")?,
-            task_group_leader: t("group_leader")?,
-            task_signal: t("signal")?,
-            signal_live: self.member_offset("signal_struct", "live")?,
-            cred_euid: self.member_offset("cred", "euid")?,
-            // Linux 6.16 added `bool group_dead` to sched_process_exit.
-            exit_has_group_dead: (self.tracepoint_args("sched_process_exit").unwrap_or(1) >= 2) as u32,
+            task_pid: t("pid", 4)?,
+            task_tgid: t("tgid", 4)?,
+            task_flags: t("flags", 4)?,
+            task_comm: t("comm", COMM_LEN as u32)?,
+            // `real_cred`, the objective credentials, is what /proc/PID/status shows and so
+            // what `ps -u` selects (SPEC §1); `cred` differs only inside override_creds().
+            task_cred: t("real_cred", 8)?,
+            task_start_boottime: t("start_boottime", 8)?,
+            task_group_leader: t("group_leader", 8)?,
+            task_signal: t("signal", 8)?,
+            signal_live: self.sized_member("signal_struct", "live", 4)?,
+            cred_euid: self.sized_member("cred", "euid", 4)?,
+            task_in_execve,
+            in_execve_mask,
+            exit_has_group_dead: exit_has_group_dead as u32,
             ready: 0,
         })
     }
@@ -216,16 +294,86 @@ impl Btf {
 mod tests {
     use super::*;
 
+    fn kernel_btf() -> Option<Btf> {
+        match Btf::from_file(Path::new(VMLINUX)) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                None
+            }
+        }
+    }
+
     #[test]
-    fn the_running_kernels_offsets_resolve() {
-        let Ok(btf) = Btf::from_file(Path::new(VMLINUX)) else {
-            eprintln!("skipped: no readable {VMLINUX}");
-            return;
-        };
+    fn the_running_kernels_offsets_resolve_and_are_plausible() {
+        let Some(btf) = kernel_btf() else { return };
         let o = btf.kernel_offsets().unwrap();
-        assert!(o.task_tgid == o.task_pid + 4, "pid and tgid are adjacent pid_t fields: {o:?}");
-        assert!(o.task_comm > 0 && o.task_cred > 0 && o.task_start_boottime > 0);
-        assert!(o.cred_euid > 0 && o.cred_euid < 64);
-        assert!(btf.member_offset("task_struct", "no_such_member").is_err());
+        assert_eq!(o.task_tgid, o.task_pid + 4, "pid and tgid are adjacent pid_t fields: {o:?}");
+        for (name, v) in [
+            ("flags", o.task_flags),
+            ("comm", o.task_comm),
+            ("cred", o.task_cred),
+            ("start_boottime", o.task_start_boottime),
+            ("group_leader", o.task_group_leader),
+            ("signal", o.task_signal),
+        ] {
+            assert!(v > 0 && v < 16384, "task_struct.{name} at {v}: {o:?}");
+        }
+        // task_struct begins with thread_info/__state; flags is one of the first fields.
+        assert!(o.task_flags < 64, "{o:?}");
+        assert!(o.cred_euid > 0 && o.cred_euid < 64, "{o:?}");
+        assert!(o.signal_live < 64, "{o:?}");
+        if btf.member("task_struct", "in_execve").is_ok() {
+            assert!(o.in_execve_mask.is_power_of_two() && o.in_execve_mask < 256, "{o:?}");
+            assert!(o.task_in_execve > 0, "{o:?}");
+        }
+        let comm = btf.member("task_struct", "comm").unwrap();
+        assert_eq!(btf.size_of(comm.type_id), Some(COMM_LEN as u32));
+    }
+
+    #[test]
+    fn a_missing_member_is_an_error_naming_the_path_and_member() {
+        let Some(btf) = kernel_btf() else { return };
+        let e = btf.member_offset("task_struct", "no_such_member").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains(VMLINUX) && text.contains("task_struct.no_such_member"), "{text}");
+        assert!(matches!(btf.tracepoint_params("no_such_tracepoint"), Err(BtfError::Tracepoint { .. })));
+    }
+
+    #[test]
+    fn members_inside_anonymous_unions_are_found() {
+        // cred.euid is plain, but task_struct wraps many fields in anonymous structs (the
+        // randomized-layout block); `__state` sits outside, `pid` inside on most configs.
+        let Some(btf) = kernel_btf() else { return };
+        let outer = btf.member_offset("task_struct", "__state").unwrap();
+        let pid = btf.member_offset("task_struct", "pid").unwrap();
+        assert!(pid > outer);
+    }
+
+    #[test]
+    fn exit_tracepoint_variant_matches_the_kernel_version() {
+        let Some(btf) = kernel_btf() else { return };
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut it = release.trim().split(['.', '-']).map(|s| s.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (it.next().unwrap(), it.next().unwrap());
+        let o = btf.kernel_offsets().unwrap();
+        // Distribution kernels may backport the change, so only check the newer direction.
+        if (major, minor) >= (6, 16) {
+            assert_eq!(o.exit_has_group_dead, 1, "{release}");
+        }
+        let params = btf.tracepoint_params("sched_process_fork").unwrap();
+        assert_eq!(params.len(), 3, "ctx, parent, child");
+    }
+
+    #[test]
+    fn garbage_is_a_format_error_not_a_panic() {
+        let p = Path::new("/test");
+        assert!(matches!(Btf::parse(p, vec![0; 10]), Err(BtfError::Format { .. })));
+        let mut hdr = vec![0x9f, 0xeb, 1, 0, 24, 0, 0, 0];
+        hdr.extend_from_slice(&0u32.to_le_bytes()); // type_off
+        hdr.extend_from_slice(&1000u32.to_le_bytes()); // type_len beyond the data
+        hdr.extend_from_slice(&0u32.to_le_bytes());
+        hdr.extend_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(Btf::parse(p, hdr), Err(BtfError::Format { .. })));
     }
 }

@@ -1,17 +1,28 @@
 //! The `ebpf` event source: loads guard's BPF programs, attaches them to the process
 //! tracepoints, hands the offsets from [`crate::btf`] to them, and drains the ring buffer.
 //!
-//! Order matters: attach everything first, then mark `OFFSETS` ready, then the daemon scans
-//! /proc (see `daemon` for why that order misses nothing).
-use std::os::fd::AsRawFd;
+//! Order matters: attach everything first, then mark `OFFSETS` ready (the programs emit
+//! nothing before), then the daemon scans /proc (see `daemon` for why that order misses
+//! nothing).
+//!
+//! Reading follows the BPF ring buffer's wake-up rule (kernel/bpf/ringbuf.c,
+//! `bpf_ringbuf_commit`): the kernel wakes the reader only for a record submitted while the
+//! reader had consumed everything before it. A reader that stops early (`drain` with a small
+//! `max`) therefore gets no new wake-up for the records left behind, so [`EbpfSource::readable`]
+//! asks the kernel whether data is waiting before it sleeps on the fd.
+use std::{
+    os::fd::{AsFd, AsRawFd, RawFd},
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use aya::{
     maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, TracePoint},
+    programs::{BtfTracePoint, ProgramError, TracePoint},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
 use guard_common::{KernelOffsets, DEFAULT_RING_BYTES, LOST_INDEX};
-use tokio::io::unix::AsyncFd;
+use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::{
     btf::{Btf, BtfError, VMLINUX},
@@ -20,7 +31,15 @@ use crate::{
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
 
+/// Where classic tracepoints (the setuid family) are looked up, and where we mount tracefs
+/// when nothing is mounted. tp_btf programs do not need it.
 const TRACEFS: &str = "/sys/kernel/tracing";
+/// The older location, under debugfs; aya looks there too.
+const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
+
+/// Uid-changing syscalls whose exit we watch. setfsuid does not change the euid; the `*32`
+/// variants exist only for 32-bit ABIs, which raise no syscall tracepoints on x86_64.
+const SETUID_SYSCALLS: [&str; 3] = ["sys_exit_setuid", "sys_exit_setreuid", "sys_exit_setresuid"];
 
 pub struct EbpfOptions {
     /// Ring buffer bytes (a power of two ≥ the page size); None = the default 4 MiB.
@@ -31,20 +50,20 @@ pub struct EbpfOptions {
 pub enum EbpfError {
     #[error("this guard-user was built without BPF programs (build it with `cargo xtask build`)")]
     NoObject,
-    #[error("--ring-bytes {0}: must be a power of two of at least 4096")]
-    RingSize(u32),
+    #[error("ring buffer of {bytes} bytes: must be a power of two of at least the page size ({page})")]
+    RingSize { bytes: u32, page: u32 },
+    #[error("no tracefs at {}: {detail}", path.display())]
+    Tracefs { path: PathBuf, detail: String },
     #[error(transparent)]
     Btf(#[from] BtfError),
-    #[error("loading BPF needs root (CAP_BPF and CAP_PERFMON): {0}")]
-    Permission(String),
-    #[error("cannot load the BPF object: {0}")]
-    Load(String),
-    #[error("cannot load or attach `{program}`: {detail}")]
-    Attach { program: &'static str, detail: String },
-    #[error("BPF map `{0}` is missing or of the wrong type")]
-    Map(&'static str),
-    #[error("cannot watch the ring buffer: {0}")]
-    Poll(std::io::Error),
+    #[error("{what} needs root (CAP_BPF and CAP_PERFMON): {detail}")]
+    Permission { what: String, detail: String },
+    #[error("cannot load the BPF object: {detail}")]
+    Load { detail: String },
+    #[error("cannot load or attach `{program}` to `{tracepoint}`: {detail}")]
+    Attach { program: String, tracepoint: String, detail: String },
+    #[error("BPF map `{name}` is missing or of the wrong type")]
+    Map { name: &'static str },
 }
 
 impl EbpfError {
@@ -52,62 +71,120 @@ impl EbpfError {
     pub fn reason(&self) -> &'static str {
         match self {
             EbpfError::NoObject => "no_bpf_object",
-            EbpfError::RingSize(_) => "bad_ring_size",
+            EbpfError::RingSize { .. } => "bad_ring_size",
+            EbpfError::Tracefs { .. } => "tracefs_unavailable",
             EbpfError::Btf(_) => "no_btf",
-            EbpfError::Permission(_) => "permission_denied",
-            EbpfError::Load(_) | EbpfError::Map(_) | EbpfError::Poll(_) => "load_failed",
+            EbpfError::Permission { .. } => "permission_denied",
+            EbpfError::Load { .. } | EbpfError::Map { .. } => "load_failed",
             EbpfError::Attach { .. } => "attach_failed",
         }
     }
 }
 
-fn is_permission(detail: &str) -> bool {
-    detail.contains("Operation not permitted") || detail.contains("Permission denied")
+/// Whether an aya error comes from EPERM/EACCES somewhere down its source chain.
+fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
 }
 
+/// An error's text with its sources and, for a verifier rejection, the end of the verifier's
+/// log (the part that says which instruction it refused).
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        s.push_str(": ");
+        s.push_str(&err.to_string());
+        cur = err.source();
+    }
+    if let Some(ProgramError::LoadError { verifier_log, .. }) = e.downcast_ref::<ProgramError>() {
+        let log = verifier_log.to_string();
+        let lines: Vec<&str> = log.lines().collect();
+        s.push_str("\nverifier log (end):\n");
+        s.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
+    }
+    s
+}
+
+fn program_error(program: &str, tracepoint: &str, e: ProgramError) -> EbpfError {
+    let detail = describe(&e);
+    if is_permission(&e) {
+        EbpfError::Permission { what: format!("attaching `{program}`"), detail }
+    } else {
+        EbpfError::Attach { program: program.into(), tracepoint: tracepoint.into(), detail }
+    }
+}
+
+/// Makes sure a tracefs is mounted (classic tracepoints resolve their ids there), mounting one
+/// at /sys/kernel/tracing when neither it nor the debugfs copy is.
+fn ensure_tracefs() -> Result<(), EbpfError> {
+    if Path::new(TRACEFS).join("events").is_dir() || Path::new(DEBUGFS_TRACING).join("events").is_dir() {
+        return Ok(());
+    }
+    let fail = |detail: String| EbpfError::Tracefs { path: TRACEFS.into(), detail };
+    nix::mount::mount(Some("tracefs"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>).map_err(
+        |e| fail(format!("mount -t tracefs failed: {e} (the kernel needs CONFIG_TRACING and mounting needs CAP_SYS_ADMIN)")),
+    )?;
+    if !Path::new(TRACEFS).join("events").is_dir() {
+        return Err(fail("mounted, but it has no events directory (CONFIG_FTRACE_SYSCALLS?)".into()));
+    }
+    Ok(())
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 { v as u32 } else { 4096 }
+}
+
+/// The running kernel's event source. Dropping it detaches every program.
 pub struct EbpfSource {
-    /// Keeps programs and links alive.
-    _ebpf: Ebpf,
-    ring: AsyncFd<RingBuf<MapData>>,
+    /// The ring buffer fd registered with tokio's reactor, on the first [`Self::readable`] (so
+    /// `load` need not run inside a runtime). Declared before `ring` so it deregisters before
+    /// the fd closes.
+    poll: OnceLock<std::io::Result<AsyncFd<RawFd>>>,
+    ring: RingBuf<MapData>,
+    /// Records the programs could not queue or build, per CPU.
     lost: PerCpuArray<MapData, u64>,
-    setuid_tracked: bool,
-}
-
-/// Mounts tracefs when its event directory is absent (classic tracepoints resolve their ids
-/// there). Fails quietly: without it only the setuid tracepoints are lost, and the audit
-/// covers those.
-fn ensure_tracefs() -> bool {
-    if std::path::Path::new(TRACEFS).join("events").is_dir() {
-        return true;
-    }
-    let c = |s: &str| std::ffi::CString::new(s).unwrap();
-    // SAFETY: valid C strings; mount(2) has no other memory preconditions.
-    let rc = unsafe { libc::mount(c("tracefs").as_ptr(), c(TRACEFS).as_ptr(), c("tracefs").as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        eprintln!(
-            "guard-user: cannot mount tracefs on {TRACEFS}: {} (setuid changes are then seen by the audit only)",
-            std::io::Error::last_os_error()
-        );
-    }
-    std::path::Path::new(TRACEFS).join("events").is_dir()
+    /// Why uid changes without exec are not reported, if they are not.
+    setuid_problem: Option<EbpfError>,
+    /// Owns the programs and their links.
+    _ebpf: Ebpf,
 }
 
 impl EbpfSource {
     pub fn load(opts: &EbpfOptions) -> Result<EbpfSource, EbpfError> {
+        let ring_bytes = opts.ring_bytes.unwrap_or(DEFAULT_RING_BYTES);
+        let page = page_size();
+        if ring_bytes < page || !ring_bytes.is_power_of_two() {
+            return Err(EbpfError::RingSize { bytes: ring_bytes, page });
+        }
         if OBJECT.is_empty() {
             return Err(EbpfError::NoObject);
         }
-        let ring_bytes = opts.ring_bytes.unwrap_or(DEFAULT_RING_BYTES);
-        if ring_bytes < 4096 || !ring_bytes.is_power_of_two() {
-            return Err(EbpfError::RingSize(ring_bytes));
-        }
-        let btf = Btf::from_file(std::path::Path::new(VMLINUX))?;
-        let mut offsets = btf.kernel_offsets()?;
-        let aya_btf = AyaBtf::from_sys_fs().map_err(|e| EbpfError::Load(e.to_string()))?;
-        let mut ebpf = EbpfLoader::new().btf(Some(&aya_btf)).map_max_entries("EVENTS", ring_bytes).load(OBJECT).map_err(|e| {
-            let d = format!("{e:#}");
-            if is_permission(&d) { EbpfError::Permission(d) } else { EbpfError::Load(d) }
-        })?;
+        let mut offsets = Btf::from_file(Path::new(VMLINUX))?.kernel_offsets()?;
+        let aya_btf = AyaBtf::from_sys_fs()
+            .map_err(|_| BtfError::Format { path: VMLINUX.into(), what: "aya cannot parse it" })?;
+        let mut ebpf = EbpfLoader::new().btf(Some(&aya_btf)).map_max_entries("EVENTS", ring_bytes).load(OBJECT).map_err(
+            |e| {
+                let detail = describe(&e);
+                if is_permission(&e) {
+                    EbpfError::Permission { what: "creating BPF maps".into(), detail }
+                } else {
+                    EbpfError::Load { detail }
+                }
+            },
+        )?;
+
+        // sched_process_exit gained `group_dead` in 6.16; each variant reads its own signature.
         let exit_prog = if offsets.exit_has_group_dead != 0 { "sched_process_exit_gd" } else { "sched_process_exit_live" };
         for (prog, tp) in [
             ("sched_process_fork", "sched_process_fork"),
@@ -115,54 +192,38 @@ impl EbpfSource {
             (exit_prog, "sched_process_exit"),
             ("task_rename", "task_rename"),
         ] {
-            let attach = |ebpf: &mut Ebpf| -> Result<(), String> {
-                let p: &mut BtfTracePoint =
-                    ebpf.program_mut(prog).ok_or("missing from the object")?.try_into().map_err(|e| format!("{e}"))?;
-                p.load(tp, &aya_btf).map_err(|e| format!("{e:#}"))?;
-                p.attach().map_err(|e| format!("{e:#}"))?;
-                Ok(())
-            };
-            attach(&mut ebpf).map_err(|detail| {
-                if is_permission(&detail) {
-                    EbpfError::Permission(detail)
-                } else {
-                    EbpfError::Attach { program: prog, detail }
-                }
-            })?;
+            let p: &mut BtfTracePoint = ebpf
+                .program_mut(prog)
+                .ok_or_else(|| EbpfError::Attach { program: prog.into(), tracepoint: tp.into(), detail: "not in the object".into() })?
+                .try_into()
+                .map_err(|e| program_error(prog, tp, e))?;
+            p.load(tp, &aya_btf).map_err(|e| program_error(prog, tp, e))?;
+            p.attach().map_err(|e| program_error(prog, tp, e))?;
         }
-        let setuid_tracked = ensure_tracefs() && {
-            let r = (|| -> Result<(), String> {
-                let p: &mut TracePoint =
-                    ebpf.program_mut("sys_exit_setuid").ok_or("missing")?.try_into().map_err(|e| format!("{e}"))?;
-                p.load().map_err(|e| format!("{e:#}"))?;
-                for sc in ["sys_exit_setuid", "sys_exit_setreuid", "sys_exit_setresuid"] {
-                    p.attach("syscalls", sc).map_err(|e| format!("{sc}: {e:#}"))?;
-                }
-                Ok(())
-            })();
-            if let Err(e) = &r {
-                eprintln!("guard-user: setuid tracepoints unavailable ({e}); the audit catches uid changes");
-            }
-            r.is_ok()
-        };
-        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(EbpfError::Map("EVENTS"))?)
-            .map_err(|_| EbpfError::Map("EVENTS"))?;
-        let lost = PerCpuArray::try_from(ebpf.take_map("LOST").ok_or(EbpfError::Map("LOST"))?)
-            .map_err(|_| EbpfError::Map("LOST"))?;
-        let mut offs: Array<_, KernelOffsets> = Array::try_from(ebpf.map_mut("OFFSETS").ok_or(EbpfError::Map("OFFSETS"))?)
-            .map_err(|_| EbpfError::Map("OFFSETS"))?;
+        let setuid_problem = ensure_tracefs().and_then(|()| attach_setuid(&mut ebpf)).err();
+
+        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(EbpfError::Map { name: "EVENTS" })?)
+            .map_err(|_| EbpfError::Map { name: "EVENTS" })?;
+        let lost = PerCpuArray::try_from(ebpf.take_map("LOST").ok_or(EbpfError::Map { name: "LOST" })?)
+            .map_err(|_| EbpfError::Map { name: "LOST" })?;
+        let mut offs: Array<_, KernelOffsets> =
+            Array::try_from(ebpf.map_mut("OFFSETS").ok_or(EbpfError::Map { name: "OFFSETS" })?)
+                .map_err(|_| EbpfError::Map { name: "OFFSETS" })?;
+        // Last: from here on the programs emit.
         offsets.ready = 1;
-        offs.set(0, offsets, 0).map_err(|e| EbpfError::Load(e.to_string()))?;
-        // The fd is owned by the RingBuf that AsyncFd itself owns, so it cannot be closed
-        // while registered: the I/O-safety concern behind the deprecation does not arise.
-        #[allow(deprecated)]
-        let ring = AsyncFd::new(ring).map_err(EbpfError::Poll)?;
-        Ok(EbpfSource { _ebpf: ebpf, ring, lost, setuid_tracked })
+        offs.set(0, offsets, 0).map_err(|e| EbpfError::Load { detail: format!("writing OFFSETS: {}", describe(&e)) })?;
+        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, _ebpf: ebpf })
     }
 
     /// Whether uid changes without exec are reported (the syscall tracepoints attached).
     pub fn setuid_tracked(&self) -> bool {
-        self.setuid_tracked
+        self.setuid_problem.is_none()
+    }
+
+    /// Why [`Self::setuid_tracked`] is false (for a `WARN` line; the audit still catches uid
+    /// changes, later).
+    pub fn setuid_problem(&self) -> Option<&EbpfError> {
+        self.setuid_problem.as_ref()
     }
 
     /// Records the kernel could not queue, summed over CPUs (monotonic).
@@ -170,32 +231,124 @@ impl EbpfSource {
         self.lost.get(&LOST_INDEX, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
 
-    /// Waits until records are available, then moves up to `max` of them into `out`.
+    /// Returns once records are waiting. Cancel-safe: it consumes nothing.
+    pub async fn readable(&self) -> std::io::Result<()> {
+        let fd = match self.poll.get_or_init(|| {
+            // SAFETY: the fd belongs to `self.ring`, which is neither closed nor replaced while
+            // this AsyncFd exists (it is dropped first: see the field order).
+            unsafe { AsyncFd::register_with_interest(self.ring_fd(), Interest::READABLE) }.map_err(std::io::Error::from)
+        }) {
+            Ok(fd) => fd,
+            Err(e) => return Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        loop {
+            // Records left by an earlier drain raise no new wake-up (see the module doc).
+            if self.waiting()? {
+                return Ok(());
+            }
+            // tokio's readiness is edge-triggered: clear it, then look again before sleeping,
+            // so a record submitted in between is never missed.
+            fd.readable().await?.clear_ready();
+        }
+    }
+
+    /// Whether the ring holds unread records: poll(2) with no timeout, which asks the ring
+    /// buffer itself (`ringbuf_map_poll_user`/`_kern`: producer ≠ consumer position).
+    fn waiting(&self) -> std::io::Result<bool> {
+        let mut pfd = libc::pollfd { fd: self.ring_fd(), events: libc::POLLIN, revents: 0 };
+        loop {
+            // SAFETY: one valid pollfd, count 1.
+            let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+            if rc >= 0 {
+                return Ok(rc > 0 && pfd.revents & libc::POLLIN != 0);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Pops up to `max` records without blocking, passing each, decoded, to `f`. Returns how
+    /// many it popped.
+    pub fn drain(&mut self, max: usize, mut f: impl FnMut(Result<Event, DecodeError>)) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(item) = self.ring.next() else { break };
+            f(Event::decode(&item));
+            n += 1;
+        }
+        n
+    }
+
+    /// [`Self::readable`] then [`Self::drain`] into `out`, until at least one record came.
     /// Cancel-safe: records leave the ring only after the last await.
     pub async fn next_batch(&mut self, out: &mut Vec<Result<Event, DecodeError>>, max: usize) -> std::io::Result<usize> {
         loop {
-            let mut guard = self.ring.readable_mut().await?;
-            let ring = guard.get_inner_mut();
-            let mut n = 0;
-            while n < max {
-                match ring.next() {
-                    Some(item) => {
-                        out.push(Event::decode(&item));
-                        n += 1;
-                    }
-                    None => break,
-                }
+            self.readable().await?;
+            let n = self.drain(max, |e| out.push(e));
+            if n > 0 {
+                return Ok(n);
             }
-            if n == 0 {
-                guard.clear_ready();
-                continue;
-            }
-            return Ok(n);
         }
     }
 
     /// The ring buffer's fd (for diagnostics).
-    pub fn ring_fd(&self) -> i32 {
-        self.ring.get_ref().as_raw_fd()
+    pub fn ring_fd(&self) -> RawFd {
+        self.ring.as_fd().as_raw_fd()
+    }
+}
+
+/// One program on the three syscall-exit tracepoints of the setuid family.
+fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
+    const PROG: &str = "sys_exit_setuid";
+    let p: &mut TracePoint = ebpf
+        .program_mut(PROG)
+        .ok_or_else(|| EbpfError::Attach { program: PROG.into(), tracepoint: "syscalls".into(), detail: "not in the object".into() })?
+        .try_into()
+        .map_err(|e| program_error(PROG, "syscalls", e))?;
+    p.load().map_err(|e| program_error(PROG, "syscalls", e))?;
+    for sc in SETUID_SYSCALLS {
+        p.attach("syscalls", sc).map_err(|e| program_error(PROG, &format!("syscalls/{sc}"), e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kernels before 6.16 get `sched_process_exit_live`, which this kernel never loads on its
+    /// own: make sure the verifier accepts it too (loading checks it; no attach needed).
+    #[test]
+    fn both_exit_variants_pass_the_verifier() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || OBJECT.is_empty() || !Path::new(VMLINUX).exists() {
+            eprintln!("skipped: needs root, the BPF object and {VMLINUX}");
+            return;
+        }
+        let btf = AyaBtf::from_sys_fs().unwrap();
+        let mut ebpf = EbpfLoader::new().btf(Some(&btf)).load(OBJECT).unwrap();
+        for prog in ["sched_process_exit_gd", "sched_process_exit_live"] {
+            let p: &mut BtfTracePoint = ebpf.program_mut(prog).unwrap().try_into().unwrap();
+            p.load("sched_process_exit", &btf).unwrap_or_else(|e| panic!("{prog}: {}", describe(&e)));
+        }
+    }
+
+    #[test]
+    fn reasons_are_single_tokens() {
+        let errors = [
+            EbpfError::NoObject,
+            EbpfError::RingSize { bytes: 1, page: 4096 },
+            EbpfError::Tracefs { path: TRACEFS.into(), detail: String::new() },
+            EbpfError::Permission { what: String::new(), detail: String::new() },
+            EbpfError::Load { detail: String::new() },
+            EbpfError::Attach { program: String::new(), tracepoint: String::new(), detail: String::new() },
+            EbpfError::Map { name: "EVENTS" },
+        ];
+        for e in errors {
+            let r = e.reason();
+            assert!(!r.is_empty() && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{r}");
+        }
     }
 }

@@ -1,0 +1,504 @@
+//! The `ebpf` event source against the running kernel: real processes, real tracepoints.
+//!
+//! Needs root and /sys/kernel/btf/vmlinux; without them each test prints why and passes.
+//! Children that must create threads, rename themselves or change uid are this test binary
+//! re-executed with `GUARD_EBPF_HELPER=<mode>`: a constructor runs the mode before libtest
+//! starts (so the helper is single-threaded until it makes its own threads) and exits.
+//! Every wait is bounded; [`Child`] kills and reaps its process on drop.
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::fs::PermissionsExt,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use guard::{
+    comm::Comm,
+    ebpf::{EbpfOptions, EbpfSource},
+    event::Event,
+};
+
+const HELPER_ENV: &str = "GUARD_EBPF_HELPER";
+const WAIT: Duration = Duration::from_secs(5);
+
+// ---------------------------------------------------------------------------------------------
+// The helper side (runs in the child, before main).
+
+#[used]
+#[link_section = ".init_array"]
+static HELPER: extern "C" fn() = helper_main;
+
+extern "C" fn helper_main() {
+    let Ok(mode) = std::env::var(HELPER_ENV) else { return };
+    match mode.as_str() {
+        "threads" => helper_threads(),
+        "rename" => helper_rename(),
+        "setuid" => helper_setuid(),
+        "leader_exits_first" => helper_leader_exits_first(),
+        "exec_from_thread" => helper_exec_from_thread(),
+        "forks" => helper_forks(),
+        "unprivileged_load" => helper_unprivileged_load(),
+        other => panic!("unknown helper mode {other}"),
+    }
+    std::process::exit(0);
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout();
+    writeln!(out, "{line}").unwrap();
+    out.flush().unwrap();
+}
+
+/// Blocks until the test closes our stdin.
+fn wait_for_eof() {
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+}
+
+fn set_name(name: &str) {
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) }, 0);
+}
+
+fn gettid() -> i64 {
+    // SAFETY: no arguments.
+    unsafe { libc::syscall(libc::SYS_gettid) }
+}
+
+fn helper_threads() {
+    let threads: Vec<_> = (0..3).map(|_| std::thread::spawn(|| std::thread::sleep(Duration::from_millis(100)))).collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    say("joined");
+    wait_for_eof();
+}
+
+fn helper_rename() {
+    std::thread::spawn(|| {
+        set_name("guard-thread1");
+        std::fs::write(format!("/proc/self/task/{}/comm", gettid()), "guard-thread2").unwrap();
+    })
+    .join()
+    .unwrap();
+    set_name("guard-leader1");
+    std::fs::write("/proc/self/comm", "guard-leader2").unwrap();
+    say("renamed");
+    wait_for_eof();
+}
+
+fn helper_setuid() {
+    // The raw syscall changes only the calling thread (glibc's wrapper would change them all).
+    std::thread::spawn(|| {
+        // SAFETY: plain syscall; -1 keeps the real and saved uids.
+        assert_eq!(unsafe { libc::syscall(libc::SYS_setresuid, -1, 65533, -1) }, 0);
+    })
+    .join()
+    .unwrap();
+    // SAFETY: as above, for the leader.
+    assert_eq!(unsafe { libc::syscall(libc::SYS_setresuid, -1, 65534, -1) }, 0);
+    say("setuid");
+    wait_for_eof();
+}
+
+fn helper_leader_exits_first() {
+    std::thread::spawn(wait_for_eof);
+    say("ready");
+    // The leader becomes a zombie; the process lives on in the thread, whose return is the
+    // last exit. The raw exit(2), not pthread_exit: that unwinds, which must not cross the
+    // `extern "C"` constructor.
+    // SAFETY: ends only this thread; nothing on its stack is borrowed by the other.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+}
+
+fn helper_exec_from_thread() {
+    std::thread::spawn(|| {
+        // Wait for the test to read our start time before the exec.
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).unwrap();
+        let prog = std::ffi::CString::new("/bin/sleep").unwrap();
+        let args = [std::ffi::CString::new("sleep").unwrap(), std::ffi::CString::new("0.3").unwrap()];
+        let argv = [args[0].as_ptr(), args[1].as_ptr(), std::ptr::null()];
+        // SAFETY: NUL-terminated argv of valid C strings.
+        unsafe { libc::execv(prog.as_ptr(), argv.as_ptr()) };
+        panic!("execv failed: {}", std::io::Error::last_os_error());
+    });
+    say("ready");
+    std::thread::sleep(Duration::from_secs(10));
+}
+
+fn helper_forks() {
+    for _ in 0..400 {
+        // SAFETY: single-threaded; the child only calls _exit.
+        match unsafe { libc::fork() } {
+            0 => unsafe { libc::_exit(0) },
+            -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+            pid => {
+                // SAFETY: reaps our own child.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            }
+        }
+    }
+}
+
+fn helper_unprivileged_load() {
+    // SAFETY: plain syscalls; leaving uid 0 for good drops every capability.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+        assert_eq!(libc::setresgid(65534, 65534, 65534), 0);
+        assert_eq!(libc::setresuid(65534, 65534, 65534), 0);
+    }
+    match EbpfSource::load(&EbpfOptions { ring_bytes: None }) {
+        Ok(_) => say("loaded"),
+        Err(e) => say(e.reason()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test side.
+
+/// A spawned child, killed and reaped on drop.
+struct Child {
+    inner: std::process::Child,
+    stdout: Option<BufReader<std::process::ChildStdout>>,
+}
+
+impl Child {
+    fn spawn(cmd: &mut Command) -> Child {
+        let mut inner = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
+        let stdout = inner.stdout.take().map(BufReader::new);
+        Child { inner, stdout }
+    }
+
+    fn helper(mode: &str) -> Child {
+        Child::spawn(Command::new(std::env::current_exe().unwrap()).env(HELPER_ENV, mode))
+    }
+
+    fn pid(&self) -> u32 {
+        self.inner.id()
+    }
+
+    /// Reads one line the helper says (bounded: the helper's own steps are short, and a hung
+    /// helper is killed by the watchdog thread).
+    fn expect_line(&mut self, want: &str) {
+        let pid = self.pid() as i32;
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if rx.recv_timeout(WAIT).is_err() {
+                // SAFETY: signals the child we spawned (not yet reaped, so the pid is ours).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
+        let mut line = String::new();
+        self.stdout.as_mut().unwrap().read_line(&mut line).unwrap();
+        let _ = tx.send(());
+        watchdog.join().unwrap();
+        assert_eq!(line.trim_end(), want, "helper {pid} said {line:?}");
+    }
+
+    fn send_line(&mut self) {
+        self.inner.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    }
+
+    fn close_stdin(&mut self) {
+        self.inner.stdin.take();
+    }
+
+    /// Waits (bounded) for the child to end.
+    fn wait(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if self.inner.try_wait().unwrap().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("child {} did not end within {WAIT:?}", self.pid());
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.inner.kill();
+        let _ = self.inner.wait();
+    }
+}
+
+/// The source, or None (with the reason printed) where this machine cannot run the test.
+fn load(ring_bytes: Option<u32>) -> Option<EbpfSource> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to load BPF programs");
+        return None;
+    }
+    if !std::path::Path::new(guard::btf::VMLINUX).exists() {
+        eprintln!("skipped: no {} (kernel without CONFIG_DEBUG_INFO_BTF)", guard::btf::VMLINUX);
+        return None;
+    }
+    match EbpfSource::load(&EbpfOptions { ring_bytes }) {
+        Ok(s) => Some(s),
+        Err(e @ guard::ebpf::EbpfError::NoObject) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("EbpfSource::load: {e}"),
+    }
+}
+
+/// Drains events of `pid` into `seen` until `done(seen)` or the deadline; returns `done`.
+async fn collect(src: &mut EbpfSource, pid: u32, seen: &mut Vec<Event>, done: impl Fn(&[Event]) -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        src.drain(usize::MAX, |e| {
+            let e = e.expect("every record decodes");
+            if e.id().pid == pid {
+                seen.push(e);
+            }
+        });
+        if done(seen) {
+            return true;
+        }
+        if tokio::time::timeout_at(deadline, src.readable()).await.is_err() {
+            return done(seen);
+        }
+    }
+}
+
+/// Lets in-flight records arrive, then collects everything of `pid` (for "nothing else" checks).
+async fn settle(src: &mut EbpfSource, pid: u32, seen: &mut Vec<Event>) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    collect(src, pid, seen, |_| false).await;
+}
+
+fn count(seen: &[Event], pred: impl Fn(&Event) -> bool) -> usize {
+    seen.iter().filter(|e| pred(e)).count()
+}
+
+fn is_exit(e: &Event) -> bool {
+    matches!(e, Event::Exit(_))
+}
+
+fn is_fork(e: &Event) -> bool {
+    matches!(e, Event::Fork { .. })
+}
+
+/// `/proc/PID/stat` field 22, start time in clock ticks after boot.
+fn stat_start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    // Field 3 (state) is the first after the comm; field 22 is 19 further.
+    after_comm.split(' ').nth(19).unwrap().parse().unwrap()
+}
+
+fn comm_of_this_thread() -> Comm {
+    let name = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
+    Comm::new(name.trim_end_matches('\n').as_bytes())
+}
+
+fn name(e: &Event) -> Option<String> {
+    match e {
+        Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => Some(s.comm.to_string()),
+        Event::Exit(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn sleep_child_gives_fork_exec_and_exit_with_proc_identity() {
+    let Some(mut src) = load(None) else { return };
+    let parent_name = comm_of_this_thread();
+    let mut child = Child::spawn(Command::new("sleep").arg("0.5"));
+    let pid = child.pid();
+    let mut seen = Vec::new();
+    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(|e| matches!(e, Event::Exec(_)))).await, "{seen:?}");
+    let start = stat_start_ticks(pid);
+    child.wait();
+    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_exit)).await, "{seen:?}");
+    settle(&mut src, pid, &mut seen).await;
+
+    assert_eq!(seen.len(), 3, "FORK, EXEC, EXIT and nothing else (no RENAME for exec's own rename): {seen:?}");
+    let Event::Fork { child: forked, parent_pid } = seen[0] else { panic!("first is FORK: {seen:?}") };
+    assert_eq!(parent_pid, std::process::id());
+    assert_eq!(forked.comm, parent_name, "a fork keeps the forking thread's name");
+    assert_eq!(forked.euid, 0);
+    let Event::Exec(exec) = seen[1] else { panic!("second is EXEC: {seen:?}") };
+    assert_eq!(exec.comm.as_bytes(), b"sleep");
+    assert_eq!(exec.euid, 0);
+    assert!(is_exit(&seen[2]), "{seen:?}");
+    for e in &seen {
+        assert_eq!(e.id().start_ticks, start, "start time as /proc/{pid}/stat reports it: {e:?}");
+    }
+}
+
+#[tokio::test]
+async fn exec_of_a_setuid_binary_reports_the_new_effective_uid() {
+    let Some(mut src) = load(None) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("nobody-sleep");
+    std::fs::copy("/bin/sleep", &bin).unwrap();
+    std::os::unix::fs::chown(&bin, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let mut child = Child::spawn(Command::new(&bin).arg("0.5"));
+    let pid = child.pid();
+    let mut seen = Vec::new();
+    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(|e| matches!(e, Event::Exec(_)))).await, "{seen:?}");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string();
+    child.wait();
+    let exec = seen.iter().find_map(|e| if let Event::Exec(s) = e { Some(*s) } else { None }).unwrap();
+    assert_eq!(exec.euid, 65534, "euid after commit_creds; /proc says {uid_line:?}; {seen:?}");
+    assert_eq!(exec.comm.as_bytes(), b"nobody-sleep");
+    assert_eq!(count(&seen, |e| matches!(e, Event::Rename(_))), 0, "{seen:?}");
+}
+
+#[tokio::test]
+async fn threads_give_one_fork_and_only_the_last_exit_counts() {
+    let Some(mut src) = load(None) else { return };
+    let mut child = Child::helper("threads");
+    let pid = child.pid();
+    child.expect_line("joined");
+    let start = stat_start_ticks(pid);
+    let mut seen = Vec::new();
+    settle(&mut src, pid, &mut seen).await;
+    assert_eq!(count(&seen, is_fork), 1, "three threads made no FORK: {seen:?}");
+    assert_eq!(count(&seen, is_exit), 0, "three threads ended, the process did not: {seen:?}");
+    child.close_stdin();
+    child.wait();
+    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_exit)).await, "{seen:?}");
+    settle(&mut src, pid, &mut seen).await;
+    assert_eq!(count(&seen, is_exit), 1, "{seen:?}");
+    assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
+}
+
+#[tokio::test]
+async fn renaming_the_leader_gives_rename_and_renaming_a_thread_does_not() {
+    let Some(mut src) = load(None) else { return };
+    let mut child = Child::helper("rename");
+    let pid = child.pid();
+    child.expect_line("renamed");
+    let start = stat_start_ticks(pid);
+    let mut seen = Vec::new();
+    settle(&mut src, pid, &mut seen).await;
+    let renames: Vec<_> = seen.iter().filter(|e| matches!(e, Event::Rename(_))).filter_map(name).collect();
+    assert_eq!(renames, ["guard-leader1", "guard-leader2"], "prctl and /proc/PID/comm of the leader only: {seen:?}");
+    assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
+}
+
+#[tokio::test]
+async fn setresuid_of_the_leader_gives_setuid_with_the_new_euid() {
+    let Some(mut src) = load(None) else { return };
+    if !src.setuid_tracked() {
+        panic!("setuid tracepoints did not attach: {}", src.setuid_problem().unwrap());
+    }
+    let mut child = Child::helper("setuid");
+    let pid = child.pid();
+    child.expect_line("setuid");
+    let start = stat_start_ticks(pid);
+    let mut seen = Vec::new();
+    settle(&mut src, pid, &mut seen).await;
+    let setuids: Vec<_> = seen.iter().filter_map(|e| if let Event::Setuid(s) = e { Some(*s) } else { None }).collect();
+    assert_eq!(setuids.len(), 1, "the thread's own setresuid is not the process's: {seen:?}");
+    assert_eq!(setuids[0].euid, 65534);
+    assert_eq!(setuids[0].id.start_ticks, start);
+}
+
+#[tokio::test]
+async fn when_the_leader_exits_first_the_last_thread_reports_exit_with_the_leaders_start() {
+    let Some(mut src) = load(None) else { return };
+    let mut child = Child::helper("leader_exits_first");
+    let pid = child.pid();
+    child.expect_line("ready");
+    let start = stat_start_ticks(pid);
+    let mut seen = Vec::new();
+    settle(&mut src, pid, &mut seen).await;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("\nState:\tZ (zombie)\n") && status.contains("\nThreads:\t2\n"), "a zombie leader and one thread: {status}");
+    assert_eq!(count(&seen, is_exit), 0, "the leader alone exited: {seen:?}");
+    child.close_stdin();
+    child.wait();
+    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_exit)).await, "{seen:?}");
+    settle(&mut src, pid, &mut seen).await;
+    assert_eq!(count(&seen, is_exit), 1, "{seen:?}");
+    assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
+}
+
+#[tokio::test]
+async fn exec_from_a_thread_keeps_the_pid_and_the_leaders_start() {
+    let Some(mut src) = load(None) else { return };
+    let mut child = Child::helper("exec_from_thread");
+    let pid = child.pid();
+    child.expect_line("ready");
+    let start = stat_start_ticks(pid);
+    let mut seen = Vec::new();
+    child.send_line();
+    let is_sleep_exec = |e: &Event| matches!(e, Event::Exec(s) if s.comm.as_bytes() == b"sleep");
+    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_sleep_exec)).await, "{seen:?}");
+    assert_eq!(std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap(), "sleep\n");
+    child.wait();
+    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_exit)).await, "{seen:?}");
+    settle(&mut src, pid, &mut seen).await;
+    assert_eq!(count(&seen, is_exit), 1, "the old leader's exit in de_thread() is not the process's: {seen:?}");
+    assert_eq!(count(&seen, |e| matches!(e, Event::Rename(_))), 0, "{seen:?}");
+    assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
+}
+
+#[tokio::test]
+async fn a_full_ring_counts_lost_records() {
+    let Some(mut src) = load(Some(4096)) else { return };
+    assert_eq!(src.lost(), 0);
+    let mut child = Child::helper("forks");
+    child.wait();
+    let lost = src.lost();
+    assert!(lost > 0, "400 forks and exits into a 4096-byte ring lost nothing");
+    // Draining works after a loss, and the count never goes back.
+    let drained = src.drain(usize::MAX, |e| {
+        e.expect("decodes");
+    });
+    assert!(drained > 0 && drained < 4096 / 40);
+    assert!(src.lost() >= lost);
+}
+
+#[test]
+fn ring_sizes_that_are_not_a_power_of_two_of_at_least_a_page_are_refused() {
+    for bytes in [0, 1000, 2048, 3 << 12] {
+        let e = EbpfSource::load(&EbpfOptions { ring_bytes: Some(bytes) }).err().expect("refused");
+        assert_eq!(e.reason(), "bad_ring_size", "{bytes}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn readable_returns_while_records_remain_after_a_partial_drain() {
+    let Some(mut src) = load(None) else { return };
+    for _ in 0..3 {
+        Child::spawn(&mut Command::new("true")).wait();
+    }
+    // The programs ran in the children, so their records are in the ring by now; the kernel
+    // sends no further wake-up for them once we stop early.
+    tokio::time::timeout(WAIT, src.readable()).await.expect("records are waiting").unwrap();
+    assert_eq!(src.drain(1, |e| {
+        e.expect("decodes");
+    }), 1);
+    tokio::time::timeout(Duration::from_millis(100), src.readable())
+        .await
+        .expect("still readable after a partial drain")
+        .unwrap();
+    assert!(src.drain(usize::MAX, |e| {
+        e.expect("decodes");
+    }) >= 8, "3 × (FORK, EXEC, EXIT) less the one");
+    // After a full drain, a new record wakes the reader.
+    let waiter = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Child::spawn(&mut Command::new("true")).wait();
+    };
+    let (r, ()) = tokio::join!(tokio::time::timeout(WAIT, src.readable()), waiter);
+    r.expect("a new record makes the source readable").unwrap();
+}
+
+#[test]
+fn loading_without_privileges_is_permission_denied() {
+    if load(None).is_none() {
+        return;
+    }
+    let mut child = Child::helper("unprivileged_load");
+    child.expect_line("permission_denied");
+    child.wait();
+}
