@@ -48,7 +48,7 @@ pub fn ensure_installed() -> anyhow::Result<PathBuf> {
         .with_context(|| format!("writing {BACKPORTS_SOURCE}"))?;
     }
     run_checked(Command::new("apt-get").args(["-q", "update"]), "apt-get update")?;
-    let install = ["install", "-y", "-t", "bookworm-backports", "qemu-system-x86"];
+    let install = ["install", "-y", "--no-install-recommends", "-t", "bookworm-backports", "qemu-system-x86"];
     let simulated = Command::new("apt-get").arg("-s").args(install).output().context("apt-get -s install")?;
     let plan = String::from_utf8_lossy(&simulated.stdout);
     if !simulated.status.success() {
