@@ -153,6 +153,10 @@ pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
             }
         },
     };
+    if let Some(problem) = source.as_ref().and_then(|s| s.setuid_problem()) {
+        eprintln!("guard-user: uid changes without exec are seen by the audit only: {problem}");
+        logger.raw(&format!("WARN setuid_untracked reason={}", problem.reason()));
+    }
     let backend = if source.is_some() { "ebpf" } else { "procfs" };
     logger.line(
         "STARTED",
