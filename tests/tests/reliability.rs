@@ -34,6 +34,22 @@ impl Rng {
     }
 }
 
+/// Another daemon guarding the test account (a second test run on this host) ends these tests'
+/// probes under its own config; say so up front, since the failures it causes look like bugs.
+fn warn_about_other_guards(test: &str) {
+    let me = std::process::id();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat.rsplit(')').next().and_then(|r| r.split(' ').nth(2)).and_then(|p| p.parse::<u32>().ok());
+        if cmd.contains(" run --user ") && cmd.contains(&format!("--user {TEST_USER} ")) && ppid != Some(me) {
+            eprintln!("{test}: WARNING another guard for {TEST_USER} is running (pid {pid}: {cmd}); it may end this test's probes");
+        }
+    }
+}
+
 fn long() -> bool {
     std::env::var("GUARD_LONG_TESTS").is_ok_and(|v| v == "1")
 }
@@ -153,6 +169,7 @@ fn thread_comm() -> String {
 #[test]
 fn lost_events_trigger_a_resync_after_which_the_table_equals_proc() {
     let Some(_g) = setup("lost events") else { return };
+    warn_about_other_guards("lost events");
     let home = Home::new();
     home.write_config(r#"{"threshold": 5, "timeout": "1h", "excludes": []}"#);
     let steady_exe = home.probe_named("steady");
@@ -384,6 +401,7 @@ fn run_scenario(home: &Home, s: &Scenario, tally: &mut Tally) {
 #[test]
 fn processes_matching_an_exclusion_are_never_ended_in_random_scenarios() {
     let Some(_g) = setup("random exclusions") else { return };
+    warn_about_other_guards("random exclusions");
     let total = if long() { 1_000 } else { 30 };
     let mut rng = Rng(0x0e8c_1a5e_5eed_0003);
     let scenarios: Vec<Scenario> = (0..total).map(|i| Scenario::generate(i, &mut rng)).collect();
@@ -417,6 +435,7 @@ fn processes_matching_an_exclusion_are_never_ended_in_random_scenarios() {
 #[test]
 fn kill_9_at_random_points_keeps_the_state_whole_and_the_log_untorn() {
     let Some(_g) = setup("crash safety") else { return };
+    warn_about_other_guards("crash safety");
     let kills = if long() { 100 } else { 20 };
     let home = Home::new();
     home.write_config(r#"{"threshold": 3, "timeout": "1h", "excludes": []}"#);
@@ -506,6 +525,7 @@ fn wait_file(path: &Path, timeout: Duration, pred: impl Fn(&str) -> bool) -> Str
 #[test]
 fn planted_links_other_uids_and_the_daemon_itself_are_never_touched() {
     let Some(_g) = setup("privilege boundary") else { return };
+    warn_about_other_guards("privilege boundary");
     let home = Home::new();
     let secret = tempfile::Builder::new().prefix("guard-secret-").tempdir_in("/tmp").unwrap();
     fs::set_permissions(secret.path(), fs::Permissions::from_mode(0o700)).unwrap();
@@ -651,6 +671,7 @@ fn host_child_named(parent: u32, name: &str) -> Option<u32> {
 #[test]
 fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
     let Some(_g) = setup("pid reuse") else { return };
+    warn_about_other_guards("pid reuse");
     if Command::new("unshare").arg("--version").output().is_err() || Command::new("setpriv").arg("--version").output().is_err() {
         eprintln!("skipped pid reuse: needs unshare and setpriv (util-linux)");
         return;
