@@ -37,7 +37,8 @@ const MOUNTS: &[MountSpec] = &[
     ("sysfs", "/sys", "sysfs", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "", true),
     ("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID, "mode=0755", true),
     ("devpts", "/dev/pts", "devpts", libc::MS_NOSUID | libc::MS_NOEXEC, "", false),
-    ("tmpfs", "/tmp", "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "mode=1777", true),
+    // Not nosuid: tests build setuid binaries in temp dirs.
+    ("tmpfs", "/tmp", "tmpfs", libc::MS_NODEV, "mode=1777", true),
     ("tmpfs", "/run", "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, "mode=0755", true),
     ("tracefs", "/sys/kernel/tracing", "tracefs", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "", true),
     ("debugfs", "/sys/kernel/debug", "debugfs", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "", false),

@@ -7,6 +7,7 @@
 //!   bash as an oracle), `/bin/sh` → bash; `/bin`, `/sbin`, `/lib`, `/lib64` → `usr/…`;
 //! - `/etc/passwd` and `/etc/group` with root and the test accounts guardtest1 (4201) and
 //!   guardtest2 (4202), whose homes exist and belong to them;
+//! - the workspace's `config/` at its host path (tests read it via `CARGO_MANIFEST_DIR`);
 //! - `/dev/console`, so the kernel can give vm-init its stdout before devtmpfs is mounted;
 //! - `/etc/guard-vm/{test-args,env}`: what vm-init passes on to every test binary.
 use std::{
@@ -20,10 +21,15 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use super::cpio::{CpioWriter, Owner};
-use crate::build_ebpf::which;
+use crate::build_ebpf::{self, which};
 
-/// Host programs copied in with their libraries.
-const HOST_TOOLS: &[&str] = &["bash", "sleep"];
+/// Host programs copied in with their libraries (tests run them by name).
+const HOST_TOOLS: &[&str] = &["bash", "sleep", "true"];
+/// Copied in when the host has them; the tests that need them skip otherwise.
+const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli"];
+/// Workspace directories tests read through `env!("CARGO_MANIFEST_DIR")`; copied to the same
+/// absolute path in the guest.
+const FIXTURE_DIRS: &[&str] = &["config"];
 /// Test accounts (name, uid); their gid equals the uid. Must match tests/src/lib.rs.
 pub const TEST_ACCOUNTS: &[(&str, u32)] = &[("guardtest1", 4201), ("guardtest2", 4202)];
 
@@ -131,6 +137,9 @@ pub fn write(path: &Path, payload: &Payload) -> anyhow::Result<u64> {
     add_host_tools(&mut image)?;
     image.add("usr/bin/sh", Node::Symlink("bash".into()));
     add_accounts(&mut image);
+    for dir in FIXTURE_DIRS {
+        add_tree(&mut image, &build_ebpf::workspace_root().join(dir))?;
+    }
     image.text("etc/guard-vm/test-args", 0o644, payload.test_args.iter().map(|a| format!("{a}\n")).collect());
     image.text("etc/guard-vm/env", 0o644, payload.env.iter().map(|(k, v)| format!("{k}={v}\n")).collect());
     image.write(path)
@@ -155,8 +164,12 @@ fn add_accounts(image: &mut Image) {
 /// programs `dlopen` the NSS module for /etc/passwd lookups, so it comes along when present.
 fn add_host_tools(image: &mut Image) -> anyhow::Result<()> {
     let mut libraries = Vec::new();
-    for tool in HOST_TOOLS {
-        let path = which(tool).with_context(|| format!("{tool} is not on PATH; the VM image needs it"))?;
+    let required = HOST_TOOLS
+        .iter()
+        .map(|tool| which(tool).map(Some).with_context(|| format!("{tool} is not on PATH; the VM image needs it")));
+    let optional = OPTIONAL_HOST_TOOLS.iter().map(|tool| Ok(which(tool)));
+    for path in required.chain(optional) {
+        let Some(path) = path? else { continue };
         image.host_file(&image_path(&path), 0o755, &fs::canonicalize(&path)?);
         libraries.extend(shared_libraries(&path)?);
     }
@@ -168,6 +181,21 @@ fn add_host_tools(image: &mut Image) -> anyhow::Result<()> {
     for library in libraries {
         let real = fs::canonicalize(&library).with_context(|| format!("resolving {}", library.display()))?;
         image.host_file(&image_path(&library), 0o755, &real);
+    }
+    Ok(())
+}
+
+/// Copies a host directory's regular files (recursively) to the same absolute path.
+fn add_tree(image: &mut Image, dir: &Path) -> anyhow::Result<()> {
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let meta = fs::metadata(&path)?;
+        if meta.is_dir() {
+            add_tree(image, &path)?;
+        } else if meta.is_file() {
+            use std::os::unix::fs::PermissionsExt as _;
+            image.host_file(&path.to_string_lossy(), meta.permissions().mode() & 0o7777, &path);
+        }
     }
     Ok(())
 }
