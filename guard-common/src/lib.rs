@@ -88,7 +88,7 @@ pub struct KernelOffsets {
 /// Index of the lost-event counter in the `LOST` per-CPU array.
 pub const LOST_INDEX: u32 = 0;
 /// Default ring-buffer size in bytes (a power of two, a multiple of the page size).
-pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
+pub const DEFAULT_RING_BYTES: u32 = 2 << 20;
 
 /// `PF_KTHREAD` from include/linux/sched.h: the task is a kernel thread.
 pub const PF_KTHREAD: u32 = 0x0020_0000;

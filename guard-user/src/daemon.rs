@@ -153,6 +153,13 @@ pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
             }
         },
     };
+    // Parsing the kernel's BTF (twice: ours for offsets, aya's for tp_btf) leaves megabytes of
+    // freed small allocations in the heap; give them back (measured: RSS 32 → see docs/BENCH.md).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     if let Some(problem) = source.as_ref().and_then(|s| s.setuid_problem()) {
         eprintln!("guard-user: uid changes without exec are seen by the audit only: {problem}");
         logger.raw(&format!("WARN setuid_untracked reason={}", problem.reason()));
