@@ -106,7 +106,7 @@ fn check_output(home: &Home, url: &str) -> String {
         .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
 #[test]

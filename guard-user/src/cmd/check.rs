@@ -30,9 +30,6 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     for d in &report.drift {
         println!("{d}");
     }
-    for n in &notes {
-        println!("{n}");
-    }
     if report.drift.is_empty() {
         println!("[OK] Host guard in sync with {}", l.source.display());
     }
@@ -42,6 +39,10 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     }
     for s in &report.skipped {
         println!("  skipped: {s}");
+    }
+    // Not drift, so on stderr: stdout stays the drift lines or the `[OK]` line.
+    for n in &notes {
+        eprintln!("{n}");
     }
     Ok(if report.drift.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
