@@ -3,7 +3,7 @@
 //! The kernel unpacks the initramfs xtask wrote and runs this binary as `/init`. It:
 //! 1. mounts proc, sysfs, devtmpfs, tracefs, debugfs, bpffs, cgroup2 and tmpfs on /tmp and /run
 //!    (the initramfs holds only files; everything guard reads about processes comes from these);
-//! 2. brings up loopback, so tests that listen on 127.0.0.1 work;
+//! 2. sets the hostname and brings up loopback, so tests that listen on 127.0.0.1 work;
 //! 3. runs every executable in `/tests` with `--test-threads=1`, then the arguments listed one
 //!    per line in `/etc/guard-vm/test-args`, printing one `init: PASS|FAIL <name>` line each;
 //! 4. prints exactly one sentinel line, `init: success` or `init: failure`, which is what xtask
@@ -28,6 +28,9 @@ const TESTS_DIR: &str = "/tests";
 const TEST_ARGS_FILE: &str = "/etc/guard-vm/test-args";
 /// Extra `KEY=VALUE` environment lines for the test binaries.
 const TEST_ENV_FILE: &str = "/etc/guard-vm/env";
+
+/// The guest's hostname (also in the image's /etc/hostname).
+const HOSTNAME: &str = "guard-vm";
 
 /// One filesystem to mount: `(source, target, fstype, flags, data, required)`.
 type MountSpec = (&'static str, &'static str, &'static str, libc::c_ulong, &'static str, bool);
@@ -77,6 +80,11 @@ fn run() -> bool {
     }
     if !ok {
         return false;
+    }
+    // The kernel's hostname is "(none)" until someone sets it; guard puts it in Redis keys.
+    // SAFETY: a valid buffer and its length.
+    if unsafe { libc::sethostname(HOSTNAME.as_ptr().cast(), HOSTNAME.len()) } != 0 {
+        say(&format!("warning: sethostname: {}", std::io::Error::last_os_error()));
     }
     if let Err(err) = loopback_up() {
         say(&format!("warning: bringing up lo: {err}"));

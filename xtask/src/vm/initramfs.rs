@@ -7,7 +7,8 @@
 //!   bash as an oracle), `/bin/sh` → bash; `/bin`, `/sbin`, `/lib`, `/lib64` → `usr/…`;
 //! - `/etc/passwd` and `/etc/group` with root and the test accounts guardtest1 (4201) and
 //!   guardtest2 (4202), whose homes exist and belong to them;
-//! - the workspace's `config/` at its host path (tests read it via `CARGO_MANIFEST_DIR`);
+//! - the workspace's `config/` at its host path, and its package directories (empty), so test
+//!   paths built from `env!("CARGO_MANIFEST_DIR")` resolve;
 //! - `/dev/console`, so the kernel can give vm-init its stdout before devtmpfs is mounted;
 //! - `/etc/guard-vm/{test-args,env}`: what vm-init passes on to every test binary.
 use std::{
@@ -137,8 +138,16 @@ pub fn write(path: &Path, payload: &Payload) -> anyhow::Result<u64> {
     add_host_tools(&mut image)?;
     image.add("usr/bin/sh", Node::Symlink("bash".into()));
     add_accounts(&mut image);
+    // `env!("CARGO_MANIFEST_DIR")/../config/…` only resolves if every package directory exists.
+    let root = build_ebpf::workspace_root();
+    for entry in fs::read_dir(&root).with_context(|| format!("reading {}", root.display()))? {
+        let path = entry?.path();
+        if path.is_dir() && path.join("Cargo.toml").is_file() {
+            image.mkdir(&path.to_string_lossy(), Owner::root(0o755));
+        }
+    }
     for dir in FIXTURE_DIRS {
-        add_tree(&mut image, &build_ebpf::workspace_root().join(dir))?;
+        add_tree(&mut image, &root.join(dir))?;
     }
     image.text("etc/guard-vm/test-args", 0o644, payload.test_args.iter().map(|a| format!("{a}\n")).collect());
     image.text("etc/guard-vm/env", 0o644, payload.env.iter().map(|(k, v)| format!("{k}={v}\n")).collect());
