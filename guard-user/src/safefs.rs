@@ -88,7 +88,9 @@ pub fn atomic_write(path: &Path, bytes: &[u8], who: FsIdentity) -> Result<(), Sa
     let _scope = who.scope();
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let mut tmp_name: OsString = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    // One fixed name per target, not per pid: a temp file left by a daemon killed mid-write is
+    // then reused by the next one instead of piling up.
+    tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
     // A leftover temp file from a crashed run: remove it (unlink removes a link, never its target).
     let _ = fs::remove_file(&tmp);

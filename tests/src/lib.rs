@@ -17,17 +17,29 @@ pub const OTHER_UID: u32 = 4202;
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Set-up for a kernel test: `None` (with the reason printed) when it cannot run, else a
-/// guard that serialises the tests of one binary (they all count the same test account).
-pub fn setup(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+/// Held for the whole of one kernel test: serialises the tests of this binary (a mutex) and of
+/// every other test process on the host (an flock), since they all count the same test account
+/// and one test's daemon would end another's probes.
+pub struct Serial {
+    _in_process: std::sync::MutexGuard<'static, ()>,
+    _host: fs::File,
+}
+
+/// Set-up for a kernel test: `None` (with the reason printed) when it cannot run, else the
+/// [`Serial`] guard.
+pub fn setup(test: &str) -> Option<Serial> {
+    use std::os::fd::AsRawFd;
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped {test}: needs root (run `cargo xtask test` as root)");
         return None;
     }
-    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let in_process = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let host = fs::OpenOptions::new().create(true).append(true).open("/tmp/guard-integration-tests.lock").unwrap();
+    // SAFETY: flock on an fd we own; released when the file closes.
+    unsafe { libc::flock(host.as_raw_fd(), libc::LOCK_EX) };
     ensure_account(TEST_USER, TEST_UID);
     ensure_account(OTHER_USER, OTHER_UID);
-    Some(guard)
+    Some(Serial { _in_process: in_process, _host: host })
 }
 
 /// Creates a test account when missing (the VM image ships them in /etc/passwd).

@@ -50,16 +50,6 @@ fn warn_about_other_guards(test: &str) {
     }
 }
 
-/// A host-wide lock, so two runs of these tests on one host (two checkouts) do not end each
-/// other's probes: they all guard the same test account. Released when the file drops.
-fn host_lock() -> fs::File {
-    use std::os::fd::AsRawFd;
-    let f = fs::OpenOptions::new().create(true).append(true).open("/tmp/guard-integration-tests.lock").unwrap();
-    // SAFETY: flock on an fd we own.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    f
-}
-
 fn long() -> bool {
     std::env::var("GUARD_LONG_TESTS").is_ok_and(|v| v == "1")
 }
@@ -179,7 +169,6 @@ fn thread_comm() -> String {
 #[test]
 fn lost_events_trigger_a_resync_after_which_the_table_equals_proc() {
     let Some(_g) = setup("lost events") else { return };
-    let _host = host_lock();
     warn_about_other_guards("lost events");
     let home = Home::new();
     home.write_config(r#"{"threshold": 5, "timeout": "1h", "excludes": []}"#);
@@ -412,7 +401,6 @@ fn run_scenario(home: &Home, s: &Scenario, tally: &mut Tally) {
 #[test]
 fn processes_matching_an_exclusion_are_never_ended_in_random_scenarios() {
     let Some(_g) = setup("random exclusions") else { return };
-    let _host = host_lock();
     warn_about_other_guards("random exclusions");
     let total = if long() { 1_000 } else { 30 };
     let mut rng = Rng(0x0e8c_1a5e_5eed_0003);
@@ -447,7 +435,6 @@ fn processes_matching_an_exclusion_are_never_ended_in_random_scenarios() {
 #[test]
 fn kill_9_at_random_points_keeps_the_state_whole_and_the_log_untorn() {
     let Some(_g) = setup("crash safety") else { return };
-    let _host = host_lock();
     warn_about_other_guards("crash safety");
     let kills = if long() { 100 } else { 20 };
     let home = Home::new();
@@ -538,7 +525,6 @@ fn wait_file(path: &Path, timeout: Duration, pred: impl Fn(&str) -> bool) -> Str
 #[test]
 fn planted_links_other_uids_and_the_daemon_itself_are_never_touched() {
     let Some(_g) = setup("privilege boundary") else { return };
-    let _host = host_lock();
     warn_about_other_guards("privilege boundary");
     let home = Home::new();
     let secret = tempfile::Builder::new().prefix("guard-secret-").tempdir_in("/tmp").unwrap();
@@ -685,7 +671,6 @@ fn host_child_named(parent: u32, name: &str) -> Option<u32> {
 #[test]
 fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
     let Some(_g) = setup("pid reuse") else { return };
-    let _host = host_lock();
     warn_about_other_guards("pid reuse");
     if Command::new("unshare").arg("--version").output().is_err() || Command::new("setpriv").arg("--version").output().is_err() {
         eprintln!("skipped pid reuse: needs unshare and setpriv (util-linux)");
