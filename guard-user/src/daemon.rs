@@ -26,7 +26,7 @@ use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
     account::Account,
-    config::{self, Config, ConfigError},
+    config::{self, ConfigError},
     ebpf::{EbpfOptions, EbpfSource},
     enforcer::{Enforcer, Outcome},
     event::{Event, ProcState},
@@ -470,7 +470,7 @@ impl TickContext {
         name_status.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
         self.shared.counters.kills.fetch_add(kills, Ordering::Relaxed);
         log.line("TICK_COMPLETE", &[("flagged", &plan.names.len()), ("kills", &kills), ("errors", &errors)]);
-        self.write_status(&config.state_file, &config, name_status, tracked, None);
+        self.write_status(&config.state_file, name_status, tracked, None);
         if self.opts.deadline_timer {
             plan.next_deadline(&config)
         } else {
@@ -485,11 +485,10 @@ impl TickContext {
         let state_file =
             self.last_state_path.clone().unwrap_or_else(|| config::expand_tilde(config::DEFAULT_STATE_FILE, &self.opts.home));
         let tracked = self.shared.table.lock().unwrap().len();
-        let defaults = Config::defaults(&self.opts.home);
-        self.write_status(&state_file, &defaults, Vec::new(), tracked, Some(e.to_string()));
+        self.write_status(&state_file, Vec::new(), tracked, Some(e.to_string()));
     }
 
-    fn write_status(&self, state_file: &std::path::Path, config: &Config, names: Vec<NameStatus>, tracked: usize, err: Option<String>) {
+    fn write_status(&self, state_file: &std::path::Path, names: Vec<NameStatus>, tracked: usize, err: Option<String>) {
         let c = &self.shared.counters;
         let s = Status {
             version: crate::VERSION.into(),
@@ -510,7 +509,6 @@ impl TickContext {
             config_error: err,
             names,
         };
-        let _ = config;
         self.mirror.heartbeat(
             Heartbeat {
                 host: hostname(),
