@@ -24,8 +24,9 @@ use anyhow::{bail, Context as _};
 use super::cpio::{CpioWriter, Owner};
 use crate::build_ebpf::{self, which};
 
-/// Host programs copied in with their libraries (tests run them by name).
-const HOST_TOOLS: &[&str] = &["bash", "sleep", "true"];
+/// Host programs copied in with their libraries (tests run them by name, and their shell
+/// scripts, such as the fake systemctl, use the coreutils).
+const HOST_TOOLS: &[&str] = &["bash", "sleep", "true", "cat", "env", "id", "grep", "ls", "mkdir", "rm"];
 /// Copied in when the host has them; the tests that need them skip otherwise.
 const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli"];
 /// Workspace directories tests read through `env!("CARGO_MANIFEST_DIR")`; copied to the same
