@@ -14,15 +14,19 @@ use std::{
 use integration_tests::*;
 
 const FAKE_SYSTEMCTL: &str = r#"#!/bin/sh
+# Shell builtins only (no cat, grep, ...): a missing external tool must not turn into a wrong answer,
+# and the VM guests (`cargo xtask vm`) carry only the tools xtask copies in.
 d="$FAKE_SYSTEMCTL_DIR"
+# answer FILE DEFAULT: the first line of $d/FILE, else DEFAULT.
+answer() { v=$2; if [ -f "$d/$1" ]; then IFS= read -r v < "$d/$1" || [ -n "$v" ]; fi; echo "$v"; }
 echo "$*" >> "$d/calls"
 case "$*" in
-  *is-system-running*) if [ -f "$d/user-manager" ]; then cat "$d/user-manager"; else echo offline; exit 1; fi ;;
+  *is-system-running*) if [ -f "$d/user-manager" ]; then answer user-manager ""; else echo offline; exit 1; fi ;;
   *"enable --now"*) echo enabled > "$d/is-enabled"; echo active > "$d/is-active" ;;
   *"disable --now guard-user@"*) echo disabled > "$d/is-enabled"; echo inactive > "$d/is-active" ;;
-  is-enabled*) v=$(cat "$d/is-enabled" 2>/dev/null || echo disabled); echo "$v"; [ "$v" = enabled ]; exit $? ;;
-  is-active*) v=$(cat "$d/is-active" 2>/dev/null || echo inactive); echo "$v"; [ "$v" = active ]; exit $? ;;
-  *MainPID*) cat "$d/MainPID" 2>/dev/null || echo 0 ;;
+  is-enabled*) v=$(answer is-enabled disabled); echo "$v"; [ "$v" = enabled ]; exit $? ;;
+  is-active*) v=$(answer is-active inactive); echo "$v"; [ "$v" = active ]; exit $? ;;
+  *MainPID*) answer MainPID 0 ;;
 esac
 exit 0
 "#;
