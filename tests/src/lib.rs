@@ -197,6 +197,7 @@ impl Daemon {
 
     pub fn stop(mut self) -> std::process::ExitStatus {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
         let st = self.child.wait().unwrap();
         std::mem::forget(self);
         st
@@ -205,7 +206,9 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // SIGCONT too: a test may have stopped it (SIGSTOP) before it panicked.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
         let _ = self.child.wait();
     }
 }

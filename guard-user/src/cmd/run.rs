@@ -43,7 +43,14 @@ pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
 
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let opts = options(&args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // Blocking-pool threads (ticks, /proc rebuilds) are kept for the daemon's life: with tokio's
+    // 10 s default a 60 s tick would need a new thread each time, and when a fork bomb has
+    // exhausted the pid space (exactly when the guard must act) thread creation fails.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_keep_alive(std::time::Duration::from_secs(100 * 365 * 86_400))
+        .enable_all()
+        .build()?;
     match rt.block_on(daemon::run(opts)) {
         Ok(_) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e.into()),

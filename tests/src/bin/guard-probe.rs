@@ -2,6 +2,14 @@
 //! run as a test account. `guard-probe [threads N] [forks N] [record FILE] [args…]` sleeps
 //! until killed; with `threads` it runs N extra threads, with `forks` N children that do not
 //! exec (they keep the name), with `record` it appends every signal it receives to FILE.
+//!
+//! Two helper modes for the pid tests:
+//! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
+//!   (the child of this process, which waits for it and dies with it; no util-linux needed);
+//! - `guard-probe churn LIST RECORD` (run as the test account): forks sleeping children that
+//!   record signals to RECORD, as fast as fork allows and forever; each child's pid is appended
+//!   to LIST; `full` is printed when fork first fails (the pid space is exhausted), after which it
+//!   keeps retrying, so every pid that becomes free is taken again at once.
 use std::{io::Write, time::Duration};
 
 static mut RECORD: Option<std::fs::File> = None;
@@ -20,8 +28,74 @@ extern "C" fn on_signal(sig: i32) {
     }
 }
 
+fn install_recorder(path: &str) {
+    // SAFETY: the file is set before any handler can run; handlers only write(2) and _exit.
+    unsafe {
+        RECORD = Some(std::fs::OpenOptions::new().append(true).create(true).open(path).unwrap());
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+fn pidns(args: &[String]) -> ! {
+    use std::ffi::CString;
+    let uid: u32 = args[0].parse().expect("pidns UID");
+    let argv: Vec<CString> = args[1..].iter().map(|a| CString::new(a.as_str()).unwrap()).collect();
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    // SAFETY: plain syscalls; the child only changes ids and execs.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWPID) != 0 {
+            panic!("unshare(CLONE_NEWPID): {}", std::io::Error::last_os_error());
+        }
+        let child = libc::fork();
+        assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+        if child == 0 {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setresgid(uid, uid, uid) != 0 || libc::setresuid(uid, uid, uid) != 0 {
+                libc::_exit(126);
+            }
+            libc::execv(ptrs[0], ptrs.as_ptr());
+            libc::_exit(127);
+        }
+        let mut status = 0;
+        while libc::waitpid(child, &mut status, 0) < 0 {}
+        libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) });
+    }
+}
+
+fn churn(list: &str, record: &str) -> ! {
+    install_recorder(record);
+    let mut list = std::fs::OpenOptions::new().append(true).create(true).open(list).unwrap();
+    let mut full = false;
+    loop {
+        // SAFETY: the child only sleeps (its signal handlers are the recorder's).
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        if pid > 0 {
+            let _ = list.write_all(format!("{pid}\n").as_bytes());
+        } else if !full {
+            full = true;
+            println!("full");
+            let _ = std::io::stdout().flush();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("pidns") => pidns(&args[2..]),
+        Some("churn") => churn(&args[2], &args[3]),
+        _ => {}
+    }
     let mut threads = 0;
     let mut forks = 0;
     let mut i = 1;
@@ -29,12 +103,7 @@ fn main() {
         match args[i].as_str() {
             "threads" => threads = args[i + 1].parse().unwrap(),
             "forks" => forks = args[i + 1].parse().unwrap(),
-            "record" => unsafe {
-                RECORD = Some(std::fs::OpenOptions::new().append(true).create(true).open(&args[i + 1]).unwrap());
-                for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
-                    libc::signal(sig, on_signal as *const () as libc::sighandler_t);
-                }
-            },
+            "record" => install_recorder(&args[i + 1]),
             _ => {}
         }
         i += 2;
