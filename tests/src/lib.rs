@@ -217,3 +217,40 @@ impl Drop for Daemon {
 pub fn lines<'a>(log: &'a str, event: &str) -> Vec<&'a str> {
     log.lines().filter(|l| l.split(' ').nth(2) == Some(event)).collect()
 }
+
+/// `workers` processes of `uid` each fork `per_worker` children that exit at once, in batches
+/// of 64 (so the kernel sees thousands of fork and exit events within a second or two).
+pub fn fork_storm(workers: usize, per_worker: usize, uid: u32) {
+    let mut kids = Vec::new();
+    for _ in 0..workers {
+        // SAFETY: the child only makes raw syscalls (setresgid/setresuid, fork, _exit, waitpid)
+        // — async-signal-safe — and never returns into Rust code of the test harness.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe {
+                libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>());
+                libc::syscall(libc::SYS_setresgid, uid, uid, uid);
+                libc::syscall(libc::SYS_setresuid, uid, uid, uid);
+                let mut left = per_worker;
+                while left > 0 {
+                    let batch = left.min(64);
+                    for _ in 0..batch {
+                        if libc::fork() == 0 {
+                            libc::_exit(0);
+                        }
+                    }
+                    for _ in 0..batch {
+                        libc::waitpid(-1, std::ptr::null_mut(), 0);
+                    }
+                    left -= batch;
+                }
+                libc::_exit(0);
+            }
+        }
+        assert!(pid > 0, "fork failed");
+        kids.push(pid);
+    }
+    for k in kids {
+        unsafe { libc::waitpid(k, std::ptr::null_mut(), 0) };
+    }
+}
