@@ -26,12 +26,17 @@ mod initramfs;
 mod kernels;
 mod payload;
 mod qemu;
+mod systemd;
 
 #[derive(clap::Args, Debug)]
 pub struct Options {
     /// Boot only these kernels (repeatable or comma-separated): 6.1, 6.12, 7.x. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub kernel: Vec<String>,
+    /// Instead of the test suite: boot a Debian rootfs with a real systemd (one kernel, default 6.12)
+    /// and run guard-user install → check → drift → check there ([`systemd`]).
+    #[arg(long)]
+    pub systemd: bool,
     /// Resolve and download the kernels, print them, and stop.
     #[arg(long)]
     pub list_kernels: bool,
@@ -72,6 +77,9 @@ struct Row {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
+    if opts.systemd && !opts.list_kernels {
+        return systemd::run(&opts);
+    }
     let specs = kernels::select(&opts.kernel)?;
     let kernels = kernels::prepare(&specs)?;
     if opts.list_kernels {

@@ -1,0 +1,554 @@
+//! `cargo xtask vm --systemd [--kernel 6.12]`: guard-user's install → check → drift → check under
+//! a real systemd, in a Debian bookworm guest.
+//!
+//! 1. a minbase Debian rootfs with systemd is built once with debootstrap and cached in
+//!    `target/vm/systemd/rootfs-bookworm` (delete it to rebuild);
+//! 2. the statically linked guard-user (the same build as the test guests', `target/vm/build`)
+//!    and [`GUEST_SCRIPT`] are added, with a oneshot unit `guard-vm-systemd.service` that runs it
+//!    after multi-user.target; serial-getty@ttyS0 and getty.target are masked (without udev the
+//!    getty waits 90 s for a device that never appears);
+//! 3. the whole tree goes into one uncompressed cpio (`target/vm/systemd.cpio`) that the kernel
+//!    unpacks into its tmpfs rootfs, and `rdinit=/lib/systemd/systemd` makes systemd PID 1: no
+//!    disk, no drivers;
+//! 4. the guest prints every command with its output (lines prefixed `sg| `), then
+//!    `systemd-guest: success` or `systemd-guest: failure <why>`, and powers off. The transcript,
+//!    the boot time (until the script's first line) and the total time end the run.
+//!
+//! The console is kept in `target/vm/logs/systemd-<kernel>.log`.
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{BufRead as _, BufReader, BufWriter, Write as _},
+    os::unix::fs::{FileTypeExt as _, MetadataExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+
+use super::{
+    cpio::{CpioWriter, Owner},
+    kernels, payload, qemu,
+};
+use crate::{
+    build::host_cargo,
+    build_ebpf::{self, run_checked, which},
+    run::is_root,
+};
+
+const SUITE: &str = "bookworm";
+const MIRROR: &str = "http://deb.debian.org/debian";
+/// minbase has bash, coreutils, util-linux (setpriv) and passwd (useradd); procps is for pgrep.
+const INCLUDE: &str = "systemd,systemd-sysv,dbus,procps";
+/// The kernel booted when `--kernel` is not given.
+const DEFAULT_KERNEL: &str = "6.12";
+/// Same as payload.rs: the static guard-user of the test guests.
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+const RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=debuginfo";
+/// Rootfs paths left out of the image (apt's caches and lists, documentation): the guest never
+/// runs apt, and every MiB is copied twice into guest RAM.
+const SKIPPED: &[&str] = &["var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale"];
+
+const UNIT_NAME: &str = "guard-vm-systemd.service";
+const UNIT: &str = "\
+[Unit]
+Description=guard systemd guest: guard-user install, check, drift, check (cargo xtask vm --systemd)
+After=multi-user.target
+
+[Service]
+Type=oneshot
+ExecStart=/opt/guard/systemd-guest.sh
+StandardInput=null
+StandardOutput=journal+console
+StandardError=journal+console
+
+[Install]
+WantedBy=multi-user.target
+";
+
+/// The config the account's guard-config.json is linked to: small enough for a guest.
+const CONFIG: &str = "{\n  \"threshold\": 3,\n  \"timeout\": \"5s\"\n}\n";
+/// Another valid config, for the "not a link to <source>" drift.
+const OTHER_CONFIG: &str = "{\n  \"threshold\": 30,\n  \"timeout\": \"1h\"\n}\n";
+
+/// What runs in the guest (as `guard-vm-systemd.service`).
+const GUEST_SCRIPT: &str = r#"#!/bin/bash
+# Runs in the guest of `cargo xtask vm --systemd` as guard-vm-systemd.service: installs guard-user
+# for a test account under the real systemd, lets it end a pile of probes, checks, creates drift
+# and checks again. Every command and its output goes to the serial console, prefixed `sg| `.
+exec >/dev/ttyS0 2>&1
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+U=guardtest1 UID_=4201 H=/home/guardtest1
+SRC=/opt/guard/guard-config.json GU=/opt/guard/guard-user
+UNIT=guard-user@guardtest1.service PROBE=ghost-sleeper PROBES=6
+LOG=$H/guard-daemon.log
+
+say() { printf 'sg| %s\n' "$*"; }
+# run CMD...: prints `$ CMD`, its output and `[exit N]`; leaves the exit code in RC, the output in OUT.
+run() {
+    say "\$ $*"
+    "$@" >/tmp/sg.out 2>&1
+    RC=$?
+    OUT=$(cat /tmp/sg.out)
+    sed 's/^/sg|   /' /tmp/sg.out
+    say "[exit $RC]"
+}
+has() { [[ $OUT == *"$1"* ]] || fail "expected \"$1\" in the output of the last command"; }
+diagnostics() {
+    say "--- diagnostics"
+    run systemctl --no-pager status "$UNIT"
+    run journalctl -b --no-pager -o short-monotonic -u "$UNIT"
+    run cat "$LOG"
+    run systemctl --no-pager --failed
+}
+fail() {
+    diagnostics
+    echo "systemd-guest: failure $*"
+    systemctl --no-block poweroff
+    exit 1
+}
+# wait_for SECONDS WHAT CMD...: polls CMD every second.
+wait_for() {
+    local limit=$1 what=$2 start=$SECONDS
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS - start >= limit)) && fail "$what not within ${limit}s"
+        sleep 1
+    done
+    say "($what after $((SECONDS - start))s)"
+}
+ticked() { systemctl is-active -q "$UNIT" && grep -q TICK_COMPLETE "$LOG"; }
+probes_gone() { grep -q "KILLED .*name=$PROBE" "$LOG" && ! pgrep -u $UID_ -x $PROBE; }
+ticks() { grep -c TICK_COMPLETE "$LOG" 2>/dev/null; }
+ticked_again() { (($(ticks) > TICKS)) && systemctl is-active -q "$UNIT"; }
+
+echo "systemd-guest: start (kernel $(uname -r), $(systemctl --version | head -n1), state $(systemctl is-system-running))"
+run grep -E ' (tracefs|bpf|debugfs|cgroup2) ' /proc/mounts
+run cat /proc/sys/kernel/perf_event_paranoid
+
+say "=== install"
+run groupadd --gid $UID_ $U
+run useradd --create-home --uid $UID_ --gid $UID_ --shell /bin/bash $U
+((RC == 0)) || fail "useradd exited $RC"
+run "$GU" install --user $U --config-source "$SRC"
+((RC == 0)) || fail "install exited $RC"
+has "[OK] Host guard installed for $U in $H from $SRC"
+wait_for 120 "$UNIT active with a completed tick" ticked
+run systemctl --no-pager status "$UNIT"
+systemctl is-active -q "$UNIT" || fail "$UNIT is not active"
+run systemd-analyze verify /etc/systemd/system/guard-user@.service
+run cat "$LOG"
+
+say "=== $PROBES $PROBE probes as $U (threshold 3, timeout 5s, a tick every 60s)"
+run install -m 0755 /bin/sleep /usr/local/bin/$PROBE
+for _ in $(seq $PROBES); do
+    # A subshell, so the probes are reparented to PID 1 (reaped there) rather than left as our zombies.
+    (setpriv --reuid=$UID_ --regid=$UID_ --clear-groups /usr/local/bin/$PROBE 3600 </dev/null >/dev/null 2>&1 &)
+done
+sleep 1
+run pgrep -u $UID_ -a -x $PROBE
+(($(pgrep -u $UID_ -c -x $PROBE) == PROBES)) || fail "not all $PROBES probes started"
+wait_for 400 "the guard's KILLED lines and no probe left" probes_gone
+run grep -E "FLAGGED|KILLED|STARTED|WARN|ERROR" "$LOG"
+run pgrep -u $UID_ -a -x $PROBE
+
+say "=== check"
+run "$GU" check --user $U --config-source "$SRC"
+((RC == 0)) || fail "check exited $RC after install"
+has "[OK] Host guard in sync with $SRC"
+
+say "=== drift"
+run systemctl disable --now "$UNIT"
+run ln -sfn /opt/guard/other-config.json "$H/guard-config.json"
+run sed -i 's/^MemoryMax=.*/MemoryMax=1G/' /etc/systemd/system/guard-user@.service
+run touch "$H/guard-daemon.sh"
+run "$GU" check --user $U --config-source "$SRC"
+((RC == 1)) || fail "check exited $RC with drift (expected 1)"
+has "$H/guard-config.json is not a link to $SRC"
+has "$H/guard-daemon.sh is still present"
+has "/etc/systemd/system/guard-user@.service is missing or differs from this build"
+has "$UNIT is not enabled"
+has "$UNIT is not active"
+
+say "=== repair"
+TICKS=$(ticks)
+run "$GU" install --user $U --config-source "$SRC"
+((RC == 0)) || fail "install exited $RC when repairing"
+wait_for 120 "$UNIT active with a new tick" ticked_again
+run "$GU" check --user $U --config-source "$SRC"
+((RC == 0)) || fail "check exited $RC after the repair"
+has "[OK] Host guard in sync with $SRC"
+run journalctl -b --no-pager -o cat -u "$UNIT"
+
+echo "systemd-guest: success"
+systemctl --no-block poweroff
+"#;
+
+pub fn run(opts: &super::Options) -> anyhow::Result<()> {
+    let total = Instant::now();
+    let names = if opts.kernel.is_empty() { vec![DEFAULT_KERNEL.to_string()] } else { opts.kernel.clone() };
+    let kernels = kernels::prepare(&kernels::select(&names)?)?;
+    let qemu = qemu::ensure_installed()?;
+    let vm_dir = build_ebpf::target_dir().join("vm");
+    let rootfs = ensure_rootfs(&vm_dir.join("systemd"))?;
+
+    let ebpf_object = if opts.skip_ebpf {
+        let default = build_ebpf::workspace_root().join("guard-ebpf/target/bpfel-unknown-none/release/guard");
+        default.is_file().then_some(default)
+    } else {
+        Some(build_ebpf::build(&build_ebpf::Options::default())?)
+    };
+    let guard_user = build_guard_user(ebpf_object.as_deref())?;
+
+    let initrd = vm_dir.join("systemd.cpio");
+    let size = write_image(&initrd, &rootfs, &guard_user)?;
+    println!("vm: {} ({} MiB): {} + guard-user + {UNIT_NAME}", initrd.display(), size >> 20, rootfs.display());
+
+    let logs = vm_dir.join("logs");
+    fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let mut failed = Vec::new();
+    for kernel in &kernels {
+        let log = logs.join(format!("systemd-{}.log", kernel.name));
+        let started = Instant::now();
+        let outcome = boot(&Boot {
+            name: &format!("systemd-{}", kernel.name),
+            qemu: &qemu,
+            vmlinuz: &kernel.vmlinuz,
+            initrd: &initrd,
+            memory: &opts.memory,
+            cpus: opts.cpus,
+            cmdline: &opts.cmdline,
+            boot_timeout: Duration::from_secs(opts.boot_timeout),
+            timeout: Duration::from_secs(opts.timeout),
+            log: &log,
+        })?;
+        let secs = |d: Option<Duration>| d.map(|d| format!("{:.1}s", d.as_secs_f64())).unwrap_or_else(|| "-".into());
+        println!();
+        println!("vm: systemd guest, kernel {} ({}): transcript", kernel.name, kernel.package);
+        for line in &outcome.transcript {
+            println!("  {line}");
+        }
+        println!(
+            "vm: systemd guest, kernel {}: {}; boot {} (qemu start → the guest script's first line), script {}, \
+             qemu {:.1}s; console log: {}",
+            kernel.name,
+            outcome.verdict,
+            secs(outcome.boot_time),
+            secs(outcome.script_time),
+            started.elapsed().as_secs_f64(),
+            log.display()
+        );
+        if outcome.verdict != "success" {
+            failed.push(kernel.name.clone());
+        }
+    }
+    println!("vm: systemd guest: total {:.1}s (build, image and boots)", total.elapsed().as_secs_f64());
+    if !failed.is_empty() {
+        bail!("the systemd guest failed on kernel {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The debootstrap tree, built once (into a temp directory renamed into place on success).
+fn ensure_rootfs(dir: &Path) -> anyhow::Result<PathBuf> {
+    let rootfs = dir.join(format!("rootfs-{SUITE}"));
+    if rootfs.join("lib/systemd/systemd").exists() {
+        println!("vm: systemd rootfs: {} (cached; delete it to rebuild)", rootfs.display());
+        return Ok(rootfs);
+    }
+    if !is_root() {
+        bail!("building the systemd guest's rootfs needs root (debootstrap); run `cargo xtask vm --systemd` as root");
+    }
+    if which("debootstrap").is_none() && !Path::new("/usr/sbin/debootstrap").exists() {
+        println!("vm: systemd rootfs: installing debootstrap");
+        run_checked(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "debootstrap"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            "apt-get install debootstrap",
+        )?;
+    }
+    let tmp = dir.join(format!("rootfs-{SUITE}.tmp"));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).with_context(|| format!("removing the leftover {}", tmp.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    println!(
+        "vm: systemd rootfs: debootstrap --variant=minbase --include={INCLUDE} {SUITE} {} {MIRROR}",
+        tmp.display()
+    );
+    run_checked(
+        Command::new("debootstrap")
+            .args(["--variant=minbase", &format!("--include={INCLUDE}"), SUITE])
+            .arg(&tmp)
+            .arg(MIRROR),
+        "debootstrap",
+    )?;
+    fs::rename(&tmp, &rootfs).with_context(|| format!("renaming {} to {}", tmp.display(), rootfs.display()))?;
+    Ok(rootfs)
+}
+
+/// The static guard-user, built like payload.rs builds it for the test guests.
+fn build_guard_user(ebpf_object: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let dir = payload::build_dir();
+    let mut cargo = host_cargo();
+    cargo
+        .args(["build", "--target", TARGET, "--target-dir"])
+        .arg(&dir)
+        .args(["-p", "guard-user", "--bin", "guard-user"])
+        .env("RUSTFLAGS", RUSTFLAGS)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .current_dir(build_ebpf::workspace_root());
+    match ebpf_object {
+        Some(object) => cargo.env("GUARD_EBPF_OBJ", object),
+        None => cargo.env_remove("GUARD_EBPF_OBJ"),
+    };
+    println!(
+        "vm: RUSTFLAGS=\"{RUSTFLAGS}\" cargo build --target {TARGET} --target-dir {} -p guard-user --bin guard-user",
+        dir.display()
+    );
+    run_checked(&mut cargo, "building the static guard-user")?;
+    let bin = dir.join(TARGET).join("debug/guard-user");
+    if !bin.is_file() {
+        bail!("the static build left no {}", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Files the image adds to (or puts in place of) the rootfs's.
+enum Extra {
+    Dir,
+    File(u32, Vec<u8>),
+    Symlink(&'static str),
+}
+
+fn extras(guard_user: &Path) -> anyhow::Result<Vec<(String, Extra)>> {
+    let bin = fs::read(guard_user).with_context(|| format!("reading {}", guard_user.display()))?;
+    let unit = format!("etc/systemd/system/{UNIT_NAME}");
+    Ok(vec![
+        ("etc/hostname".into(), Extra::File(0o644, b"guard-systemd\n".to_vec())),
+        // No udev in the guest, so no dev-ttyS0.device: the console getty would wait 90 s for it.
+        ("etc/systemd/system/serial-getty@ttyS0.service".into(), Extra::Symlink("/dev/null")),
+        ("etc/systemd/system/getty.target".into(), Extra::Symlink("/dev/null")),
+        // Never prompt on the console (the machine-id is set, but be sure).
+        ("etc/systemd/system/systemd-firstboot.service".into(), Extra::Symlink("/dev/null")),
+        (unit.clone(), Extra::File(0o644, UNIT.as_bytes().to_vec())),
+        (
+            format!("etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"),
+            Extra::Symlink("/etc/systemd/system/guard-vm-systemd.service"),
+        ),
+        ("opt/guard".into(), Extra::Dir),
+        ("opt/guard/guard-user".into(), Extra::File(0o755, bin)),
+        ("opt/guard/systemd-guest.sh".into(), Extra::File(0o755, GUEST_SCRIPT.as_bytes().to_vec())),
+        ("opt/guard/guard-config.json".into(), Extra::File(0o644, CONFIG.as_bytes().to_vec())),
+        ("opt/guard/other-config.json".into(), Extra::File(0o644, OTHER_CONFIG.as_bytes().to_vec())),
+    ])
+}
+
+/// The rootfs (minus [`SKIPPED`] and the paths [`extras`] replaces), then the extras.
+fn write_image(path: &Path, rootfs: &Path, guard_user: &Path) -> anyhow::Result<u64> {
+    let extras = extras(guard_user)?;
+    let replaced: BTreeSet<&str> = extras.iter().map(|(p, _)| p.as_str()).collect();
+    let tmp = path.with_extension("cpio.tmp");
+    let file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut cpio = CpioWriter::new(BufWriter::with_capacity(1 << 20, file));
+    walk(&mut cpio, rootfs, "", &replaced)?;
+    for (name, extra) in &extras {
+        match extra {
+            Extra::Dir => cpio.dir(name, Owner::root(0o755)),
+            Extra::File(mode, data) => cpio.file(name, Owner::root(*mode), data),
+            Extra::Symlink(target) => cpio.symlink(name, target),
+        }
+        .with_context(|| format!("writing {name} to {}", tmp.display()))?;
+    }
+    cpio.finish().and_then(|w| w.into_inner().map_err(|e| e.into_error())).context("finishing the cpio")?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(fs::metadata(path)?.len())
+}
+
+/// Depth-first, a directory before its entries, names sorted (the same tree gives the same image).
+fn walk<W: std::io::Write>(
+    cpio: &mut CpioWriter<W>,
+    root: &Path,
+    rel: &str,
+    replaced: &BTreeSet<&str>,
+) -> anyhow::Result<()> {
+    let dir = root.join(rel);
+    let mut entries: Vec<_> = fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    for name in entries {
+        let name = name.to_str().with_context(|| format!("a non-UTF-8 name in {}", dir.display()))?;
+        let path = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
+        if replaced.contains(path.as_str()) || SKIPPED.contains(&path.as_str()) {
+            continue;
+        }
+        let full = root.join(&path);
+        let meta = fs::symlink_metadata(&full).with_context(|| format!("reading {}", full.display()))?;
+        let owner = Owner { mode: meta.mode() & 0o7777, uid: meta.uid(), gid: meta.gid() };
+        let kind = meta.file_type();
+        let written = if kind.is_dir() {
+            cpio.dir(&path, owner).map_err(anyhow::Error::from).and_then(|()| walk(cpio, root, &path, replaced))
+        } else if kind.is_symlink() {
+            let target = fs::read_link(&full)?;
+            cpio.symlink(&path, &target.to_string_lossy()).map_err(Into::into)
+        } else if kind.is_file() {
+            let data = fs::read(&full).with_context(|| format!("reading {}", full.display()))?;
+            cpio.file(&path, owner, &data).map_err(Into::into)
+        } else if kind.is_char_device() {
+            let rdev = meta.rdev();
+            cpio.char_device(&path, owner, libc::major(rdev), libc::minor(rdev)).map_err(Into::into)
+        } else {
+            Ok(()) // sockets, fifos, block devices: none that matter in a fresh debootstrap
+        };
+        written.with_context(|| format!("adding {path}"))?;
+    }
+    Ok(())
+}
+
+struct Boot<'a> {
+    name: &'a str,
+    qemu: &'a Path,
+    vmlinuz: &'a Path,
+    initrd: &'a Path,
+    memory: &'a str,
+    cpus: u32,
+    cmdline: &'a str,
+    boot_timeout: Duration,
+    timeout: Duration,
+    log: &'a Path,
+}
+
+struct Outcome {
+    /// `success`, `failure <why>`, or what went wrong without a sentinel.
+    verdict: String,
+    /// The script's lines (`sg| ` removed) and its sentinels.
+    transcript: Vec<String>,
+    /// qemu start → `systemd-guest: start`.
+    boot_time: Option<Duration>,
+    /// `systemd-guest: start` → the sentinel.
+    script_time: Option<Duration>,
+}
+
+/// Kills and reaps qemu however `boot` ends.
+struct QemuChild(Child);
+
+impl Drop for QemuChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+const SENTINEL: &str = "systemd-guest: ";
+const PREFIX: &str = "sg| ";
+
+fn boot(b: &Boot) -> anyhow::Result<Outcome> {
+    // quiet keeps the kernel's messages off the console; systemd still prints its unit status.
+    let append =
+        format!("console=ttyS0 panic=-1 rdinit=/lib/systemd/systemd quiet systemd.show_status=1 {}", b.cmdline)
+            .trim()
+            .to_string();
+    let mut cmd = Command::new(b.qemu);
+    cmd.args(["-accel", "tcg", "-m", b.memory, "-smp", &b.cpus.to_string()])
+        .args(["-nographic", "-no-reboot", "-nic", "none"])
+        .arg("-kernel")
+        .arg(b.vmlinuz)
+        .arg("-initrd")
+        .arg(b.initrd)
+        .args(["-append", &append])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    println!(
+        "[{}] {} -kernel {} -initrd {} -append \"{append}\"",
+        b.name,
+        b.qemu.display(),
+        b.vmlinuz.display(),
+        b.initrd.display()
+    );
+    let started = Instant::now();
+    let mut child = QemuChild(cmd.spawn().with_context(|| format!("starting {}", b.qemu.display()))?);
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let stderr = child.0.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel::<String>();
+    thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        while matches!(reader.read_until(b'\n', &mut buf), Ok(n) if n > 0) {
+            if tx.send(qemu::clean_console_line(&buf)).is_err() {
+                break;
+            }
+            buf.clear();
+        }
+    });
+    let stderr_text = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
+        text
+    });
+    let mut log = fs::File::create(b.log).with_context(|| format!("creating {}", b.log.display()))?;
+    let mut out = Outcome { verdict: String::new(), transcript: Vec::new(), boot_time: None, script_time: None };
+    let mut script_at: Option<Instant> = None;
+    loop {
+        let limit = if script_at.is_none() { b.boot_timeout.min(b.timeout) } else { b.timeout };
+        let Some(wait) = (started + limit).checked_duration_since(Instant::now()) else {
+            let what = if script_at.is_none() { "no line from the guest script" } else { "no sentinel" };
+            out.verdict = format!("timeout: {what} after {}s; qemu killed", limit.as_secs());
+            break;
+        };
+        let line = match rx.recv_timeout(wait) {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.0.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                out.verdict = format!("qemu exited ({status}) before the sentinel");
+                break;
+            }
+        };
+        let _ = writeln!(log, "{line}");
+        println!("[{}] {line}", b.name);
+        if let Some(at) = line.find(PREFIX) {
+            out.transcript.push(line[at + PREFIX.len()..].to_string());
+            continue;
+        }
+        let Some(sentinel) = line.find(SENTINEL).map(|at| &line[at + SENTINEL.len()..]) else { continue };
+        out.transcript.push(format!("{SENTINEL}{sentinel}"));
+        let now = Instant::now();
+        if sentinel.starts_with("start") {
+            script_at.get_or_insert(now);
+            out.boot_time.get_or_insert(now - started);
+            continue;
+        }
+        if !(sentinel == "success" || sentinel.starts_with("failure")) {
+            continue;
+        }
+        out.verdict = sentinel.to_string();
+        out.script_time = script_at.map(|at| now - at);
+        // The guest powers off next; give it a moment to do so cleanly.
+        let exit_by = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < exit_by && matches!(child.0.try_wait(), Ok(None)) {
+            while let Ok(line) = rx.try_recv() {
+                let _ = writeln!(log, "{line}");
+                println!("[{}] {line}", b.name);
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        break;
+    }
+    drop(child);
+    if out.verdict != "success" && !out.verdict.starts_with("failure") {
+        let stderr = stderr_text.join().unwrap_or_default();
+        if !stderr.trim().is_empty() {
+            out.verdict.push_str(&format!("; qemu stderr: {}", stderr.trim()));
+        }
+    }
+    Ok(out)
+}
