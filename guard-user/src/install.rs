@@ -120,18 +120,23 @@ Documentation=file://{exe}
 # logs a WARN (uid changes without exec are then caught by the periodic audit).
 Wants=sys-kernel-tracing.mount
 After=sys-kernel-tracing.mount network.target
+# No start-rate limit: a guard that gives up is worse than one that keeps retrying. (A [Unit]
+# setting: systemd ignores it in [Service], with a warning on every daemon-reload.)
+StartLimitIntervalSec=0
 
 [Service]
 Type=simple
 ExecStart={exe} run --user %i
 Restart=always
 RestartSec=5s
-# No start-rate limit: a guard that gives up is worse than one that keeps retrying.
-StartLimitIntervalSec=0
 
 # Least privilege: root's uid, but only these capabilities.
 #   CAP_BPF             load the BPF programs and create their maps
-#   CAP_PERFMON         attach tp_btf / tracepoint programs and read the kernel's BTF
+#   CAP_PERFMON         attach the tp_btf programs and read the kernel's BTF. The classic
+#                       setuid-family tracepoints go through perf_event_open, which Debian and
+#                       Ubuntu kernels at their default kernel.perf_event_paranoid=3 allow only
+#                       with CAP_SYS_ADMIN: there the guard logs WARN setuid_untracked and the
+#                       periodic audit catches uid changes without exec.
 #   CAP_KILL            signal processes of another uid (the guarded account's)
 #   CAP_SETUID/SETGID   setfsuid/setfsgid: files in the home are written as the account (safefs)
 #   CAP_DAC_READ_SEARCH traverse a 0700 home and read /proc entries of other uids
