@@ -116,6 +116,7 @@ fn may_load_bpf() -> bool {
 
 /// Runs until SIGTERM/SIGINT. Returns the `STOPPED` reason.
 pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
+    crate::startup_phase("daemon::run (arguments parsed, runtime up)");
     let who = FsIdentity { uid: opts.account.uid, gid: opts.account.gid };
     let initial = config::load(&opts.config_path, &opts.home).ok();
     let log_bytes = initial.as_ref().map(|c| c.log_max_bytes).unwrap_or(10 << 20);
@@ -323,6 +324,9 @@ impl TickContext {
     /// One tick (SPEC §4). Blocking. Returns the next enforcement deadline (unix seconds).
     fn tick(&mut self) -> Option<f64> {
         self.ticks += 1;
+        if self.ticks == 1 {
+            crate::startup_phase("first tick");
+        }
         let log = self.logger.clone();
         if self.backend == "procfs" {
             match procfs::snapshot() {
@@ -532,6 +536,9 @@ impl TickContext {
         if let Err(e) = atomic_write(&status::path_beside(state_file), &bytes, self.who) {
             eprintln!("guard-user: cannot write the status file: {e}");
         }
+        if self.ticks == 1 {
+            crate::startup_phase("first status written");
+        }
     }
 }
 
@@ -625,6 +632,9 @@ async fn pump(
                         };
                         *t = fresh;
                         drop(t);
+                        if matches!(r.reason, RebuildReason::Startup) {
+                            crate::startup_phase("table consistent (/proc scan + replay)");
+                        }
                         shared.ready.store(true, Ordering::SeqCst);
                         if log_it {
                             let reason = match r.reason { RebuildReason::Startup => "startup", RebuildReason::LostEvents => "lost_events", RebuildReason::Audit => "drift" };

@@ -58,6 +58,12 @@ pub enum EbpfError {
     Btf(#[from] BtfError),
     #[error("{what} needs root (CAP_BPF and CAP_PERFMON): {detail}")]
     Permission { what: String, detail: String },
+    #[error(
+        "{what} is refused by kernel.perf_event_paranoid={level}: attaching a classic tracepoint \
+         then needs CAP_SYS_ADMIN, which the unit does not grant (CAP_BPF and CAP_PERFMON are not \
+         enough); set the sysctl to 2 to track uid changes at once ({detail})"
+    )]
+    PerfParanoid { what: String, level: i32, detail: String },
     #[error("cannot load the BPF object: {detail}")]
     Load { detail: String },
     #[error("cannot load or attach `{program}` to `{tracepoint}`: {detail}")]
@@ -75,6 +81,7 @@ impl EbpfError {
             EbpfError::Tracefs { .. } => "tracefs_unavailable",
             EbpfError::Btf(_) => "no_btf",
             EbpfError::Permission { .. } => "permission_denied",
+            EbpfError::PerfParanoid { .. } => "perf_event_paranoid",
             EbpfError::Load { .. } | EbpfError::Map { .. } => "load_failed",
             EbpfError::Attach { .. } => "attach_failed",
         }
@@ -171,8 +178,12 @@ impl EbpfSource {
             return Err(EbpfError::NoObject);
         }
         let mut offsets = Btf::from_file(Path::new(VMLINUX))?.kernel_offsets()?;
+        crate::startup_phase("btf offsets parsed");
         let aya_btf = AyaBtf::from_sys_fs()
             .map_err(|_| BtfError::Format { path: VMLINUX.into(), what: "aya cannot parse it" })?;
+        crate::startup_phase("aya btf parsed");
+        let _ = aya::features();
+        crate::startup_phase("aya features probed");
         let mut ebpf = EbpfLoader::new().btf(Some(&aya_btf)).map_max_entries("EVENTS", ring_bytes).load(OBJECT).map_err(
             |e| {
                 let detail = describe(&e);
@@ -183,6 +194,7 @@ impl EbpfSource {
                 }
             },
         )?;
+        crate::startup_phase("object loaded (maps created)");
 
         // sched_process_exit gained `group_dead` in 6.16; each variant reads its own signature.
         let exit_prog = if offsets.exit_has_group_dead != 0 { "sched_process_exit_gd" } else { "sched_process_exit_live" };
@@ -199,8 +211,10 @@ impl EbpfSource {
                 .map_err(|e| program_error(prog, tp, e))?;
             p.load(tp, &aya_btf).map_err(|e| program_error(prog, tp, e))?;
             p.attach().map_err(|e| program_error(prog, tp, e))?;
+            crate::startup_phase(prog);
         }
         let setuid_problem = ensure_tracefs().and_then(|()| attach_setuid(&mut ebpf)).err();
+        crate::startup_phase("setuid tracepoints");
 
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(EbpfError::Map { name: "EVENTS" })?)
             .map_err(|_| EbpfError::Map { name: "EVENTS" })?;
@@ -309,9 +323,21 @@ fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
         .map_err(|e| program_error(PROG, "syscalls", e))?;
     p.load().map_err(|e| program_error(PROG, "syscalls", e))?;
     for sc in SETUID_SYSCALLS {
-        p.attach("syscalls", sc).map_err(|e| program_error(PROG, &format!("syscalls/{sc}"), e))?;
+        p.attach("syscalls", sc).map_err(|e| match program_error(PROG, &format!("syscalls/{sc}"), e) {
+            // Debian's default level 3 (a distribution patch) restricts perf_event_open, which
+            // classic tracepoints attach through, to CAP_SYS_ADMIN whatever CAP_PERFMON says.
+            EbpfError::Permission { what, detail } => match perf_event_paranoid() {
+                Some(level) if level > 2 => EbpfError::PerfParanoid { what, level, detail },
+                _ => EbpfError::Permission { what, detail },
+            },
+            other => other,
+        })?;
     }
     Ok(())
+}
+
+fn perf_event_paranoid() -> Option<i32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]

@@ -45,3 +45,28 @@ pub mod table;
 
 /// The version in `STARTED version=…` and the heartbeat.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `GUARD_TRACE_STARTUP=1`: the daemon prints how long each start-up phase took, to stderr
+/// (`guard-user: startup <phase> +<ms> ms (at <ms> ms, process CPU <ms> ms)`), for `cargo xtask bench`'s bootstrap
+/// breakdown and for operators asking why a start is slow.
+pub fn startup_phase(phase: &str) {
+    use std::{sync::Mutex, time::Instant};
+    static LAST: Mutex<Option<(Instant, Instant)>> = Mutex::new(None);
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var_os("GUARD_TRACE_STARTUP").is_some_and(|v| v != "0")) {
+        return;
+    }
+    let now = Instant::now();
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    let (start, prev) = last.get_or_insert((now, now));
+    let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut cpu) };
+    eprintln!(
+        "guard-user: startup {phase} +{:.1} ms (at {:.1} ms, process CPU {:.1} ms)",
+        (now - *prev).as_secs_f64() * 1e3,
+        (now - *start).as_secs_f64() * 1e3,
+        cpu.tv_sec as f64 * 1e3 + cpu.tv_nsec as f64 / 1e6
+    );
+    *prev = now;
+}

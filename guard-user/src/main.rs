@@ -5,6 +5,7 @@ use clap::Parser;
 use guard::cmd::{self, Cli, Command};
 
 fn main() -> ExitCode {
+    guard::startup_phase("main");
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Run(cli.run)) {
         Command::Run(args) => cmd::run::main(args),
