@@ -646,11 +646,14 @@ fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
         (0..3).map(|_| spawn_in_pid_ns(&bystander, &["record", by_rec.to_str().unwrap()], true)).collect();
     let by_hosts: Vec<u32> =
         bystanders.iter().map(|b| host_child_named(b.pid(), "bystander").expect("host pid of a bystander")).collect();
+    // The daemon is up (its first tick done) before the churn starts: under TCG two busy
+    // fork/exec loops on two vCPUs can otherwise hold its start-up past the test's waits.
+    let daemon = Daemon::start(&home, &[]);
+    home.wait_log(WAIT * 3, |l| lines(l, "TICK_COMPLETE").len() >= 1);
     // Churn: shells that exec /bin/true in a loop, in their own namespaces.
     let _churn: Vec<Probe> = (0..2)
         .map(|_| spawn_in_pid_ns(Path::new("/bin/sh"), &["-c", "while :; do /bin/true; done"], false))
         .collect();
-    let daemon = Daemon::start(&home, &[]);
     let rounds = 3;
     let mut victims_killed = 0;
     for round in 0..rounds {
@@ -663,7 +666,7 @@ fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
                 (p, host)
             })
             .collect();
-        let log = home.wait_log(WAIT, |l| lines(&l[offset..], "KILLED").len() >= 5);
+        let log = home.wait_log(WAIT * 3, |l| lines(&l[offset..], "KILLED").len() >= 5);
         for (p, host) in &mut vs {
             assert!(log[offset..].contains(&format!("KILLED pid={host} name=victim ")), "round {round}: victim {host} not killed\n{log}");
             assert!(p.wait_dead(Duration::from_secs(5)), "round {round}: victim {host} alive");
