@@ -15,6 +15,10 @@
 //! (/sys/kernel/btf/vmlinux) and stores them in `OFFSETS`. A record that cannot be reserved
 //! (ring buffer full) or read is counted in `LOST`, and user space rebuilds its table from /proc.
 //!
+//! Wake-ups are batched: a record is submitted without waking user space until the ring holds a
+//! sixteenth of its size; user space also drains on a short timer (`guard::ebpf::DRAIN_PERIOD`).
+//! An idle host's few events then cost one wake-up per period instead of one per event.
+//!
 //! Task pointers are read out of the context with `bpf_probe_read_kernel`, which makes them
 //! plain scalars for the verifier: we add run-time offsets to them, which it refuses on typed
 //! BTF pointers.
@@ -70,6 +74,21 @@ fn count_lost() {
     }
 }
 
+/// `BPF_RB_FORCE_WAKEUP` once the unread data reaches 1/16 of the ring, else
+/// `BPF_RB_NO_WAKEUP` (user space's drain timer picks the records up).
+#[inline(always)]
+fn wakeup_flag() -> u64 {
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    const BPF_RB_RING_SIZE: u64 = 1;
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= EVENTS.query(BPF_RB_RING_SIZE) / 16 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 /// Fills and submits one record for the process whose leader is `leader`.
 #[inline(always)]
 fn emit(o: &KernelOffsets, event_kind: u32, task: u64, aux: u32, comm: Option<[u8; COMM_LEN]>) -> Res {
@@ -85,7 +104,7 @@ fn emit(o: &KernelOffsets, event_kind: u32, task: u64, aux: u32, comm: Option<[u
     match EVENTS.reserve::<RawEvent>(0) {
         Some(mut slot) => {
             slot.write(RawEvent { kind: event_kind, pid: tgid, aux, euid, start_boottime_ns: start, comm });
-            slot.submit(0);
+            slot.submit(wakeup_flag());
             Ok(())
         }
         None => Err(1),

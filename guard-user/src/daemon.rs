@@ -98,6 +98,46 @@ struct Shared {
     /// Set once the start-up rebuild finished: no tick runs on a half-built table (it would
     /// see names below the threshold and drop their flag clocks).
     ready: AtomicBool,
+    /// The tick's request to empty the ring before it reads the table.
+    drain: Drain,
+}
+
+/// A tick asks the pump to drain the ring and waits (bounded) until a drain that began after
+/// its request has finished: the kernel batches wake-ups (see [`crate::ebpf::DRAIN_PERIOD`]),
+/// so without this a tick could see a table up to one drain period old.
+#[derive(Default)]
+struct Drain {
+    requested: tokio::sync::Notify,
+    /// Requests made so far.
+    seq: AtomicU64,
+    /// The highest request a finished drain covered.
+    done: Mutex<u64>,
+    finished: std::sync::Condvar,
+}
+
+impl Drain {
+    /// From the tick's (blocking) thread. False when the pump did not answer within `timeout`.
+    fn sync(&self, timeout: Duration) -> bool {
+        let want = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        self.requested.notify_one();
+        let end = std::time::Instant::now() + timeout;
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while *done < want {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            done = self.finished.wait_timeout(done, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        true
+    }
+
+    /// From the pump, once the ring is empty: every request up to `seq` is answered.
+    fn finish(&self, seq: u64) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *done = (*done).max(seq);
+        self.finished.notify_all();
+    }
 }
 
 fn now_unix() -> f64 {
@@ -126,6 +166,7 @@ pub async fn run(opts: DaemonOptions) -> Result<&'static str, DaemonError> {
         table: Mutex::new(ProcessTable::new(Some(self_pid))),
         counters: Counters::default(),
         ready: AtomicBool::new(false),
+        drain: Drain::default(),
     });
 
     let loaded = match opts.backend {
@@ -328,6 +369,9 @@ impl TickContext {
             crate::startup_phase("first tick");
         }
         let log = self.logger.clone();
+        if self.backend == "ebpf" && !self.shared.drain.sync(Duration::from_millis(200)) {
+            eprintln!("guard-user: the event pump did not drain the ring within 200 ms; this tick may miss the latest events");
+        }
         if self.backend == "procfs" {
             match procfs::snapshot() {
                 Ok(snap) => {
@@ -578,6 +622,8 @@ async fn pump(
     let mut audit = tokio::time::interval_at(tokio::time::Instant::now() + audit_every, audit_every);
     let mut batch: Vec<Event> = Vec::with_capacity(4096);
     let mut raw: Vec<Result<Event, crate::event::DecodeError>> = Vec::with_capacity(4096);
+    // A tick's drain request being served: the request number it covers.
+    let mut drain_for: Option<u64> = None;
     loop {
         let scan_done = async {
             match rebuild.as_mut() {
@@ -585,10 +631,17 @@ async fn pump(
                 None => std::future::pending().await,
             }
         };
+        let now = drain_for.is_some();
         tokio::select! {
             _ = stop.changed() => return,
-            r = src.next_batch(&mut raw, 4096) => {
-                if r.is_err() { return; }
+            () = shared.drain.requested.notified(), if !now => {
+                drain_for = Some(shared.drain.seq.load(Ordering::SeqCst));
+            }
+            r = src.next_batch(&mut raw, 4096, now) => {
+                let Ok(n) = r else { return };
+                // A short batch emptied the ring: the tick waiting on it is answered once this
+                // batch is in the table (at the end of this branch).
+                let answered = if n < 4096 { drain_for.take() } else { None };
                 batch.clear();
                 for ev in raw.drain(..) {
                     match ev { Ok(e) => batch.push(e), Err(e) => eprintln!("guard-user: bad event record: {e}") }
@@ -617,6 +670,9 @@ async fn pump(
                         Some(_) => pending_lost += delta,
                         None => rebuild = Some(start_rebuild(RebuildReason::LostEvents, delta)),
                     }
+                }
+                if let Some(seq) = answered {
+                    shared.drain.finish(seq);
                 }
             }
             snap = scan_done => {

@@ -258,9 +258,12 @@ async fn collect(src: &mut EbpfSource, pid: u32, seen: &mut Vec<Event>, done: im
         if done(seen) {
             return true;
         }
-        if tokio::time::timeout_at(deadline, src.readable()).await.is_err() {
+        if tokio::time::Instant::now() >= deadline {
             return done(seen);
         }
+        // The programs submit without a wake-up until the ring is 1/16 full (the daemon drains
+        // on a timer and before each tick), so poll as well as wait.
+        let _ = tokio::time::timeout(Duration::from_millis(20), src.readable()).await;
     }
 }
 
@@ -484,13 +487,38 @@ async fn readable_returns_while_records_remain_after_a_partial_drain() {
     assert!(src.drain(usize::MAX, |e| {
         e.expect("decodes");
     }) >= 8, "3 × (FORK, EXEC, EXIT) less the one");
-    // After a full drain, a new record wakes the reader.
+    // After a full drain, a few new records (below 1/16 of the ring: submitted without a
+    // wake-up) are seen by the next readable() at once.
+    Child::spawn(&mut Command::new("true")).wait();
+    tokio::time::timeout(Duration::from_millis(100), src.readable())
+        .await
+        .expect("records submitted without a wake-up are still readable")
+        .unwrap();
+    assert!(src.drain(usize::MAX, |e| {
+        e.expect("decodes");
+    }) >= 3);
+}
+
+/// The kernel side batches wake-ups: a reader asleep on an empty ring is woken once the
+/// unread records reach 1/16 of the ring (here 16 KiB: 1 KiB, about 21 records), not before.
+#[tokio::test(flavor = "current_thread")]
+async fn a_sleeping_reader_is_woken_once_the_ring_is_a_sixteenth_full() {
+    let Some(mut src) = load(Some(16 * 1024)) else { return };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    src.drain(usize::MAX, |_| {});
     let waiter = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        Child::spawn(&mut Command::new("true")).wait();
+        // 12 processes: 36+ records, over the 1 KiB mark.
+        for _ in 0..12 {
+            Child::spawn(&mut Command::new("true")).wait();
+        }
     };
     let (r, ()) = tokio::join!(tokio::time::timeout(WAIT, src.readable()), waiter);
-    r.expect("a new record makes the source readable").unwrap();
+    r.expect("a ring 1/16 full wakes the reader").unwrap();
+    assert!(src.drain(usize::MAX, |e| {
+        e.expect("decodes");
+    }) >= 21);
+    assert_eq!(src.lost(), 0, "a 16 KiB ring lost records of 12 processes");
 }
 
 #[test]

@@ -254,3 +254,25 @@ pub fn fork_storm(workers: usize, per_worker: usize, uid: u32) {
         unsafe { libc::waitpid(k, std::ptr::null_mut(), 0) };
     }
 }
+
+/// Every thread of `pid` with its name, state, kernel wait channel and current syscall, for a
+/// failure message about a daemon that stopped making progress.
+pub fn thread_dump(pid: u32) -> String {
+    let mut out = format!("threads of {pid}:\n");
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else { return out + "  (gone)\n" };
+    for t in dir.flatten() {
+        let tid = t.file_name().to_string_lossy().into_owned();
+        let read = |leaf: &str| fs::read_to_string(t.path().join(leaf)).unwrap_or_default().trim().to_string();
+        let stat = read("stat");
+        let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)).unwrap_or("?").to_string();
+        let stack: Vec<String> = read("stack").lines().take(6).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()).collect();
+        out += &format!(
+            "  {tid} {:<16} {state} wchan={} syscall={} stack={}\n",
+            read("comm"),
+            read("wchan"),
+            read("syscall").split(' ').next().unwrap_or(""),
+            stack.join("<")
+        );
+    }
+    out
+}

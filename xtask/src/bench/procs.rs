@@ -30,6 +30,16 @@ pub struct Sleepers {
 
 impl Sleepers {
     pub fn spawn(n: usize, name: &str, who: Account) -> anyhow::Result<Self> {
+        Self::spawn_with(n, name, who, false)
+    }
+
+    /// Sleepers that ignore SIGTERM, so only the guard's SIGKILL ends them (the deadline figure
+    /// times that signal).
+    pub fn spawn_stubborn(n: usize, name: &str, who: Account) -> anyhow::Result<Self> {
+        Self::spawn_with(n, name, who, true)
+    }
+
+    fn spawn_with(n: usize, name: &str, who: Account, ignore_term: bool) -> anyhow::Result<Self> {
         let comm = CString::new(name)?;
         let mut s = Sleepers { pids: Vec::with_capacity(n) };
         for _ in 0..n {
@@ -40,6 +50,9 @@ impl Sleepers {
             }
             if pid == 0 {
                 unsafe { become_account(&comm, who) };
+                if ignore_term {
+                    unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+                }
                 loop {
                     unsafe { libc::pause() };
                 }
@@ -183,9 +196,22 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(binary: &Path, user: &str, home: &Path, backend: &str, dry_run: bool) -> anyhow::Result<Self> {
+        Self::start_with(binary, user, home, backend, dry_run, "1s", &[])
+    }
+
+    /// [`Daemon::start`] with another tick interval and extra `run` arguments.
+    pub fn start_with(
+        binary: &Path,
+        user: &str,
+        home: &Path,
+        backend: &str,
+        dry_run: bool,
+        interval: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let stderr = fs::File::create(home.with_extension("stderr"))?;
         let mut cmd = Command::new(binary);
-        cmd.args(["run", "--user", user, "--home"]).arg(home).args(["--interval", "1s", "--backend", backend]);
+        cmd.args(["run", "--user", user, "--home"]).arg(home).args(["--interval", interval, "--backend", backend]).args(extra);
         if dry_run {
             cmd.arg("--dry-run");
         }
