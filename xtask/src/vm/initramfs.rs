@@ -3,8 +3,9 @@
 //! Layout (merged-/usr like Debian, so paths `ldd` prints on the host resolve the same way):
 //! - `/init`: vm-init; `/tests/<package>.<target>`: the static test binaries;
 //! - `/usr/bin/guard-user` (and `guard-probe` when built): what the tests start;
-//! - `/usr/bin/{bash,sleep}` and the shared libraries `ldd` names for them (some tests use
-//!   bash as an oracle), `/bin/sh` → bash; `/bin`, `/sbin`, `/lib`, `/lib64` → `usr/…`;
+//! - [`HOST_TOOLS`] (bash, sleep, true and a few coreutils) and the optional tools, with the
+//!   shared libraries `ldd` names for them (some tests use bash as an oracle), `/bin/sh` → bash;
+//!   `/bin`, `/sbin`, `/lib`, `/lib64` → `usr/…`;
 //! - `/etc/passwd` and `/etc/group` with root and the test accounts guardtest1 (4201) and
 //!   guardtest2 (4202), whose homes exist and belong to them;
 //! - the workspace's `config/` at its host path, and its package directories (empty), so test
@@ -24,8 +25,10 @@ use anyhow::{bail, Context as _};
 use super::cpio::{CpioWriter, Owner};
 use crate::build_ebpf::{self, which};
 
-/// Host programs copied in with their libraries (tests run them by name, and their shell
-/// scripts, such as the fake systemctl, use the coreutils).
+/// Host programs copied in with their libraries: tests run bash, sleep and true by name; the
+/// coreutils are for shell snippets (a test's script that calls a missing one does not fail
+/// loudly: `$(cat f 2>/dev/null || echo x)` just answers x, which is how the install tests once
+/// failed in the guests).
 const HOST_TOOLS: &[&str] = &["bash", "sleep", "true", "cat", "env", "id", "grep", "ls", "mkdir", "rm"];
 /// Copied in when the host has them; the tests that need them skip otherwise.
 const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli"];

@@ -20,6 +20,10 @@ use crate::{build::host_cargo, build_ebpf};
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 const RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=debuginfo";
+/// Dependencies (not workspace members) built optimized: under TCG an unoptimized aya parsing
+/// the kernel's BTF took seconds per load, longer than the tests' 5 s bounds on helper
+/// processes. The workspace's own code keeps the dev profile the host tests use.
+const DEPENDENCY_OPT_LEVEL: &str = r#"profile.dev.package."*".opt-level=1"#;
 /// Host-only crates whose tests make no sense in the guest.
 const HOST_ONLY: &[&str] = &["xtask", "vm-init"];
 
@@ -149,7 +153,7 @@ fn static_cargo(
     let mut cargo: Command = host_cargo();
     cargo
         .arg(subcommand)
-        .args(["--target", TARGET, "--message-format=json-render-diagnostics"])
+        .args(["--target", TARGET, "--message-format=json-render-diagnostics", "--config", DEPENDENCY_OPT_LEVEL])
         .arg("--target-dir")
         .arg(&dir)
         .args(args)
@@ -163,7 +167,8 @@ fn static_cargo(
         None => cargo.env_remove("GUARD_EBPF_OBJ"),
     };
     println!(
-        "vm: RUSTFLAGS=\"{RUSTFLAGS}\" cargo {subcommand} --target {TARGET} --target-dir {} {}",
+        "vm: RUSTFLAGS=\"{RUSTFLAGS}\" cargo {subcommand} --target {TARGET} --config '{DEPENDENCY_OPT_LEVEL}' \
+         --target-dir {} {}",
         dir.display(),
         args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
     );
