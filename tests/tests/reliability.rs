@@ -635,7 +635,8 @@ fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
     let Some(_g) = setup("pid reuse") else { return };
     warn_about_other_guards("pid reuse");
     let home = Home::new();
-    home.write_config(r#"{"threshold": 4, "timeout": "1s", "excludes": []}"#);
+    // Threshold 5: the two churn loops are at most 4 `sh` (each shell and its fork before exec).
+    home.write_config(r#"{"threshold": 5, "timeout": "2s", "excludes": []}"#);
     let rec = record_dir(&home);
     let victim = home.probe_named("victim");
     let bystander = home.probe_named("bystander");
@@ -657,8 +658,15 @@ fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
     let rounds = 3;
     let mut victims_killed = 0;
     for round in 0..rounds {
+        // The last round's flag clock must be gone first (a tick saw the name below the
+        // threshold), or this round's first victims would be ended before the rest exist.
+        let end = Instant::now() + WAIT * 3;
+        while home.state().is_some_and(|s| !s["flagged"]["victim"].is_null()) {
+            assert!(Instant::now() < end, "round {round}: the victim clock never cleared\n{}", home.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let offset = home.log().len();
-        let mut vs: Vec<(Probe, u32)> = (0..5)
+        let mut vs: Vec<(Probe, u32)> = (0..6)
             .map(|_| {
                 let p = spawn_in_pid_ns(&victim, &["record", v_rec.to_str().unwrap()], true);
                 // The probe is the child of `guard-probe pidns`.
@@ -666,7 +674,7 @@ fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
                 (p, host)
             })
             .collect();
-        let log = home.wait_log(WAIT * 3, |l| lines(&l[offset..], "KILLED").len() >= 5);
+        let log = home.wait_log(WAIT * 3, |l| lines(&l[offset..], "KILLED").len() >= 6);
         for (p, host) in &mut vs {
             assert!(log[offset..].contains(&format!("KILLED pid={host} name=victim ")), "round {round}: victim {host} not killed\n{log}");
             assert!(p.wait_dead(Duration::from_secs(5)), "round {round}: victim {host} alive");
