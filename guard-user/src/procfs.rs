@@ -52,27 +52,17 @@ pub fn parse_status_euid(buf: &[u8]) -> Option<u32> {
     line.split_ascii_whitespace().nth(2)?.parse().ok()
 }
 
-fn read_small(path: &str, buf: &mut Vec<u8>) -> io::Result<()> {
-    buf.clear();
-    fs::File::open(path)?.read_to_end(buf)?;
-    Ok(())
-}
-
 /// Reads one process's live state; `None` when it is gone, a kernel thread, or a zombie whose
 /// whole group has exited. A zombie leader whose other threads still run counts (SPEC §1:
-/// until the whole group has exited).
+/// until the whole group has exited). The euid is exact: see [`snapshot`].
 pub fn read_process(pid: u32, buf: &mut Vec<u8>) -> Option<ProcState> {
-    read_small(&format!("/proc/{pid}/stat"), buf).ok()?;
-    let stat = parse_stat(buf)?;
-    if stat.flags & PF_KTHREAD != 0 || stat.state == b'X' {
-        return None;
-    }
-    if stat.state == b'Z' && !has_live_threads(pid) {
-        return None;
-    }
-    read_small(&format!("/proc/{pid}/status"), buf).ok()?;
-    let euid = parse_status_euid(buf)?;
-    Some(ProcState { id: ProcId { pid, start_ticks: stat.start_ticks }, euid, comm: stat.comm })
+    proc_fd()?.read_process(pid, buf)
+}
+
+/// `/proc`, opened once for the life of the process.
+fn proc_fd() -> Option<&'static ProcDir> {
+    static PROC: std::sync::OnceLock<Option<ProcDir>> = std::sync::OnceLock::new();
+    PROC.get_or_init(|| ProcDir::open().ok()).as_ref()
 }
 
 fn has_live_threads(pid: u32) -> bool {
@@ -94,7 +84,7 @@ fn has_live_threads(pid: u32) -> bool {
 /// - the pids are split over up to 4 threads (fewer if threads cannot be created: a host whose
 ///   pid space a fork bomb has exhausted still gets its scan, in this thread).
 pub fn snapshot() -> io::Result<Vec<ProcState>> {
-    let proc = ProcDir::open()?;
+    let proc = proc_fd().ok_or_else(|| io::Error::other("cannot open /proc"))?;
     let pids: Vec<u32> = fs::read_dir("/proc")?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .collect();
@@ -130,16 +120,17 @@ pub fn snapshot() -> io::Result<Vec<ProcState>> {
 /// An open `/proc`, for resolving `PID/…` without walking `/proc` each time.
 struct ProcDir {
     fd: std::os::fd::OwnedFd,
-    /// (st_dev, st_ino) of this process's user namespace.
-    own_userns: (u64, u64),
+    /// (st_dev, st_ino) of this process's user namespace; `None` (a kernel without user
+    /// namespaces) reads `status` for every process.
+    own_userns: Option<(u64, u64)>,
 }
 
 impl ProcDir {
     fn open() -> io::Result<ProcDir> {
         use std::os::unix::fs::MetadataExt;
-        let ns = fs::metadata("/proc/self/ns/user")?;
+        let ns = fs::metadata("/proc/self/ns/user").ok().map(|ns| (ns.dev(), ns.ino()));
         let dir = fs::File::open("/proc")?;
-        Ok(ProcDir { fd: dir.into(), own_userns: (ns.dev(), ns.ino()) })
+        Ok(ProcDir { fd: dir.into(), own_userns: ns })
     }
 
     fn stat_at(&self, path: &std::ffi::CStr) -> Option<libc::stat> {
@@ -164,7 +155,8 @@ impl ProcDir {
         Some(())
     }
 
-    /// [`read_process`], with the euid from the directory's owner when that is exact.
+    /// One process (see [`read_process`]), the euid from the directory's owner when that is
+    /// exact, else from `status`.
     fn read_process(&self, pid: u32, buf: &mut Vec<u8>) -> Option<ProcState> {
         let path = |leaf: &str| std::ffi::CString::new(format!("{pid}{leaf}")).unwrap();
         self.read_at(&path("/stat"), buf)?;
@@ -177,7 +169,9 @@ impl ProcDir {
         }
         let owner = self.stat_at(&path("")).map(|st| st.st_uid).filter(|&uid| uid != 0);
         let in_our_userns = || {
-            self.stat_at(&path("/ns/user")).is_some_and(|st| (st.st_dev as u64, st.st_ino as u64) == self.own_userns)
+            self.own_userns.is_some_and(|own| {
+                self.stat_at(&path("/ns/user")).is_some_and(|st| (st.st_dev as u64, st.st_ino as u64) == own)
+            })
         };
         let euid = match owner {
             Some(uid) if in_our_userns() => uid,
@@ -231,8 +225,8 @@ mod tests {
         assert_eq!(parse_status_euid(status), Some(0));
     }
 
-    /// The snapshot's euid shortcut (the /proc/PID owner) agrees with `status` for every
-    /// process, including a non-dumpable one of another uid (whose directory root owns).
+    /// The euid shortcut (the /proc/PID owner) agrees with `status` for every process,
+    /// including a non-dumpable one of another uid (whose directory root owns).
     #[test]
     fn the_snapshot_agrees_with_status_for_every_process() {
         let mut kids = Vec::new();
@@ -257,14 +251,13 @@ mod tests {
             eprintln!("the_snapshot_agrees_with_status: not root, so no process of another uid is made (own processes only)");
         }
         let snap = snapshot().unwrap();
-        let mut buf = Vec::new();
         let mut compared = 0;
         for p in &snap {
-            if let Some(slow) = read_process(p.id.pid, &mut buf) {
-                if slow.id == p.id {
-                    assert_eq!(slow.euid, p.euid, "pid {}", p.id.pid);
-                    compared += 1;
-                }
+            let Ok(status) = fs::read(format!("/proc/{}/status", p.id.pid)) else { continue };
+            let Ok(stat) = fs::read(format!("/proc/{}/stat", p.id.pid)) else { continue };
+            if parse_stat(&stat).map(|s| s.start_ticks) == Some(p.id.start_ticks) {
+                assert_eq!(parse_status_euid(&status), Some(p.euid), "pid {}", p.id.pid);
+                compared += 1;
             }
         }
         for k in &kids {
