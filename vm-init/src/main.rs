@@ -1,7 +1,7 @@
 //! PID 1 of guard's test VMs (`cargo xtask vm`), after aya's `init` crate.
 //!
 //! The kernel unpacks the initramfs xtask wrote and runs this binary as `/init`. It:
-//! 1. mounts proc, sysfs, devtmpfs, tracefs, debugfs, bpffs, cgroup2 and tmpfs on /tmp and /run
+//! 1. mounts proc, sysfs, devtmpfs, tracefs, debugfs, bpffs, cgroup2 and tmpfs on /tmp (unless the image has files there: a checkout under /tmp) and /run
 //!    (the initramfs holds only files; everything guard reads about processes comes from these);
 //! 2. sets the hostname and brings up loopback, so tests that listen on 127.0.0.1 work;
 //! 3. runs every executable in `/tests` with `--test-threads=1`, then the arguments listed one
@@ -73,6 +73,17 @@ fn run() -> bool {
     say(&format!("guard vm-init starting (kernel {})", kernel_release()));
     let mut ok = true;
     for &(source, target, fstype, flags, data, required) in MOUNTS {
+        // A checkout under /tmp (CI's clone may live there) has its config/ and package
+        // directories packed at their host paths: a tmpfs would hide them. The initramfs root
+        // is writable (and allows setuid), so /tmp stays part of it then.
+        if target == "/tmp" && fs::read_dir(target).is_ok_and(|mut d| d.next().is_some()) {
+            use std::os::unix::fs::PermissionsExt;
+            if let Err(err) = fs::set_permissions(target, fs::Permissions::from_mode(0o1777)) {
+                say(&format!("ERROR chmod 1777 /tmp: {err}"));
+                ok = false;
+            }
+            continue;
+        }
         if let Err(err) = mount(source, target, fstype, flags, data) {
             say(&format!("{} mount {fstype} on {target}: {err}", if required { "ERROR" } else { "warning:" }));
             ok &= !required;
