@@ -515,10 +515,11 @@ async fn a_sleeping_reader_is_woken_once_the_ring_is_a_sixteenth_full() {
     };
     let (r, ()) = tokio::join!(tokio::time::timeout(WAIT, src.readable()), waiter);
     r.expect("a ring 1/16 full wakes the reader").unwrap();
+    // At least the 1 KiB that triggers the wake-up (the ring sees the whole machine, so other
+    // tests' processes may have filled it further, even past its size).
     assert!(src.drain(usize::MAX, |e| {
         e.expect("decodes");
     }) >= 21);
-    assert_eq!(src.lost(), 0, "a 16 KiB ring lost records of 12 processes");
 }
 
 #[test]
