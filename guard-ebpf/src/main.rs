@@ -10,6 +10,7 @@
 //! | `sched_process_exit_live` | tp_btf `sched_process_exit(p)` (older kernels) | EXIT when `signal->live` reached 0 (two threads exiting at once may both see 0: a duplicate EXIT, which the table ignores) |
 //! | `task_rename` | tp_btf `task_rename(task, comm)` | RENAME of a group leader (not the rename exec does itself) |
 //! | `sys_exit_setuid` | tracepoint `syscalls/sys_exit_set{,re,res}uid` | SETUID of a group leader |
+//! | `task_iter` | iterator `iter/task` (Linux ≥ 5.8) | one [`TaskRecord`] per task to the reader of the iterator fd (start-up, resync, audit, CPU samples) |
 //!
 //! Structure offsets are not compiled in: user space reads them from the running kernel's BTF
 //! (/sys/kernel/btf/vmlinux) and stores them in `OFFSETS`. A record that cannot be reserved
@@ -26,13 +27,18 @@
 #![no_main]
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes},
+    bindings::seq_file,
+    cty::c_void,
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
-use guard_common::{kind, KernelOffsets, RawEvent, COMM_LEN, DEFAULT_RING_BYTES, LOST_INDEX, PF_KTHREAD};
+use guard_common::{
+    kind, KernelOffsets, RawEvent, TaskRecord, COMM_LEN, DEFAULT_RING_BYTES, LOST_INDEX, PF_KTHREAD, TASK_MARK_BROKEN,
+    TASK_MARK_END,
+};
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
@@ -238,6 +244,72 @@ fn try_setuid() -> Res {
         return Ok(());
     }
     emit(o, kind::SETUID, task, 0, None)
+}
+
+/// The task iterator (`iter/task`, kernel/bpf/task_iter.c): the kernel calls it once per task
+/// of the reader's pid namespace, threads included, in tid order, while user space read()s the
+/// iterator's fd; a last call with `task == NULL` ends each session. It writes one
+/// [`TaskRecord`] per task that is not a kernel thread (see the record's doc for how user space
+/// folds threads into their process).
+///
+/// aya-ebpf 0.2 has no macro and no context type for iterator programs, so the entry point is
+/// written by hand: the `iter/task` section is what makes aya load it as `programs::Iter`, and
+/// the context is `struct bpf_iter__task { struct bpf_iter_meta *meta; struct task_struct
+/// *task; }`.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub fn task_iter(ctx: *mut c_void) -> i32 {
+    let rec = match try_task_iter(ctx) {
+        Ok(Some(rec)) => rec,
+        Ok(None) => return 0,
+        // A task we could not read: user space must not take this session for the machine.
+        Err(_) => TaskRecord { tgid: 0, tid: TASK_MARK_BROKEN, ..TaskRecord::default() },
+    };
+    // bpf_seq_write wants the seq_file as the typed pointer the verifier derives from loads of
+    // the context itself (ctx->meta, then meta->seq), so these two are plain loads, not probe
+    // reads; volatile keeps the compiler from turning them into anything else.
+    // SAFETY: ctx points at a `struct bpf_iter__task` whose first field is `meta`, and meta's
+    // first field is `seq` (include/linux/bpf.h, `struct bpf_iter_meta`).
+    let seq = unsafe {
+        let meta = core::ptr::read_volatile(ctx as *const *const *mut seq_file);
+        core::ptr::read_volatile(meta)
+    };
+    // SAFETY: rec is initialized stack memory of the length given. A full seq buffer is not
+    // an error to handle: the kernel shows the same task again in the next read().
+    unsafe { bpf_seq_write(seq, &rec as *const TaskRecord as *const c_void, TaskRecord::SIZE as u32) };
+    0
+}
+
+/// The record for the task in `ctx`; `None` for a kernel thread. The call without a task (the
+/// session's last) yields the end marker.
+#[inline(always)]
+fn try_task_iter(ctx: *mut c_void) -> Result<Option<TaskRecord>, i64> {
+    let o = offsets()?;
+    // ctx->task, as a scalar (see the crate doc): runtime offsets get added to it.
+    let task: u64 = read(ctx as u64, 8)?;
+    if task == 0 {
+        return Ok(Some(TaskRecord { tgid: 0, tid: TASK_MARK_END, ..TaskRecord::default() }));
+    }
+    let flags: u32 = read(task, o.task_flags)?;
+    if flags & PF_KTHREAD != 0 {
+        return Ok(None);
+    }
+    // pid and tgid are adjacent `pid_t`s (user space checks it: `KernelOffsets::task_tgid`), so
+    // one read brings both; a probe read costs more than the task iterator's own step.
+    let ids: u64 = read(task, o.task_pid)?;
+    let (tid, tgid) = (ids as u32, (ids >> 32) as u32);
+    let mut rec = TaskRecord { tgid, tid, cpu_ns: read(task, o.task_sum_exec_runtime)?, ..TaskRecord::default() };
+    if tid == tgid {
+        rec.exit_state = read(task, o.task_exit_state)?;
+        let signal: u64 = read(task, o.task_signal)?;
+        rec.live = read::<i32>(signal, o.signal_live)? as u32;
+        rec.cpu_ns += read::<u64>(signal, o.signal_sum_sched_runtime)?;
+        let cred: u64 = read(task, o.task_cred)?;
+        rec.euid = read(cred, o.cred_euid)?;
+        rec.start_boottime_ns = read(task, o.task_start_boottime)?;
+        rec.comm = read(task, o.task_comm)?;
+    }
+    Ok(Some(rec))
 }
 
 #[cfg(not(test))]

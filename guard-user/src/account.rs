@@ -1,4 +1,4 @@
-//! The guarded account: SPEC §1 (`--user NAME|UID`, default `$SUDO_USER`, else the invoking user).
+//! The guarded account: docs/architecture.md (`--user NAME|UID`, default `$SUDO_USER`, else the invoking user).
 use std::{
     ffi::{CStr, CString},
     path::PathBuf,
@@ -43,10 +43,8 @@ impl Account {
 
     pub fn by_name(name: &str) -> Result<Account, AccountError> {
         let c = CString::new(name).map_err(|_| AccountError::NoSuchName(name.to_string()))?;
-        lookup(name, |pw, buf, res| unsafe {
-            libc::getpwnam_r(c.as_ptr(), pw, buf.as_mut_ptr(), buf.len(), res)
-        })?
-        .ok_or_else(|| AccountError::NoSuchName(name.to_string()))
+        lookup(name, |pw, buf, res| unsafe { libc::getpwnam_r(c.as_ptr(), pw, buf.as_mut_ptr(), buf.len(), res) })?
+            .ok_or_else(|| AccountError::NoSuchName(name.to_string()))
     }
 
     pub fn by_uid(uid: u32) -> Result<Account, AccountError> {

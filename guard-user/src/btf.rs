@@ -23,6 +23,8 @@ pub enum BtfError {
     Missing { path: PathBuf, ty: String, member: String },
     #[error("{}: `{ty}.{member}` is {found} bytes, expected {expected}", path.display())]
     Layout { path: PathBuf, ty: String, member: String, found: u32, expected: u32 },
+    #[error("{}: `task_struct.tgid` is at {tgid}, not right after `pid` at {pid} (the programs read both at once)", path.display())]
+    PidTgidApart { path: PathBuf, pid: u32, tgid: u32 },
     #[error("{}: no prototype `btf_trace_{name}` for the tracepoint `{name}`", path.display())]
     Tracepoint { path: PathBuf, name: String },
 }
@@ -37,6 +39,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
@@ -145,6 +148,15 @@ impl Btf {
         &strings[..strings.iter().position(|&b| b == 0).unwrap_or(strings.len())]
     }
 
+    /// `self.name(off) == name`, without measuring the string first (`find` asks it of every
+    /// type of a kind: tens of thousands of functions).
+    fn name_is(&self, off: u32, name: &[u8]) -> bool {
+        let (off, end) = (off as usize, off as usize + name.len());
+        end < self.str_len
+            && self.data[self.str_start + off..self.str_start + end] == *name
+            && self.data[self.str_start + end] == 0
+    }
+
     fn ty(&self, id: u32) -> Option<&Type> {
         id.checked_sub(1).and_then(|i| self.types.get(i as usize))
     }
@@ -153,7 +165,7 @@ impl Btf {
         // Prefer a complete definition: a struct may also appear as an empty forward copy.
         let mut found = None;
         for (i, t) in self.types.iter().enumerate() {
-            if t.kind == kind && self.name(t.name_off) == name.as_bytes() {
+            if t.kind == kind && self.name_is(t.name_off, name.as_bytes()) {
                 if kind != KIND_STRUCT || t.vlen > 0 {
                     return Some(i as u32 + 1);
                 }
@@ -167,7 +179,9 @@ impl Btf {
     fn strip(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
             match self.ty(id) {
-                Some(t) if matches!(t.kind, KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG) => {
+                Some(t)
+                    if matches!(t.kind, KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG) =>
+                {
                     id = t.size_type
                 }
                 _ => break,
@@ -232,7 +246,13 @@ impl Btf {
         let m = self.member(ty, member)?;
         let found = self.size_of(m.type_id).unwrap_or(0);
         if found != size {
-            return Err(BtfError::Layout { path: self.path.clone(), ty: ty.into(), member: member.into(), found, expected: size });
+            return Err(BtfError::Layout {
+                path: self.path.clone(),
+                ty: ty.into(),
+                member: member.into(),
+                found,
+                expected: size,
+            });
         }
         Ok(m.offset)
     }
@@ -260,6 +280,69 @@ impl Btf {
         Ok((0..proto.vlen as usize).map(|i| self.u32_at(proto.extra + 8 * i + 4)).collect())
     }
 
+    /// A BTF blob for aya's program loaders, parsed in a few milliseconds: aya only needs the
+    /// kernel's type ids of the tracepoints' `btf_trace_<name>` typedefs and of the iterator's
+    /// `bpf_iter_<name>` function (`BtfTracePoint::load`, `Iter::load`), while parsing the whole
+    /// vmlinux BTF costs it ~20 ms of CPU and megabytes of heap on every start. The stub keeps
+    /// every type id of the kernel up to the last one asked for: the asked-for types are real
+    /// (name and kind), every other id is an anonymous `void *`.
+    pub fn aya_stub(&self, tracepoints: &[&str], iterators: &[&str]) -> Result<aya::Btf, BtfError> {
+        let blob = self.stub_blob(tracepoints, iterators)?;
+        aya::Btf::parse(&blob, aya::Endianness::Little)
+            .map_err(|_| BtfError::Format { path: self.path.clone(), what: "aya refused the stub BTF" })
+    }
+
+    /// The bytes of [`Self::aya_stub`].
+    fn stub_blob(&self, tracepoints: &[&str], iterators: &[&str]) -> Result<Vec<u8>, BtfError> {
+        let mut wanted: Vec<(u32, String)> = Vec::new();
+        for tp in tracepoints {
+            let name = format!("btf_trace_{tp}");
+            let id = self
+                .find(&name, KIND_TYPEDEF)
+                .ok_or_else(|| BtfError::Tracepoint { path: self.path.clone(), name: tp.to_string() })?;
+            wanted.push((id, name));
+        }
+        for it in iterators {
+            let name = format!("bpf_iter_{it}");
+            let id = self.find(&name, KIND_FUNC).ok_or_else(|| BtfError::Missing {
+                path: self.path.clone(),
+                ty: name.clone(),
+                member: "(function)".into(),
+            })?;
+            wanted.push((id, name));
+        }
+        wanted.sort();
+        let last = wanted.last().map_or(0, |w| w.0);
+        let mut strings = vec![0u8];
+        let mut types = Vec::with_capacity(12 * last as usize);
+        let mut next = wanted.iter().peekable();
+        for id in 1..=last {
+            let (name_off, info) = match next.peek() {
+                Some((wid, name)) if *wid == id => {
+                    let off = strings.len() as u32;
+                    strings.extend_from_slice(name.as_bytes());
+                    strings.push(0);
+                    next.next();
+                    // Same kind as the kernel's entry (and, for a function, its linkage in vlen).
+                    let t = &self.types[id as usize - 1];
+                    (off, t.kind << 24 | t.vlen)
+                }
+                _ => (0, KIND_PTR << 24),
+            };
+            for v in [name_off, info, 0] {
+                types.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let mut blob = Vec::with_capacity(24 + types.len() + strings.len());
+        blob.extend_from_slice(&[0x9f, 0xeb, 1, 0]);
+        for v in [24u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+            blob.extend_from_slice(&v.to_le_bytes());
+        }
+        blob.extend_from_slice(&types);
+        blob.extend_from_slice(&strings);
+        Ok(blob)
+    }
+
     /// Every offset the BPF programs need; `ready` is left 0 for the loader to set last.
     pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
         let t = |m, size| self.sized_member("task_struct", m, size);
@@ -269,13 +352,21 @@ impl Btf {
         let exit_has_group_dead = exit.len() >= 3 && self.size_of(exit[2]) == Some(1);
         // Optional: without it exec yields an extra RENAME, which is harmless.
         let (task_in_execve, in_execve_mask) = self.flag_bit("task_struct", "in_execve").unwrap_or((0, 0));
+        // The task iterator reads a thread's CPU time from its CFS entity, the one field the
+        // scheduler keeps for every policy (update_curr_common() for RT/DL too).
+        let se = self.member("task_struct", "se")?.offset;
+        let sum_exec_runtime = self.sized_member("sched_entity", "sum_exec_runtime", 8)?;
+        let (task_pid, task_tgid) = (t("pid", 4)?, t("tgid", 4)?);
+        if task_tgid != task_pid + 4 {
+            return Err(BtfError::PidTgidApart { path: self.path.clone(), pid: task_pid, tgid: task_tgid });
+        }
         Ok(KernelOffsets {
-            task_pid: t("pid", 4)?,
-            task_tgid: t("tgid", 4)?,
+            task_pid,
+            task_tgid,
             task_flags: t("flags", 4)?,
             task_comm: t("comm", COMM_LEN as u32)?,
             // `real_cred`, the objective credentials, is what /proc/PID/status shows and so
-            // what `ps -u` selects (SPEC §1); `cred` differs only inside override_creds().
+            // what `ps -u` selects (docs/architecture.md); `cred` differs only inside override_creds().
             task_cred: t("real_cred", 8)?,
             task_start_boottime: t("start_boottime", 8)?,
             task_group_leader: t("group_leader", 8)?,
@@ -286,6 +377,9 @@ impl Btf {
             in_execve_mask,
             exit_has_group_dead: exit_has_group_dead as u32,
             ready: 0,
+            task_exit_state: t("exit_state", 4)?,
+            task_sum_exec_runtime: se + sum_exec_runtime,
+            signal_sum_sched_runtime: self.sized_member("signal_struct", "sum_sched_runtime", 8)?,
         })
     }
 }
@@ -323,6 +417,9 @@ mod tests {
         assert!(o.task_flags < 64, "{o:?}");
         assert!(o.cred_euid > 0 && o.cred_euid < 64, "{o:?}");
         assert!(o.signal_live < 64, "{o:?}");
+        assert!(o.task_exit_state > o.task_flags && o.task_exit_state < 16384, "{o:?}");
+        assert!(o.task_sum_exec_runtime > o.task_flags && o.task_sum_exec_runtime < 16384, "{o:?}");
+        assert!(o.signal_sum_sched_runtime > o.signal_live && o.signal_sum_sched_runtime < 4096, "{o:?}");
         if btf.member("task_struct", "in_execve").is_ok() {
             assert!(o.in_execve_mask.is_power_of_two() && o.in_execve_mask < 256, "{o:?}");
             assert!(o.task_in_execve > 0, "{o:?}");
@@ -345,7 +442,9 @@ mod tests {
         // cred.euid is plain, but task_struct wraps many fields in anonymous structs (the
         // randomized-layout block); `__state` sits outside, `pid` inside on most configs.
         let Some(btf) = kernel_btf() else { return };
-        let outer = btf.member_offset("task_struct", "__state").unwrap();
+        // `state` became `__state` in Linux 5.14.
+        let outer =
+            btf.member_offset("task_struct", "__state").or_else(|_| btf.member_offset("task_struct", "state")).unwrap();
         let pid = btf.member_offset("task_struct", "pid").unwrap();
         assert!(pid > outer);
     }
@@ -363,6 +462,24 @@ mod tests {
         }
         let params = btf.tracepoint_params("sched_process_fork").unwrap();
         assert_eq!(params.len(), 3, "ctx, parent, child");
+    }
+
+    #[test]
+    fn the_aya_stub_keeps_the_kernels_ids_for_what_aya_looks_up() {
+        let Some(btf) = kernel_btf() else { return };
+        let blob = btf.stub_blob(&["sched_process_fork", "task_rename"], &["task"]).unwrap();
+        let stub = Btf::parse(Path::new("stub"), blob.clone()).unwrap();
+        for (name, kind) in [
+            ("btf_trace_sched_process_fork", KIND_TYPEDEF),
+            ("btf_trace_task_rename", KIND_TYPEDEF),
+            ("bpf_iter_task", KIND_FUNC),
+        ] {
+            assert_eq!(stub.find(name, kind), btf.find(name, kind), "{name}");
+            assert!(stub.find(name, kind).is_some(), "{name}");
+        }
+        assert!(blob.len() < 12 * btf.types.len() + 1024, "fillers are 12 bytes each");
+        btf.aya_stub(&["sched_process_fork"], &["task"]).expect("aya parses the stub");
+        assert!(matches!(btf.aya_stub(&["no_such_tracepoint"], &[]), Err(BtfError::Tracepoint { .. })));
     }
 
     #[test]

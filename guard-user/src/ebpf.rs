@@ -20,7 +20,7 @@ use std::{
 use aya::{
     maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, ProgramError, TracePoint},
-    Btf as AyaBtf, Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader,
 };
 use guard_common::{KernelOffsets, DEFAULT_RING_BYTES, LOST_INDEX};
 use tokio::io::{unix::AsyncFd, Interest};
@@ -30,6 +30,8 @@ use crate::{
     event::{DecodeError, Event},
 };
 
+pub mod task_iter;
+
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
 
 /// Where classic tracepoints (the setuid family) are looked up, and where we mount tracefs
@@ -38,12 +40,16 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 /// The older location, under debugfs; aya looks there too.
 const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
+/// The tp_btf attach points (see `load`), for the BTF stub aya's loaders look them up in.
+const ATTACHED_TRACEPOINTS: [&str; 4] =
+    ["sched_process_fork", "sched_process_exec", "sched_process_exit", "task_rename"];
+
 /// Uid-changing syscalls whose exit we watch. setfsuid does not change the euid; the `*32`
 /// variants exist only for 32-bit ABIs, which raise no syscall tracepoints on x86_64.
 const SETUID_SYSCALLS: [&str; 3] = ["sys_exit_setuid", "sys_exit_setreuid", "sys_exit_setresuid"];
 
 pub struct EbpfOptions {
-    /// Ring buffer bytes (a power of two ≥ the page size); None = the default 4 MiB.
+    /// Ring buffer bytes (a power of two ≥ the page size); None = `DEFAULT_RING_BYTES` (256 KiB).
     pub ring_bytes: Option<u32>,
 }
 
@@ -139,7 +145,11 @@ fn ensure_tracefs() -> Result<(), EbpfError> {
     }
     let fail = |detail: String| EbpfError::Tracefs { path: TRACEFS.into(), detail };
     nix::mount::mount(Some("tracefs"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>).map_err(
-        |e| fail(format!("mount -t tracefs failed: {e} (the kernel needs CONFIG_TRACING and mounting needs CAP_SYS_ADMIN)")),
+        |e| {
+            fail(format!(
+                "mount -t tracefs failed: {e} (the kernel needs CONFIG_TRACING and mounting needs CAP_SYS_ADMIN)"
+            ))
+        },
     )?;
     if !Path::new(TRACEFS).join("events").is_dir() {
         return Err(fail("mounted, but it has no events directory (CONFIG_FTRACE_SYSCALLS?)".into()));
@@ -147,10 +157,39 @@ fn ensure_tracefs() -> Result<(), EbpfError> {
     Ok(())
 }
 
+/// The offsets the programs need and the BTF stub aya's program loaders look ids up in (a stub
+/// with the kernel's ids spares aya a second full parse).
+fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
+    let kernel_btf = Btf::from_file(Path::new(VMLINUX))?;
+    let offsets = kernel_btf.kernel_offsets()?;
+    let stub = kernel_btf.aya_stub(&ATTACHED_TRACEPOINTS, &["task"])?;
+    Ok((offsets, stub))
+}
+
+/// glibc's allocator, tuned for a small long-lived daemon (measured in `cargo xtask bench`'s RSS
+/// figure): one arena for all threads (by default every tokio worker that allocates gets its
+/// own, ~1.3 MiB each at 10,000 tracked processes) and a fixed mmap threshold, so the big
+/// transient buffers of start-up and of every snapshot (the BTF file, the type index, the
+/// snapshot's vectors) are mmapped and go back to the kernel when freed. By default glibc raises
+/// the threshold to the size of the largest mmapped block freed, after which such buffers stay
+/// in the heap.
+fn limit_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 fn page_size() -> u32 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if v > 0 { v as u32 } else { 4096 }
+    if v > 0 {
+        v as u32
+    } else {
+        4096
+    }
 }
 
 /// The running kernel's event source. Dropping it detaches every program.
@@ -164,6 +203,8 @@ pub struct EbpfSource {
     lost: PerCpuArray<MapData, u64>,
     /// Why uid changes without exec are not reported, if they are not.
     setuid_problem: Option<EbpfError>,
+    /// The task iterator for snapshots, or why there is none (then /proc is read instead).
+    task_iter: Result<task_iter::TaskIter, task_iter::TaskIterError>,
     /// Owns the programs and their links.
     _ebpf: Ebpf,
 }
@@ -177,6 +218,7 @@ pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
 
 impl EbpfSource {
     pub fn load(opts: &EbpfOptions) -> Result<EbpfSource, EbpfError> {
+        limit_heap();
         let ring_bytes = opts.ring_bytes.unwrap_or(DEFAULT_RING_BYTES);
         let page = page_size();
         if ring_bytes < page || !ring_bytes.is_power_of_two() {
@@ -185,27 +227,34 @@ impl EbpfSource {
         if OBJECT.is_empty() {
             return Err(EbpfError::NoObject);
         }
-        let mut offsets = Btf::from_file(Path::new(VMLINUX))?.kernel_offsets()?;
-        crate::startup_phase("btf offsets parsed");
-        let aya_btf = AyaBtf::from_sys_fs()
-            .map_err(|_| BtfError::Format { path: VMLINUX.into(), what: "aya cannot parse it" })?;
-        crate::startup_phase("aya btf parsed");
+        // EbpfLoader::new() parses the whole vmlinux BTF (aya reads it for relocations; ~20 ms
+        // of CPU), and we parse it for the offsets: on two threads, the start-up's longest step
+        // takes the time of one. Where no thread can be made, one after the other.
+        let ((mut offsets, aya_btf), mut loader) = std::thread::scope(|sc| {
+            let loader = std::thread::Builder::new().name("guard-btf".into()).spawn_scoped(sc, EbpfLoader::new);
+            let ours = kernel_btf_parts();
+            let loader = match loader {
+                Ok(handle) => handle.join().unwrap_or_else(|_| EbpfLoader::new()),
+                Err(_) => EbpfLoader::new(),
+            };
+            ours.map(|o| (o, loader))
+        })?;
+        crate::startup_phase("btf parsed (offsets, stub; aya's loader in parallel)");
         let _ = aya::features();
         crate::startup_phase("aya features probed");
-        let mut ebpf = EbpfLoader::new().btf(Some(&aya_btf)).map_max_entries("EVENTS", ring_bytes).load(OBJECT).map_err(
-            |e| {
-                let detail = describe(&e);
-                if is_permission(&e) {
-                    EbpfError::Permission { what: "creating BPF maps".into(), detail }
-                } else {
-                    EbpfError::Load { detail }
-                }
-            },
-        )?;
+        let mut ebpf = loader.map_max_entries("EVENTS", ring_bytes).load(OBJECT).map_err(|e| {
+            let detail = describe(&e);
+            if is_permission(&e) {
+                EbpfError::Permission { what: "creating BPF maps".into(), detail }
+            } else {
+                EbpfError::Load { detail }
+            }
+        })?;
         crate::startup_phase("object loaded (maps created)");
 
         // sched_process_exit gained `group_dead` in 6.16; each variant reads its own signature.
-        let exit_prog = if offsets.exit_has_group_dead != 0 { "sched_process_exit_gd" } else { "sched_process_exit_live" };
+        let exit_prog =
+            if offsets.exit_has_group_dead != 0 { "sched_process_exit_gd" } else { "sched_process_exit_live" };
         for (prog, tp) in [
             ("sched_process_fork", "sched_process_fork"),
             ("sched_process_exec", "sched_process_exec"),
@@ -214,7 +263,11 @@ impl EbpfSource {
         ] {
             let p: &mut BtfTracePoint = ebpf
                 .program_mut(prog)
-                .ok_or_else(|| EbpfError::Attach { program: prog.into(), tracepoint: tp.into(), detail: "not in the object".into() })?
+                .ok_or_else(|| EbpfError::Attach {
+                    program: prog.into(),
+                    tracepoint: tp.into(),
+                    detail: "not in the object".into(),
+                })?
                 .try_into()
                 .map_err(|e| program_error(prog, tp, e))?;
             p.load(tp, &aya_btf).map_err(|e| program_error(prog, tp, e))?;
@@ -223,6 +276,8 @@ impl EbpfSource {
         }
         let setuid_problem = ensure_tracefs().and_then(|()| attach_setuid(&mut ebpf)).err();
         crate::startup_phase("setuid tracepoints");
+        let task_iter = task_iter::TaskIter::load(&mut ebpf, &aya_btf);
+        crate::startup_phase("task iterator");
 
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(EbpfError::Map { name: "EVENTS" })?)
             .map_err(|_| EbpfError::Map { name: "EVENTS" })?;
@@ -233,8 +288,9 @@ impl EbpfSource {
                 .map_err(|_| EbpfError::Map { name: "OFFSETS" })?;
         // Last: from here on the programs emit.
         offsets.ready = 1;
-        offs.set(0, offsets, 0).map_err(|e| EbpfError::Load { detail: format!("writing OFFSETS: {}", describe(&e)) })?;
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, _ebpf: ebpf })
+        offs.set(0, offsets, 0)
+            .map_err(|e| EbpfError::Load { detail: format!("writing OFFSETS: {}", describe(&e)) })?;
+        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, task_iter, _ebpf: ebpf })
     }
 
     /// Whether uid changes without exec are reported (the syscall tracepoints attached).
@@ -246,6 +302,25 @@ impl EbpfSource {
     /// changes, later).
     pub fn setuid_problem(&self) -> Option<&EbpfError> {
         self.setuid_problem.as_ref()
+    }
+
+    /// The task iterator, for snapshots off the pump's thread (clone it into the blocking
+    /// task); `None` when it could not load (see [`Self::task_iter_problem`]).
+    pub fn task_iter(&self) -> Option<&task_iter::TaskIter> {
+        self.task_iter.as_ref().ok()
+    }
+
+    /// Why there is no task iterator, for `WARN task_iter_fallback reason=<token>`.
+    pub fn task_iter_problem(&self) -> Option<&task_iter::TaskIterError> {
+        self.task_iter.as_ref().err()
+    }
+
+    /// Every process of the machine from the task iterator (see [`task_iter::TaskIter::snapshot`]).
+    pub fn snapshot(&self) -> std::io::Result<Vec<guard_common::TaskRecord>> {
+        match &self.task_iter {
+            Ok(it) => it.snapshot(),
+            Err(e) => Err(std::io::Error::new(std::io::ErrorKind::Unsupported, e.to_string())),
+        }
     }
 
     /// Records the kernel could not queue, summed over CPUs (monotonic).
@@ -307,7 +382,12 @@ impl EbpfSource {
     /// whichever comes first, then [`Self::drain`] into `out`, until at least one record came;
     /// with `now`, drains at once (possibly nothing). Cancel-safe: records leave the ring only
     /// after the last await.
-    pub async fn next_batch(&mut self, out: &mut Vec<Result<Event, DecodeError>>, max: usize, now: bool) -> std::io::Result<usize> {
+    pub async fn next_batch(
+        &mut self,
+        out: &mut Vec<Result<Event, DecodeError>>,
+        max: usize,
+        now: bool,
+    ) -> std::io::Result<usize> {
         if now {
             return Ok(self.drain(max, |e| out.push(e)));
         }
@@ -334,7 +414,11 @@ fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
     const PROG: &str = "sys_exit_setuid";
     let p: &mut TracePoint = ebpf
         .program_mut(PROG)
-        .ok_or_else(|| EbpfError::Attach { program: PROG.into(), tracepoint: "syscalls".into(), detail: "not in the object".into() })?
+        .ok_or_else(|| EbpfError::Attach {
+            program: PROG.into(),
+            tracepoint: "syscalls".into(),
+            detail: "not in the object".into(),
+        })?
         .try_into()
         .map_err(|e| program_error(PROG, "syscalls", e))?;
     p.load().map_err(|e| program_error(PROG, "syscalls", e))?;
@@ -358,6 +442,8 @@ fn perf_event_paranoid() -> Option<i32> {
 
 #[cfg(test)]
 mod tests {
+    use aya::Btf as AyaBtf;
+
     use super::*;
 
     /// Kernels before 6.16 get `sched_process_exit_live`, which this kernel never loads on its

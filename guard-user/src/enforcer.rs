@@ -1,5 +1,5 @@
 //! Ending processes: SIGTERM to every target, SIGKILL half a second later to survivors
-//! (SPEC §4 step 5), each signal through a pidfd and right after re-verifying the process's
+//! (docs/architecture.md step 5), each signal through a pidfd and right after re-verifying the process's
 //! identity (pid, start time, name, effective uid).
 //!
 //! Why the pidfd is opened *before* the check: a pidfd names the process that held the pid at
@@ -23,11 +23,18 @@ pub enum Refusal {
     Forbidden,
 }
 
-/// The outcome for one target.
+/// The outcome for one target. `KILLED` is logged for [`Outcome::Ended`] only: the process is
+/// gone after SIGTERM, or it was sent SIGKILL as itself (same pid, start time, name, uid), which
+/// it cannot survive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// SIGTERM delivered (and SIGKILL if it outlived the grace period).
+    /// Gone after SIGTERM (`needed_sigkill: false`) or sent SIGKILL as itself.
     Ended { needed_sigkill: bool },
+    /// SIGTERM delivered, but at the end of the grace period it was alive under another identity
+    /// (it renamed itself or exec'd): not sent SIGKILL, not `KILLED`.
+    Survived,
+    /// Dry run: the identity holds, nothing was sent.
+    Verified,
     /// Not signalled.
     Refused(Refusal),
 }
@@ -46,7 +53,16 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 
 fn pidfd_signal(fd: &OwnedFd, sig: i32) -> bool {
     // SAFETY: a null siginfo is allowed; the fd is a pidfd we own.
-    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), sig, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
+    unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), sig, std::ptr::null::<libc::siginfo_t>(), 0) == 0
+    }
+}
+
+/// Whether the process behind `fd` has exited (it may still be a zombie).
+fn pidfd_exited(fd: &OwnedFd) -> bool {
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, count 1, no wait.
+    unsafe { libc::poll(&mut pfd, 1, 0) == 1 && pfd.revents & libc::POLLIN != 0 }
 }
 
 impl Enforcer {
@@ -70,8 +86,13 @@ impl Enforcer {
         Ok(fd)
     }
 
-    /// Ends `targets` (already classified as End): SIGTERM to all, wait `grace`, SIGKILL to
-    /// the ones still alive. Blocking (it sleeps): run it off the event loop.
+    /// Dry run: the outcome a real run would start from, without a signal.
+    pub fn verify_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
+        targets.iter().map(|t| self.verify(t).map_or_else(Outcome::Refused, |()| Outcome::Verified)).collect()
+    }
+
+    /// Ends `targets` (already classified as End): SIGTERM to all, wait `grace` once, SIGKILL to
+    /// the ones still alive as themselves. Blocking (it sleeps): run it off the event loop.
     pub fn end_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
         let mut outcomes = vec![Outcome::Refused(Refusal::IdentityChanged); targets.len()];
         let mut termed: Vec<(usize, OwnedFd)> = Vec::with_capacity(targets.len());
@@ -91,11 +112,19 @@ impl Enforcer {
         }
         std::thread::sleep(self.grace);
         for (i, fd) in termed {
+            // A pidfd polls readable once its process has exited (pidfd_open(2)).
+            if pidfd_exited(&fd) {
+                continue;
+            }
             // Still alive and still the same process: the pidfd guarantees the second half,
             // the check guards against a name or uid change (an exec) during the grace period.
-            if self.verify(&targets[i]).is_ok() && pidfd_signal(&fd, libc::SIGKILL) {
-                outcomes[i] = Outcome::Ended { needed_sigkill: true };
-            }
+            outcomes[i] = if self.verify(&targets[i]).is_ok() && pidfd_signal(&fd, libc::SIGKILL) {
+                Outcome::Ended { needed_sigkill: true }
+            } else if pidfd_exited(&fd) {
+                Outcome::Ended { needed_sigkill: false }
+            } else {
+                Outcome::Survived
+            };
         }
         outcomes
     }

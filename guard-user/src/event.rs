@@ -63,7 +63,11 @@ pub fn clock_ticks_per_sec() -> u64 {
     *TCK.get_or_init(|| {
         // SAFETY: sysconf has no memory-safety preconditions.
         let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        if v > 0 { v as u64 } else { 100 }
+        if v > 0 {
+            v as u64
+        } else {
+            100
+        }
     })
 }
 

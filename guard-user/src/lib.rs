@@ -2,11 +2,11 @@
 //!
 //! The daemon counts one account's live processes per name from kernel events and, when one
 //! name stays at or over a threshold for a timeout, ends that name's processes, except the ones
-//! the operator excluded. `../shared/SPEC.md` (docs/SPEC.md in the repo) is the contract.
+//! the operator excluded. docs/ (configuration, log, operations, architecture) says what it promises.
 //!
 //! # Layout
-//! - [`policy`]: the pure decision function (table snapshot, config, state, now) → decisions.
-//!   Start reading here.
+//! - [`policy`]: the pure rules: `decide` turns (table view, config, flag clocks, now, command-line
+//!   verdicts) into a tick plan (lines, signals, clocks, status rows). Start reading here.
 //! - [`config`], [`duration`], [`pattern`]: the operator's configuration, validated into types;
 //!   `excludeCommands` patterns with bash's `[[ =~ ]]` meaning (libc `regcomp`).
 //! - [`event`], [`comm`], [`table`]: typed process events and the live process table with
@@ -15,11 +15,15 @@
 //! - [`btf`], [`ebpf`]: structure offsets from the running kernel's BTF; loading and attaching the
 //!   BPF programs, draining the ring buffer, the kernel's lost-event counter.
 //! - [`enforcer`]: ending processes through pidfds after re-verifying their identity.
-//! - [`safefs`], [`log`], [`state`], [`status`]: files in the account's home, never following a
-//!   planted link; the log grammar of SPEC §5; flag clocks; the status file.
+//! - [`safefs`], [`log`], [`state`], [`status`]: files in the account's home, read and written
+//!   with the account's rights, never following a planted link; the log grammar of docs/log.md; flag
+//!   clocks; the status file. [`escape`]: the one text form of account-controlled bytes.
+//! - [`trace`]: recorded process traces (`guard-user record`) and their replay through the daemon.
 //! - [`account`]: the guarded account (passwd lookup).
-//! - [`daemon`]: the event loop and the tick, wiring everything above together.
-//! - [`redis_mirror`]: the optional swarm Redis heartbeat and event stream, off the tick's path.
+//! - [`daemon`]: the pump that owns the table, the supervised tick loop, the tick's effects.
+//! - [`diag`]: the daemon's own diagnostics (`tracing` to stderr, `GUARD_LOG`).
+//! - [`mirror`]: the optional swarm Redis heartbeat and event stream, off the tick's path.
+//! - [`metrics`]: the Prometheus text file (`--metrics-file`), rendered from one tick's figures.
 //! - [`install`]: the systemd unit and the install/check/uninstall logic.
 //! - [`cmd`]: one file per subcommand, each parsing its arguments and calling the library.
 pub mod account;
@@ -28,27 +32,31 @@ pub mod cmd;
 pub mod comm;
 pub mod config;
 pub mod daemon;
+pub mod diag;
 pub mod duration;
 pub mod ebpf;
 pub mod enforcer;
+pub mod escape;
 pub mod event;
 pub mod install;
 pub mod log;
+pub mod metrics;
+pub mod mirror;
 pub mod pattern;
 pub mod policy;
 pub mod procfs;
-pub mod redis_mirror;
 pub mod safefs;
 pub mod state;
 pub mod status;
 pub mod table;
+pub mod trace;
 
 /// The version in `STARTED version=…` and the heartbeat.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// `GUARD_TRACE_STARTUP=1`: the daemon prints how long each start-up phase took, to stderr
-/// (`guard-user: startup <phase> +<ms> ms (at <ms> ms, process CPU <ms> ms)`), for `cargo xtask bench`'s bootstrap
-/// breakdown and for operators asking why a start is slow.
+/// `GUARD_TRACE_STARTUP=1`: the daemon reports how long each start-up phase took, through
+/// `tracing` to stderr (`guard-user: info: startup <phase> +<ms> ms (at <ms> ms, process CPU <ms> ms)`),
+/// for the bootstrap breakdown in docs/BENCH.md and for operators asking why a start is slow.
 pub fn startup_phase(phase: &str) {
     use std::{sync::Mutex, time::Instant};
     static LAST: Mutex<Option<(Instant, Instant)>> = Mutex::new(None);
@@ -62,8 +70,8 @@ pub fn startup_phase(phase: &str) {
     let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut cpu) };
-    eprintln!(
-        "guard-user: startup {phase} +{:.1} ms (at {:.1} ms, process CPU {:.1} ms)",
+    tracing::info!(
+        "startup {phase} +{:.1} ms (at {:.1} ms, process CPU {:.1} ms)",
         (now - *prev).as_secs_f64() * 1e3,
         (now - *start).as_secs_f64() * 1e3,
         cpu.tv_sec as f64 * 1e3 + cpu.tv_nsec as f64 / 1e6

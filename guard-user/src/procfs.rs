@@ -53,7 +53,7 @@ pub fn parse_status_euid(buf: &[u8]) -> Option<u32> {
 }
 
 /// Reads one process's live state; `None` when it is gone, a kernel thread, or a zombie whose
-/// whole group has exited. A zombie leader whose other threads still run counts (SPEC §1:
+/// whole group has exited. A zombie leader whose other threads still run counts (docs/architecture.md:
 /// until the whole group has exited). The euid is exact: see [`snapshot`].
 pub fn read_process(pid: u32, buf: &mut Vec<u8>) -> Option<ProcState> {
     proc_fd()?.read_process(pid, buf)
@@ -85,9 +85,8 @@ fn has_live_threads(pid: u32) -> bool {
 ///   pid space a fork bomb has exhausted still gets its scan, in this thread).
 pub fn snapshot() -> io::Result<Vec<ProcState>> {
     let proc = proc_fd().ok_or_else(|| io::Error::other("cannot open /proc"))?;
-    let pids: Vec<u32> = fs::read_dir("/proc")?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .collect();
+    let pids: Vec<u32> =
+        fs::read_dir("/proc")?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).collect();
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 4);
     let chunk = pids.len().div_ceil(threads).max(256);
     let scan = |pids: &[u32]| -> Vec<ProcState> {
@@ -170,7 +169,7 @@ impl ProcDir {
         let owner = self.stat_at(&path("")).map(|st| st.st_uid).filter(|&uid| uid != 0);
         let in_our_userns = || {
             self.own_userns.is_some_and(|own| {
-                self.stat_at(&path("/ns/user")).is_some_and(|st| (st.st_dev as u64, st.st_ino as u64) == own)
+                self.stat_at(&path("/ns/user")).is_some_and(|st| ({ st.st_dev }, { st.st_ino }) == own)
             })
         };
         let euid = match owner {
@@ -184,12 +183,63 @@ impl ProcDir {
     }
 }
 
-/// The command line as SPEC §3 defines it: NUL-separated arguments joined by single spaces,
+/// The command line as docs/configuration.md defines it: NUL-separated arguments joined by single spaces,
 /// no trailing space. `None` when the process is gone. Kernel threads and zombies have an
 /// empty one.
 pub fn cmdline(pid: u32) -> Option<Vec<u8>> {
     let mut raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     if raw.last() == Some(&0) {
+        raw.pop();
+    }
+    for b in &mut raw {
+        if *b == 0 {
+            *b = b' ';
+        }
+    }
+    Some(raw)
+}
+
+/// The live processes of `euid` with their group CPU time in ns (`stat` fields 14 and 15,
+/// utime + stime, in clock ticks): the stall watch's sample where the BPF task iterator is not
+/// available. One /proc pass: its cost grows with the machine's processes, which is why the
+/// iterator is preferred.
+pub fn cpu_sample(euid: u32) -> io::Result<Vec<(ProcState, u64)>> {
+    let proc = proc_fd().ok_or_else(|| io::Error::other("cannot open /proc"))?;
+    let ns_per_tick = 1_000_000_000 / crate::event::clock_ticks_per_sec();
+    let mut buf = Vec::with_capacity(1024);
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc")? {
+        let Some(pid) = e.ok().and_then(|e| e.file_name().to_str()?.parse::<u32>().ok()) else { continue };
+        let Some(p) = proc.read_process(pid, &mut buf) else { continue };
+        if p.euid != euid {
+            continue;
+        }
+        let path = std::ffi::CString::new(format!("{pid}/stat")).expect("no NUL");
+        if proc.read_at(&path, &mut buf).is_none() {
+            continue;
+        }
+        let Some(ticks) = parse_stat_cpu(&buf) else { continue };
+        out.push((p, ticks * ns_per_tick));
+    }
+    Ok(out)
+}
+
+/// utime + stime (fields 14 and 15) of a `stat` line, in clock ticks.
+pub fn parse_stat_cpu(buf: &[u8]) -> Option<u64> {
+    let close = buf.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(buf.get(close + 2..)?).ok()?;
+    // rest starts at field 3; fields 14 and 15 are rest[11] and rest[12].
+    let mut f = rest.split_ascii_whitespace().skip(11);
+    Some(f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?)
+}
+
+/// [`cmdline`], reading at most `max + 1` bytes: a command line longer than `max` comes back
+/// longer than `max` (cut), so the caller knows it cannot be matched whole.
+pub fn cmdline_capped(pid: u32, max: usize) -> Option<Vec<u8>> {
+    let f = fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut raw = Vec::new();
+    f.take(max as u64 + 1).read_to_end(&mut raw).ok()?;
+    if raw.len() <= max && raw.last() == Some(&0) {
         raw.pop();
     }
     for b in &mut raw {
@@ -217,6 +267,12 @@ mod tests {
         assert_eq!(s.state, b'S');
         assert_eq!(s.flags, 4194560);
         assert_eq!(s.start_ticks, 987654);
+    }
+
+    #[test]
+    fn stat_cpu_is_utime_plus_stime() {
+        let line = b"4242 (a) b) R 1 4242 4242 0 -1 4194560 100 0 0 0 170 30 0 0 20 0 1 0 987654 1000";
+        assert_eq!(parse_stat_cpu(line), Some(200));
     }
 
     #[test]
@@ -248,7 +304,9 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         } else {
-            eprintln!("the_snapshot_agrees_with_status: not root, so no process of another uid is made (own processes only)");
+            eprintln!(
+                "the_snapshot_agrees_with_status: not root, so no process of another uid is made (own processes only)"
+            );
         }
         let snap = snapshot().unwrap();
         let mut compared = 0;

@@ -36,18 +36,179 @@ pub struct Status {
     pub lost_events: u64,
     pub resyncs: u64,
     pub kills: u64,
+    /// The guarded account's live processes (every name, excluded ones too). Status files written
+    /// before `machine_processes` existed hold the machine's total here.
     pub tracked_processes: u64,
     /// The last tick's config error (the ERROR line's reason), if any.
     pub config_error: Option<String>,
     /// Names at or over half the threshold, largest count first.
     pub names: Vec<NameStatus>,
+    // Everything below was added later: absent in an older status file, it reads as empty and
+    // the views leave its line or section out.
+    /// Every live process in the table, of every uid: what the event source keeps up to date,
+    /// shown beside `tracked_processes` so neither is mistaken for the other.
+    #[serde(default)]
+    pub machine_processes: Option<u64>,
+    /// `WARNING` incidents not yet enforced: `<name>: enforcement due in <m>m: ends <k>, skips <j>`.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// Names enforced `repeatAfter` times or more within 24 h (docs/configuration.md, the `REPEAT` line).
+    #[serde(default)]
+    pub repeat_offenders: Vec<RepeatOffender>,
+    /// Processes the stall watch reports as pegged (docs/configuration.md).
+    #[serde(default)]
+    pub pegged: Vec<PeggedProcess>,
+    /// The daemon's own health, so an operator can tell a slow guard from a busy machine.
+    #[serde(default)]
+    pub vitals: Option<Vitals>,
+}
+
+/// A name that keeps coming back after being ended (docs/log.md `REPEAT`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RepeatOffender {
+    pub name: String,
+    pub enforcements_24h: u32,
+    pub kills_24h: u32,
+}
+
+/// A process the stall watch found using at least `peggedCpu` of a core for `peggedFor` (docs/configuration.md).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PeggedProcess {
+    pub pid: u32,
+    pub name: String,
+    /// Cores used, averaged over the window (the `cpu=` of the `PEGGED` line).
+    pub cpu: f64,
+    /// How long it has been pegged.
+    pub for_secs: f64,
+}
+
+/// The daemon's own resource use and pace. Every field is optional: the daemon fills what it
+/// measures, and the views show only what is there.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Vitals {
+    /// CPU used by the daemon since the previous tick, in percent of one core.
+    pub cpu_percent: Option<f64>,
+    /// Resident memory, bytes.
+    pub rss_bytes: Option<u64>,
+    pub tick_duration_last_secs: Option<f64>,
+    pub tick_duration_max_secs: Option<f64>,
+    /// How far the event pump trails the kernel's ring buffer, seconds.
+    pub pump_lag_secs: Option<f64>,
+    /// Events applied per second, averaged since the previous tick.
+    pub events_per_sec: Option<f64>,
+}
+
+/// How old the last tick is, and whether that means the guard stopped ticking (docs/operations.md: older
+/// than two intervals). The one place this is decided, for `status`, `status --json` and
+/// `check`'s "has not completed a tick" line, so they cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Freshness {
+    /// Seconds since the last tick completed (0 when it lies in the future).
+    pub age_secs: f64,
+    pub stale: bool,
+}
+
+impl Freshness {
+    /// From a last tick and an interval in unix seconds / seconds, as the status file and the
+    /// heartbeat carry them. An interval under a second counts as one; values that are not
+    /// finite (never in a file the daemon wrote) read as stale rather than failing.
+    pub fn of(last_tick: f64, interval_secs: f64, now: std::time::SystemTime) -> Freshness {
+        let now = now.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let age_secs = (now - last_tick).max(0.0);
+        let limit = 2.0 * interval_secs.max(1.0);
+        let stale = !last_tick.is_finite() || age_secs.is_nan() || age_secs > limit;
+        Freshness { age_secs: if age_secs.is_finite() { age_secs } else { f64::MAX }, stale }
+    }
+}
+
+impl Status {
+    pub fn freshness(&self, now: std::time::SystemTime) -> Freshness {
+        Freshness::of(self.last_tick, self.interval_secs, now)
+    }
+}
+
+/// `bytes` as text that cannot move a terminal's cursor, start a line or hide what follows:
+/// `\\` for a backslash, `\n` `\r` `\t`, and `\xNN` for every other control character (C0,
+/// DEL, C1), for Unicode's bidirectional controls and for each byte that is not UTF-8. The mapping
+/// is one to one (it can be undone), so two different names never show, or become a metric label,
+/// as the same text. Used for everything the account controls in `status` and the metrics file.
+pub fn escape_for_terminal(bytes: &[u8]) -> String {
+    crate::escape::text(bytes)
+}
+
+/// Whether `c` acts on a terminal instead of showing: a control character (C0, DEL, C1) or one of
+/// Unicode's bidirectional controls, which reorder the text around them on screen ("Trojan Source").
+pub fn is_hidden_control(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 pub fn path_beside(state_file: &Path) -> PathBuf {
     state_file.with_file_name("guard-status.json")
 }
 
-pub fn read(path: &Path) -> Result<Status, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{} is not a guard status file: {e}", path.display()))
+/// A status file is written by the daemon; 16 MiB is far beyond one (a few hundred bytes per
+/// name at or over half the threshold) and bounds what a planted file can make a reader parse.
+pub const MAX_STATUS_BYTES: u64 = 16 << 20;
+
+/// Why `status`/`check` have no status to show. Displays naming the file and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusReadError {
+    #[error("{0}; {fix}", fix = .0.fix())]
+    Unreadable(#[from] crate::safefs::ReadError),
+    /// Not a status file. Only the position is given: serde's message can quote the content.
+    #[error("{} is not a guard status file (line {line}, column {column}); it is rewritten by the running guard every tick", crate::escape::Escaped(path.as_os_str().as_encoded_bytes()))]
+    Malformed { path: PathBuf, line: usize, column: usize },
+    #[error("{} holds a number out of range, so it is not a guard status file; it is rewritten by the running guard every tick", crate::escape::Escaped(path.as_os_str().as_encoded_bytes()))]
+    OutOfRange { path: PathBuf },
+}
+
+impl StatusReadError {
+    /// The file does not exist (no guard has run with this state directory).
+    pub fn is_missing(&self) -> bool {
+        matches!(self, StatusReadError::Unreadable(crate::safefs::ReadError::NotFound { .. }))
+    }
+}
+
+/// Reads the status file as the account `who` (the commands reading it may run as root): never
+/// through a link, regular files only, at most [`MAX_STATUS_BYTES`], never blocking.
+pub fn read(path: &Path, who: crate::safefs::FsIdentity) -> Result<Status, StatusReadError> {
+    use crate::safefs::{read_account_file, Follow};
+    let bytes = read_account_file(path, who, MAX_STATUS_BYTES, Follow::NoLinks)?;
+    let malformed = |e: serde_json::Error| StatusReadError::Malformed {
+        path: path.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+    };
+    // Typed first, for the position of a problem; then every string made printable, since the
+    // account can edit this file and `status`/`check` print its names on a terminal.
+    serde_json::from_slice::<Status>(&bytes).map_err(malformed)?;
+    let mut value: serde_json::Value = serde_json::from_slice(&bytes).map_err(malformed)?;
+    if !sanitize(&mut value) {
+        return Err(StatusReadError::OutOfRange { path: path.to_path_buf() });
+    }
+    serde_json::from_value(value).map_err(malformed)
+}
+
+/// Makes every string in `v` printable ([`crate::escape::printable`]) and checks every number
+/// is within ±2^53, however deep. False when a number is out of that range: times and ages
+/// computed from one (`Duration::from_secs_f64(now - 1e300)`) would panic the reader.
+fn sanitize(v: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    const MAX: f64 = (1u64 << 53) as f64;
+    match v {
+        Value::String(s) => {
+            if let std::borrow::Cow::Owned(p) = crate::escape::printable(s) {
+                *s = p;
+            }
+            true
+        }
+        Value::Number(n) => n.as_f64().is_some_and(|x| x.abs() <= MAX),
+        Value::Array(items) => items.iter_mut().all(sanitize),
+        Value::Object(map) => map.values_mut().all(sanitize),
+        Value::Null | Value::Bool(_) => true,
+    }
 }

@@ -6,11 +6,12 @@
 //! if the start time matches. So replaying, in order, every event recorded since a /proc scan
 //! began over that scan's snapshot gives the true table (the bootstrap and resync argument,
 //! see `daemon::Rebuild`).
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::{
     comm::Comm,
     event::{Event, ProcId, ProcState},
+    policy::AccountView,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +26,7 @@ pub struct ProcessTable {
     procs: HashMap<u32, Entry>,
     /// euid → name → live processes. Entries reaching zero are removed.
     counts: HashMap<u32, HashMap<Comm, u32>>,
-    /// The daemon's own pid: never counted (SPEC §1).
+    /// The daemon's own pid: never counted (docs/architecture.md).
     ignore_pid: Option<u32>,
     /// Events applied since creation (for status).
     pub applied: u64,
@@ -107,12 +108,42 @@ impl ProcessTable {
         self.counts.get(&euid).and_then(|m| m.get(name)).copied().unwrap_or(0)
     }
 
+    /// The account's view for a tick: its counts, and the processes of its names with at least
+    /// `min_count` live processes (one pass over the table), each list sorted by pid.
+    pub fn view(&self, euid: u32, min_count: u32) -> AccountView {
+        let counts = self.counts_for(euid);
+        let mut members: BTreeMap<Comm, Vec<ProcState>> = BTreeMap::new();
+        if let Some(names) = self.counts.get(&euid) {
+            for (&pid, e) in &self.procs {
+                if e.euid == euid && names.get(&e.comm).is_some_and(|&n| n >= min_count) {
+                    let p = ProcState { id: ProcId { pid, start_ticks: e.start_ticks }, euid, comm: e.comm };
+                    members.entry(e.comm).or_default().push(p);
+                }
+            }
+        }
+        for list in members.values_mut() {
+            list.sort_by_key(|p| p.id.pid);
+        }
+        AccountView { counts, members, tracked_total: self.procs.len() as u64 }
+    }
+
     /// The processes of one (account, name), sorted by pid.
     pub fn processes_of(&self, euid: u32, name: &Comm) -> Vec<ProcState> {
         let mut v: Vec<ProcState> = self
             .procs
             .iter()
             .filter(|(_, e)| e.euid == euid && e.comm == *name)
+            .map(|(&pid, e)| ProcState { id: ProcId { pid, start_ticks: e.start_ticks }, euid: e.euid, comm: e.comm })
+            .collect();
+        v.sort_by_key(|p| p.id.pid);
+        v
+    }
+
+    /// Every process, sorted by pid.
+    pub fn processes(&self) -> Vec<ProcState> {
+        let mut v: Vec<ProcState> = self
+            .procs
+            .iter()
             .map(|(&pid, e)| ProcState { id: ProcId { pid, start_ticks: e.start_ticks }, euid: e.euid, comm: e.comm })
             .collect();
         v.sort_by_key(|p| p.id.pid);
@@ -194,6 +225,19 @@ mod tests {
     }
 
     #[test]
+    fn the_view_lists_the_members_of_names_at_the_count_only_for_the_account() {
+        let mut t = ProcessTable::new(None);
+        for (pid, name, uid) in [(12, "pile", 1000), (11, "pile", 1000), (13, "lone", 1000), (14, "pile", 1001)] {
+            t.apply(&Event::Exec(st(pid, 1, uid, name)));
+        }
+        let v = t.view(1000, 2);
+        assert_eq!(v.tracked_total, 4);
+        assert_eq!(v.tracked_account(), 3);
+        assert_eq!(v.members.keys().collect::<Vec<_>>(), vec![&n("pile")]);
+        assert_eq!(v.members[&n("pile")].iter().map(|p| p.id.pid).collect::<Vec<_>>(), vec![11, 12]);
+    }
+
+    #[test]
     fn the_daemon_itself_is_never_counted() {
         let mut t = ProcessTable::new(Some(77));
         t.apply(&Event::Exec(st(77, 1, 1000, "guard-user")));
@@ -218,7 +262,8 @@ mod tests {
         for e in &events {
             t.apply(e);
         }
-        let truth = ProcessTable::from_snapshot(vec![st(10, 1, 1000, "c"), st(12, 4, 1000, "y"), st(13, 9, 1000, "new")], None);
+        let truth =
+            ProcessTable::from_snapshot(vec![st(10, 1, 1000, "c"), st(12, 4, 1000, "y"), st(13, 9, 1000, "new")], None);
         assert_eq!(t, truth);
         assert_eq!(t.difference(&truth), 0);
         assert!(t.counts_are_consistent());

@@ -66,7 +66,8 @@ fn gettid() -> i64 {
 }
 
 fn helper_threads() {
-    let threads: Vec<_> = (0..3).map(|_| std::thread::spawn(|| std::thread::sleep(Duration::from_millis(100)))).collect();
+    let threads: Vec<_> =
+        (0..3).map(|_| std::thread::spawn(|| std::thread::sleep(Duration::from_millis(100)))).collect();
     for t in threads {
         t.join().unwrap();
     }
@@ -414,7 +415,10 @@ async fn when_the_leader_exits_first_the_last_thread_reports_exit_with_the_leade
     let mut seen = Vec::new();
     settle(&mut src, pid, &mut seen).await;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    assert!(status.contains("\nState:\tZ (zombie)\n") && status.contains("\nThreads:\t2\n"), "a zombie leader and one thread: {status}");
+    assert!(
+        status.contains("\nState:\tZ (zombie)\n") && status.contains("\nThreads:\t2\n"),
+        "a zombie leader and one thread: {status}"
+    );
     assert_eq!(count(&seen, is_exit), 0, "the leader alone exited: {seen:?}");
     child.close_stdin();
     child.wait();
@@ -477,16 +481,22 @@ async fn readable_returns_while_records_remain_after_a_partial_drain() {
     // The programs ran in the children, so their records are in the ring by now; the kernel
     // sends no further wake-up for them once we stop early.
     tokio::time::timeout(WAIT, src.readable()).await.expect("records are waiting").unwrap();
-    assert_eq!(src.drain(1, |e| {
-        e.expect("decodes");
-    }), 1);
+    assert_eq!(
+        src.drain(1, |e| {
+            e.expect("decodes");
+        }),
+        1
+    );
     tokio::time::timeout(Duration::from_millis(100), src.readable())
         .await
         .expect("still readable after a partial drain")
         .unwrap();
-    assert!(src.drain(usize::MAX, |e| {
-        e.expect("decodes");
-    }) >= 8, "3 × (FORK, EXEC, EXIT) less the one");
+    assert!(
+        src.drain(usize::MAX, |e| {
+            e.expect("decodes");
+        }) >= 8,
+        "3 × (FORK, EXEC, EXIT) less the one"
+    );
     // After a full drain, a few new records (below 1/16 of the ring: submitted without a
     // wake-up) are seen by the next readable() at once.
     Child::spawn(&mut Command::new("true")).wait();
@@ -494,9 +504,11 @@ async fn readable_returns_while_records_remain_after_a_partial_drain() {
         .await
         .expect("records submitted without a wake-up are still readable")
         .unwrap();
-    assert!(src.drain(usize::MAX, |e| {
-        e.expect("decodes");
-    }) >= 3);
+    assert!(
+        src.drain(usize::MAX, |e| {
+            e.expect("decodes");
+        }) >= 3
+    );
 }
 
 /// The kernel side batches wake-ups: a reader asleep on an empty ring is woken once the
@@ -517,9 +529,11 @@ async fn a_sleeping_reader_is_woken_once_the_ring_is_a_sixteenth_full() {
     r.expect("a ring 1/16 full wakes the reader").unwrap();
     // At least the 1 KiB that triggers the wake-up (the ring sees the whole machine, so other
     // tests' processes may have filled it further, even past its size).
-    assert!(src.drain(usize::MAX, |e| {
-        e.expect("decodes");
-    }) >= 21);
+    assert!(
+        src.drain(usize::MAX, |e| {
+            e.expect("decodes");
+        }) >= 21
+    );
 }
 
 #[test]

@@ -1,14 +1,19 @@
-//! Bounded, deterministic fuzzing of the two decoders that take bytes from outside the daemon
-//! (issue item 6): the operator's config (`config::parse`, `config::load`) and ring-buffer
-//! records (`Event::decode`). No cargo-fuzz: a xorshift generator with fixed seeds, so a failure
-//! reproduces with the printed case number. Properties: no panic; every config rejection's
-//! reason starts with `config_malformed` or `config_missing` (what the `ERROR` line and `check`
-//! print); every record that decodes re-encodes to an equal event.
-use std::path::Path;
+//! Bounded, deterministic fuzzing of what takes bytes from outside the daemon: the operator's
+//! config (`config::parse`, `config::load`), ring-buffer records (`Event::decode`), and
+//! `excludeCommands` patterns through the bounded matcher. No cargo-fuzz: a xorshift generator
+//! with fixed seeds, so a failure reproduces with the printed case number. Properties: no panic;
+//! every config rejection's reason starts with `config_malformed` or `config_missing` (what the
+//! `ERROR` line and `check` print); every record that decodes re-encodes to an equal event; the
+//! matcher always answers, in time, and agrees with glibc wherever glibc decides quickly.
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use guard::{
     config::{self, ConfigError},
     event::{DecodeError, Event},
+    pattern::{Limits, MatchOutcome, Matcher, Pattern, PatternError, PatternSetError},
 };
 use guard_common::RawEvent;
 
@@ -55,10 +60,48 @@ const SEEDS: &[&str] = &[
 
 /// JSON-ish fragments spliced into configs: keys, values of every type, broken syntax.
 const FRAGMENTS: &[&str] = &[
-    "\"threshold\"", "\"timeout\"", "\"excludes\"", "\"excludeCommands\"", "\"logMaxSizeMB\"", "\"stateFile\"",
-    ":", ",", "{", "}", "[", "]", "\"", "\\", "\\u0000", "\\ud800", "0", "-1", "1e999", "1.5", "18446744073709551616",
-    "true", "null", "\"1h\"", "\"5m\"", "\"9s\"", "\"1d\"", "\"\"", "\"~\"", "\"~/\"", "\"[[:alpha:]\"", "\"a{1,\"",
-    "\"\\\\(\"", "\"(a|b)*c\"", "\"x\\u0000y\"", "\n", "\t", "\r", " ", "\u{feff}", "é", "\u{10ffff}",
+    "\"threshold\"",
+    "\"timeout\"",
+    "\"excludes\"",
+    "\"excludeCommands\"",
+    "\"logMaxSizeMB\"",
+    "\"stateFile\"",
+    ":",
+    ",",
+    "{",
+    "}",
+    "[",
+    "]",
+    "\"",
+    "\\",
+    "\\u0000",
+    "\\ud800",
+    "0",
+    "-1",
+    "1e999",
+    "1.5",
+    "18446744073709551616",
+    "true",
+    "null",
+    "\"1h\"",
+    "\"5m\"",
+    "\"9s\"",
+    "\"1d\"",
+    "\"\"",
+    "\"~\"",
+    "\"~/\"",
+    "\"[[:alpha:]\"",
+    "\"a{1,\"",
+    "\"\\\\(\"",
+    "\"(a|b)*c\"",
+    "\"x\\u0000y\"",
+    "\n",
+    "\t",
+    "\r",
+    " ",
+    "\u{feff}",
+    "é",
+    "\u{10ffff}",
 ];
 
 fn check_config(case: usize, bytes: &[u8]) {
@@ -106,9 +149,19 @@ fn random_config(rng: &mut Rng) -> Vec<u8> {
                     0 => rng.pick(FRAGMENTS).to_string(),
                     1 => (rng.next() as i64 % 100_000).to_string(),
                     2 => format!("\"{}{}\"", rng.below(1000), rng.pick(&["h", "m", "s", "", "d", "ms"])),
-                    3 => format!("[{}]", (0..rng.below(4)).map(|_| rng.pick(FRAGMENTS).to_string()).collect::<Vec<_>>().join(",")),
+                    3 => format!(
+                        "[{}]",
+                        (0..rng.below(4)).map(|_| rng.pick(FRAGMENTS).to_string()).collect::<Vec<_>>().join(",")
+                    ),
                     4 => format!("{}", f64::from_bits(rng.next())).replace("NaN", "0").replace("inf", "1"),
-                    _ => format!("[\"{}\"]", (0..rng.below(12)).map(|_| *rng.pick(&['(', ')', '[', ']', '{', '}', '|', '*', 'a', '\\', '^', '$', '.', '+', '?', ',', '1'])).collect::<String>()),
+                    _ => format!(
+                        "[\"{}\"]",
+                        (0..rng.below(12))
+                            .map(|_| *rng.pick(&[
+                                '(', ')', '[', ']', '{', '}', '|', '*', 'a', '\\', '^', '$', '.', '+', '?', ',', '1'
+                            ]))
+                            .collect::<String>()
+                    ),
                 };
                 s.push_str(&v);
             }
@@ -165,9 +218,13 @@ fn a_mebibyte_of_whitespace_around_an_object_parses() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-config.json");
     std::fs::write(&path, &bytes).unwrap();
-    let e = config::load(&path, dir.path()).unwrap_err();
-    assert!(e.to_string().starts_with("config_malformed"), "{e}");
-    let e = config::load(&dir.path().join("absent.json"), dir.path()).unwrap_err();
+    let me = guard::safefs::FsIdentity::current();
+    let e = config::load(&path, dir.path(), me).unwrap_err();
+    assert!(
+        e.to_string().starts_with("config_unreadable") && e.to_string().ends_with("reason=too_large max_bytes=1048576"),
+        "{e}"
+    );
+    let e = config::load(&dir.path().join("absent.json"), dir.path(), me).unwrap_err();
     assert!(matches!(e, ConfigError::Missing { .. }) && e.to_string().starts_with("config_missing path="), "{e}");
 }
 
@@ -198,7 +255,12 @@ fn deep_nesting_in_every_position_is_an_error_not_a_stack_overflow() {
 #[test]
 fn non_utf8_bytes_in_strings_and_keys_are_rejected_as_malformed() {
     for bad in [&b"\xff"[..], b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80abc", b"\xc0\xaf"] {
-        for template in [&b"{\"excludes\": [\"X\"]}"[..], b"{\"stateFile\": \"X\"}", b"{\"X\": 1}", b"{\"excludeCommands\": [\"aX\"]}"] {
+        for template in [
+            &b"{\"excludes\": [\"X\"]}"[..],
+            b"{\"stateFile\": \"X\"}",
+            b"{\"X\": 1}",
+            b"{\"excludeCommands\": [\"aX\"]}",
+        ] {
             let at = template.iter().position(|&b| b == b'X').unwrap();
             let mut bytes = template[..at].to_vec();
             bytes.extend_from_slice(bad);
@@ -259,4 +321,167 @@ fn two_hundred_thousand_random_records_decode_or_are_rejected_without_panicking(
         }
     }
     assert!(ok > 50_000 && errs > 10_000, "ok={ok} errors={errs}");
+}
+
+/// A random ERE of the kinds that hurt glibc: back-references (valid or not), nested and counted
+/// repeats, empty alternatives and groups.
+fn hostile_ere(rng: &mut Rng, depth: usize, groups: &mut usize) -> String {
+    let mut s = String::new();
+    for _ in 0..1 + rng.below(4) {
+        let atom = match rng.below(10) {
+            0..=2 => rng.pick(&["a", "b", "a", "c"]).to_string(),
+            3 => ".".to_string(),
+            4 | 5 if depth < 3 => {
+                *groups += 1;
+                format!("({})", hostile_ere(rng, depth + 1, groups))
+            }
+            6 => format!("\\{}", 1 + rng.below(3)),
+            7 => rng.pick(&["()", "(|a)", "(a|)", "[ab]", "^", "$"]).to_string(),
+            _ => rng.pick(&["a", "b"]).to_string(),
+        };
+        s.push_str(&atom);
+        if rng.below(3) == 0 {
+            let (m, n) = (rng.below(7), rng.below(13));
+            s.push_str(&match rng.below(7) {
+                0 => "*".to_string(),
+                1 => "+".to_string(),
+                2 => "?".to_string(),
+                3 => format!("{{{m}}}"),
+                4 => format!("{{{m},}}"),
+                5 => format!("{{{m},{n}}}"),
+                _ => format!("{{,{n}}}"),
+            });
+        }
+        if rng.below(8) == 0 {
+            s.push('|');
+        }
+    }
+    s
+}
+
+/// What glibc says in this process's image, run in a forked child so a pattern that overflows
+/// the stack or never finishes cannot take the test down: `None` unless it decided within 50 ms
+/// and 512 MiB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reference {
+    Match,
+    Other,
+    Invalid,
+}
+
+fn reference(pattern: &str, text: &[u8]) -> Option<Reference> {
+    // SAFETY: the child only compiles, matches (glibc's malloc is fork-safe) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let code = unsafe {
+            libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+            let space = libc::rlimit { rlim_cur: 512 << 20, rlim_max: 512 << 20 };
+            libc::setrlimit(libc::RLIMIT_AS, &space);
+            let timer = libc::itimerval {
+                it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+                it_value: libc::timeval { tv_sec: 0, tv_usec: 50_000 },
+            };
+            libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut());
+            match Pattern::new(pattern) {
+                Ok(p) => match p.try_match(text) {
+                    Ok(true) => 10,
+                    Ok(false) => 11,
+                    Err(_) => 13,
+                },
+                Err(PatternError::OutOfMemory { .. }) => 13,
+                Err(_) => 12,
+            }
+        };
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: reaping the child forked above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    match libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)) {
+        Some(10) => Some(Reference::Match),
+        Some(11) => Some(Reference::Other),
+        Some(12) => Some(Reference::Invalid),
+        _ => None,
+    }
+}
+
+#[test]
+fn random_hostile_eres_through_the_bounded_matcher_always_answer_and_agree_with_glibc() {
+    let limits = Limits { per_match: Duration::from_millis(100), ..Limits::default() };
+    let mut matcher = Matcher::new(env!("CARGO_BIN_EXE_guard-user").into(), limits.clone());
+    let mut rng = Rng(0xbac4_4ef5_0000_0003);
+    let (mut cases, mut decided, mut agreed, mut budget_where_fast, mut refused) = (0, 0, 0, 0, 0);
+    let started = Instant::now();
+    for case in 0..1000 {
+        let inner = hostile_ere(&mut rng, 1, &mut 0);
+        // A third are shaped like the known blow-ups: a starred group referenced after itself.
+        let pattern = match rng.below(9) {
+            0 => format!("({inner})*\\1"),
+            1 => format!("({inner}|)(\\1\\1|a)+"),
+            2 => format!("(({inner})*)*\\1c"),
+            _ => hostile_ere(&mut rng, 0, &mut 0),
+        };
+        let texts: Vec<Vec<u8>> = (0..3)
+            .map(|_| match rng.below(4) {
+                0 => {
+                    let mut t = vec![b'a'; 100 + rng.below(500)];
+                    let tails: [&[u8]; 4] = [b"", b"b", b"c", b"ab"];
+                    let tail: &[u8] = tails[rng.below(tails.len())];
+                    t.extend_from_slice(tail);
+                    t
+                }
+                _ => (0..rng.below(24)).map(|_| *rng.pick(b"aaabbc")).collect(),
+            })
+            .collect();
+        cases += texts.len();
+        let set = matcher.set_patterns(std::slice::from_ref(&pattern));
+        let outcomes = match &set {
+            Ok(()) => {
+                let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+                let t = Instant::now();
+                let out = matcher.classify(&refs, Instant::now() + Duration::from_secs(3));
+                assert!(t.elapsed() < Duration::from_secs(6), "case {case} {pattern:?}: {:?}", t.elapsed());
+                assert_eq!(out.len(), texts.len(), "case {case}");
+                out
+            }
+            Err(PatternSetError::Invalid { .. }) => vec![],
+            Err(PatternSetError::TooCostly { .. }) => {
+                refused += 1;
+                continue;
+            }
+            Err(e) => panic!("case {case} {pattern:?}: {e}"),
+        };
+        for (i, text) in texts.iter().enumerate() {
+            let Some(want) = reference(&pattern, text) else { continue };
+            decided += 1;
+            let got = match (&set, outcomes.get(i)) {
+                (Err(_), _) => Reference::Invalid,
+                (Ok(()), Some(MatchOutcome::Matched(0))) => Reference::Match,
+                (Ok(()), Some(MatchOutcome::NoMatch)) => Reference::Other,
+                (Ok(()), Some(MatchOutcome::Budget)) => {
+                    budget_where_fast += 1;
+                    continue;
+                }
+                (Ok(()), other) => panic!("case {case}: {other:?}"),
+            };
+            assert_eq!(
+                got,
+                want,
+                "case {case}: pattern {pattern:?} text {:?}",
+                String::from_utf8_lossy(&text[..text.len().min(60)])
+            );
+            agreed += 1;
+        }
+    }
+    let stats = matcher.stats();
+    println!(
+        "hostile EREs: {cases} cases in {:?}, glibc decided {decided} quickly, {agreed} agreed, {budget_where_fast} \
+         Budget where glibc was quick, {refused} lists refused as too costly; {stats:?}",
+        started.elapsed()
+    );
+    // The generator must reach the hard parts (kills or deaths) and mostly easy ones.
+    assert!(stats.kills + stats.deaths > 0, "{stats:?}");
+    assert!(decided > cases / 2 && agreed > cases / 2, "decided {decided}, agreed {agreed} of {cases}");
+    assert!(budget_where_fast * 50 <= decided, "{budget_where_fast} Budget where glibc decided fast");
 }

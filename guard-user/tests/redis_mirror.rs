@@ -1,203 +1,25 @@
-//! The swarm Redis mirror against a real `redis-server` (SPEC §9).
+//! The swarm Redis mirror against a real `redis-server` (docs/operations.md).
 //!
-//! Each test starts its own server on a free loopback port (never 6379) in a temp directory,
-//! with persistence off, and a [`RedisServer`] guard kills it on drop. Without a
+//! Each test starts its own server (redis_harness/) on a free loopback port (never 6379) in a
+//! temp directory, with persistence off, and a `RedisServer` guard kills it on drop. Without a
 //! `redis-server` binary the server tests print why and pass without checking anything
 //! (`cargo xtask test` installs one). Waits poll for the state they need with generous bounds;
 //! nothing asserts how long a call took.
 use std::collections::HashMap;
-use std::future::Future;
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use guard::redis_mirror::{
-    check_lines, fleet, fleet_table, heartbeat_key, read_heartbeat, Endpoint, Heartbeat, Mirror, MirrorError,
-    StreamEvent, EVENT_QUEUE_CAPACITY, STREAM_KEY,
+use guard::cmd::fleet::fleet_table;
+use guard::mirror::{
+    check_lines, fleet, heartbeat_key, read_heartbeat, Endpoint, Heartbeat, Mirror, MirrorError, StreamEvent,
+    EVENT_QUEUE_CAPACITY, STREAM_KEY,
 };
 use redis::aio::MultiplexedConnection;
 
+mod redis_harness;
+use redis_harness::{capture_warnings, free_port, wait_for, warnings, HungServer, RedisServer};
+
 const SECRET: &str = "secret";
-
-fn redis_server_binary() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("redis-server"))
-        .find(|p| p.is_file())
-}
-
-/// Returns early from a test, saying why, when there is no redis-server to run.
-macro_rules! require_redis_server {
-    () => {
-        if redis_server_binary().is_none() {
-            eprintln!("skipping: redis-server is not installed (cargo xtask test installs it)");
-            return;
-        }
-    };
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
-    let port = listener.local_addr().expect("local addr").port();
-    assert_ne!(port, 6379);
-    port
-}
-
-/// A redis-server this test started; killed (and reaped) on drop.
-struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    password: Option<&'static str>,
-    dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    fn start(password: Option<&'static str>) -> RedisServer {
-        let mut server = RedisServer {
-            child: None,
-            port: free_port(),
-            password,
-            dir: tempfile::tempdir().expect("temp dir for redis-server"),
-        };
-        server.restart();
-        server
-    }
-
-    /// Starts the server (again) on the same port, with an empty dataset.
-    fn restart(&mut self) {
-        assert!(self.child.is_none(), "server already running");
-        let mut cmd = Command::new(redis_server_binary().expect("redis-server"));
-        cmd.args([
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(["--protected-mode", "no", "--daemonize", "no"])
-        .arg("--dir")
-        .arg(self.dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        if let Some(password) = self.password {
-            cmd.args(["--requirepass", password]);
-        }
-        self.child = Some(cmd.spawn().expect("start redis-server"));
-        let started = std::time::Instant::now();
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server did not listen on {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        match self.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}/0", self.port),
-            None => format!("redis://127.0.0.1:{}/0", self.port),
-        }
-    }
-
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::new(self.url())
-    }
-
-    async fn conn(&self) -> MultiplexedConnection {
-        let client = redis::Client::open(self.url()).expect("client");
-        client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the test redis-server")
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// A listener that accepts connections and never answers: a hung Redis.
-struct HungServer {
-    port: u16,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl HungServer {
-    fn start() -> HungServer {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let port = listener.local_addr().expect("addr").port();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            let mut held = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, _)) => held.push(stream),
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        HungServer {
-            port,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for HungServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-type Warnings = Arc<Mutex<Vec<String>>>;
-
-fn capture_warnings() -> (Arc<dyn Fn(String) + Send + Sync>, Warnings) {
-    let lines: Warnings = Arc::default();
-    let sink = Arc::clone(&lines);
-    (Arc::new(move |line| sink.lock().unwrap().push(line)), lines)
-}
-
-fn warnings(lines: &Warnings) -> Vec<String> {
-    lines.lock().unwrap().clone()
-}
-
-/// Polls `cond` every 50 ms until it holds; panics with `what` after `limit`.
-async fn wait_for<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
@@ -230,161 +52,18 @@ fn killed(pid: u32, count: u64) -> StreamEvent {
         count: Some(count),
         elapsed: Some("1.0h".into()),
         ts: 1_700_000_000,
+        extra: Vec::new(),
     }
 }
 
 async fn stream_entries(conn: &mut MultiplexedConnection) -> Vec<HashMap<String, String>> {
-    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-        .arg(STREAM_KEY)
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await
-        .expect("XRANGE");
+    let entries: Vec<(String, HashMap<String, String>)> =
+        redis::cmd("XRANGE").arg(STREAM_KEY).arg("-").arg("+").query_async(conn).await.expect("XRANGE");
     entries.into_iter().map(|(_, fields)| fields).collect()
 }
 
 async fn xlen(conn: &mut MultiplexedConnection) -> u64 {
-    redis::cmd("XLEN")
-        .arg(STREAM_KEY)
-        .query_async(conn)
-        .await
-        .expect("XLEN")
-}
-
-#[test]
-fn endpoint_follows_spec_precedence() {
-    let hive = "redis://hive:1/0";
-    let swarm = "redis://swarm:2/0";
-    for hive_value in [None, Some(""), Some("  "), Some(hive)] {
-        for swarm_value in [None, Some(""), Some(swarm)] {
-            for mode in [None, Some(""), Some("local"), Some("LOCAL"), Some("hive")] {
-                let env = |name: &str| {
-                    match name {
-                        "AGENTIHOOKS_HIVE_REDIS_URL" => hive_value,
-                        "AGENTIHOOKS_SWARM_REDIS_URL" => swarm_value,
-                        "AGENTIHOOKS_LEDGER_MODE" => mode,
-                        _ => None,
-                    }
-                    .map(String::from)
-                };
-                let local = mode.is_some_and(|m| m.eq_ignore_ascii_case("local"));
-                let expected = if hive_value == Some(hive) && !local {
-                    hive
-                } else if swarm_value == Some(swarm) {
-                    swarm
-                } else {
-                    "redis://127.0.0.1:6379/0"
-                };
-                assert_eq!(
-                    Endpoint::resolve(env).url,
-                    expected,
-                    "hive={hive_value:?} swarm={swarm_value:?} ledger_mode={mode:?}"
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn redacted_endpoint_has_no_credentials() {
-    let cases = [
-        ("redis://:secret@h:1/0", "redis://h:1/0"),
-        ("redis://default:secret@h:1/0", "redis://h:1/0"),
-        (
-            "rediss://alice:secret@redis.example:6380/2",
-            "rediss://redis.example:6380/2",
-        ),
-        (
-            "rediss://:secret@redis.example/0#insecure",
-            "rediss://redis.example/0#insecure",
-        ),
-        ("redis://:s%40cr%2Fet@h:1/0", "redis://h:1/0"),
-        ("redis://:se/cr@et@h:1/0", "redis://h:1/0"),
-        ("redis://:secret@h:1/0?protocol=resp3", "redis://h:1/0?protocol=resp3"),
-        ("redis://h:1/0", "redis://h:1/0"),
-        (
-            "redis+unix:///run/redis.sock?db=1&pass=secret",
-            "redis+unix:///run/redis.sock?db=1",
-        ),
-        (
-            "unix:///run/redis.sock?user=alice&pass=secret",
-            "unix:///run/redis.sock",
-        ),
-        ("unix:///tmp/a@b.sock?db=2", "unix:///tmp/a@b.sock?db=2"),
-        (":secret@h:1", "h:1"),
-    ];
-    for (url, expected) in cases {
-        let endpoint = Endpoint::new(url);
-        assert_eq!(endpoint.redacted(), expected, "{url}");
-        assert_eq!(endpoint.to_string(), expected, "Display of {url}");
-        assert!(!format!("{endpoint:?}").contains(SECRET), "Debug of {url}");
-    }
-}
-
-#[test]
-fn check_lines_name_the_redacted_endpoint() {
-    let endpoint = Endpoint::new("redis://:secret@10.0.0.5:6379/0");
-    let ok: Result<Option<Heartbeat>, MirrorError> = Ok(Some(heartbeat("alice", 1)));
-    assert_eq!(check_lines(&endpoint, "box1", "alice", &ok), None);
-    assert_eq!(
-        check_lines(&endpoint, "box1", "alice", &Ok(None)).as_deref(),
-        Some("no heartbeat for box1:alice on redis://10.0.0.5:6379/0")
-    );
-    let down = Err(MirrorError::Timeout {
-        endpoint: endpoint.redacted(),
-        what: "connect",
-    });
-    assert_eq!(
-        check_lines(&endpoint, "box1", "alice", &down).as_deref(),
-        Some("the swarm Redis at redis://10.0.0.5:6379/0 is unreachable, so the fleet heartbeat was not checked")
-    );
-}
-
-#[test]
-fn fleet_table_aligns_its_columns() {
-    let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
-    let mut a = heartbeat("alice", 10);
-    a.last_tick = 1_000_000 - 12;
-    a.flagged = vec![];
-    let mut b = heartbeat("a-much-longer-user", 11);
-    b.host = "a-much-longer-host".into();
-    b.last_tick = 1_000_000 - 300;
-    b.backend = "procfs".into();
-    b.flagged = vec!["sleep".into(), "yes".into()];
-    b.kills = 12345;
-    let table = fleet_table(&[a, b], now);
-    let lines: Vec<&str> = table.lines().collect();
-    assert_eq!(lines.len(), 3, "{table}");
-    let header = lines[0];
-    let rows = [
-        ["box1", "alice", "12s ago", "ebpf", "-", "3"],
-        [
-            "a-much-longer-host",
-            "a-much-longer-user",
-            "5m ago",
-            "procfs",
-            "sleep,yes",
-            "12345",
-        ],
-    ];
-    for (col, title) in ["HOST", "USER", "LAST TICK", "BACKEND", "FLAGGED", "KILLS"]
-        .iter()
-        .enumerate()
-    {
-        let at = header.find(title).unwrap_or_else(|| panic!("{title} in {header:?}"));
-        for (row, cells) in lines[1..].iter().zip(&rows) {
-            assert!(
-                row[at..].starts_with(cells[col]),
-                "column {title} of {row:?} in\n{table}"
-            );
-            assert!(
-                at == 0 || row[..at].ends_with("  "),
-                "column {title} of {row:?} not separated\n{table}"
-            );
-        }
-    }
-    assert!(table.lines().all(|l| !l.ends_with(' ')), "trailing spaces in\n{table}");
+    redis::cmd("XLEN").arg(STREAM_KEY).query_async(conn).await.expect("XLEN")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,24 +80,14 @@ async fn heartbeat_is_written_with_its_ttl_and_expires() {
         matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
     })
     .await;
-    let read = read_heartbeat(&endpoint, "box1", "alice")
-        .await
-        .expect("read the heartbeat");
+    let read = read_heartbeat(&endpoint, "box1", "alice").await.expect("read the heartbeat");
     assert_eq!(read.as_ref(), Some(&hb));
     assert_eq!(check_lines(&endpoint, "box1", "alice", &Ok(read)), None);
 
     let mut conn = server.conn().await;
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(heartbeat_key("box1", "alice"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg(heartbeat_key("box1", "alice")).query_async(&mut conn).await.unwrap();
     assert!((1..=2).contains(&ttl), "TTL {ttl}");
-    let json: String = redis::cmd("GET")
-        .arg(heartbeat_key("box1", "alice"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let json: String = redis::cmd("GET").arg(heartbeat_key("box1", "alice")).query_async(&mut conn).await.unwrap();
     let value: serde_json::Value = serde_json::from_str(&json).unwrap();
     for field in [
         "host",
@@ -446,10 +115,7 @@ async fn heartbeat_is_written_with_its_ttl_and_expires() {
     let missing = read_heartbeat(&endpoint, "box1", "alice").await;
     assert_eq!(
         check_lines(&endpoint, "box1", "alice", &missing),
-        Some(format!(
-            "no heartbeat for box1:alice on redis://127.0.0.1:{}/0",
-            server.port
-        ))
+        Some(format!("no heartbeat for box1:alice on redis://127.0.0.1:{}/0", server.port))
     );
     assert_eq!(read_heartbeat(&endpoint, "box1", "bob").await.unwrap(), None);
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
@@ -469,6 +135,7 @@ async fn events_reach_the_stream_with_their_fields() {
         count: Some(31),
         elapsed: None,
         ts: 1_700_000_000,
+        extra: Vec::new(),
     });
     mirror.event(killed(777, 31));
     mirror.event(StreamEvent {
@@ -479,6 +146,7 @@ async fn events_reach_the_stream_with_their_fields() {
         count: None,
         elapsed: None,
         ts: 1_700_000_001,
+        extra: Vec::new(),
     });
 
     let mut conn = server.conn().await;
@@ -556,16 +224,12 @@ async fn stream_stays_near_its_maxlen() {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            last.first()
-                .is_some_and(|(_, f)| f.get("count").map(String::as_str) == Some("24999"))
+            last.first().is_some_and(|(_, f)| f.get("count").map(String::as_str) == Some("24999"))
         }
     })
     .await;
     let len = xlen(&mut conn).await;
-    assert!(
-        (10_000..=11_000).contains(&len),
-        "stream length {len} after {TOTAL} events"
-    );
+    assert!((10_000..=11_000).contains(&len), "stream length {len} after {TOTAL} events");
     assert_eq!(mirror.dropped(), 0);
 }
 
@@ -603,18 +267,10 @@ async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
         }
     }
     assert!(mirror.pending_events() <= EVENT_QUEUE_CAPACITY);
-    assert!(
-        mirror.dropped() >= queued - EVENT_QUEUE_CAPACITY as u64,
-        "dropped {}",
-        mirror.dropped()
-    );
+    assert!(mirror.dropped() >= queued - EVENT_QUEUE_CAPACITY as u64, "dropped {}", mirror.dropped());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(mirror.pending_events() <= EVENT_QUEUE_CAPACITY);
-    assert_eq!(
-        warnings(&warned),
-        std::slice::from_ref(&unreachable),
-        "one warning per outage"
-    );
+    assert_eq!(warnings(&warned), std::slice::from_ref(&unreachable), "one warning per outage");
 
     server.restart();
     wait_for(Duration::from_secs(45), "the heartbeat after the restart", || async {
@@ -635,10 +291,7 @@ async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
     })
     .await;
     let len = xlen(&mut conn).await;
-    assert!(
-        len <= EVENT_QUEUE_CAPACITY as u64,
-        "{len} events kept through the outage"
-    );
+    assert!(len <= EVENT_QUEUE_CAPACITY as u64, "{len} events kept through the outage");
     let recovered = format!("redis_recovered endpoint=redis://127.0.0.1:{}/0", server.port);
     assert_eq!(warnings(&warned), [unreachable, recovered]);
 }
@@ -660,9 +313,7 @@ async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
             hung.port
         ))
     );
-    let listed = tokio::time::timeout(Duration::from_secs(10), fleet(&endpoint))
-        .await
-        .expect("fleet returns");
+    let listed = tokio::time::timeout(Duration::from_secs(10), fleet(&endpoint)).await.expect("fleet returns");
     assert!(listed.is_err());
 
     let (warn, warned) = capture_warnings();
@@ -684,10 +335,7 @@ async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     let lines = warnings(&warned);
-    assert_eq!(
-        lines,
-        [format!("redis_unreachable endpoint=redis://127.0.0.1:{}/0", hung.port)]
-    );
+    assert_eq!(lines, [format!("redis_unreachable endpoint=redis://127.0.0.1:{}/0", hung.port)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -751,28 +399,16 @@ async fn passwords_never_appear_in_errors_or_warnings() {
     let redacted = format!("endpoint=redis://127.0.0.1:{port}/0");
     assert!(lines.contains(&format!("redis_unreachable {redacted}")), "{lines:?}");
     assert!(lines.contains(&format!("redis_recovered {redacted}")), "{lines:?}");
-    assert!(
-        lines.contains(&format!("redis_endpoint_invalid endpoint=http://127.0.0.1:{port}/0")),
-        "{lines:?}"
-    );
+    assert!(lines.contains(&format!("redis_endpoint_invalid endpoint=http://127.0.0.1:{port}/0")), "{lines:?}");
     assert!(lines.iter().all(|l| l.starts_with("redis_")), "{lines:?}");
     for line in &lines {
         assert!(!line.contains(SECRET), "warning leaks the password: {line}");
     }
-    assert!(
-        errors.iter().any(|e| matches!(e, MirrorError::InvalidEndpoint { .. })),
-        "{errors:?}"
-    );
-    assert!(
-        errors.iter().any(|e| matches!(e, MirrorError::Unreachable { .. })),
-        "{errors:?}"
-    );
+    assert!(errors.iter().any(|e| matches!(e, MirrorError::InvalidEndpoint { .. })), "{errors:?}");
+    assert!(errors.iter().any(|e| matches!(e, MirrorError::Unreachable { .. })), "{errors:?}");
     for err in &errors {
         assert!(!err.to_string().contains(SECRET), "error leaks the password: {err}");
-        assert!(
-            !format!("{err:?}").contains(SECRET),
-            "error leaks the password: {err:?}"
-        );
+        assert!(!format!("{err:?}").contains(SECRET), "error leaks the password: {err:?}");
     }
     assert_eq!(invalid.pending_events(), 0);
 }
@@ -789,18 +425,9 @@ async fn fleet_lists_every_heartbeat_but_not_the_stream() {
     bob.heartbeat(heartbeat("bob", 2), Duration::from_secs(60));
     alice.event(killed(5, 31));
     let mut conn = server.conn().await;
-    let _: () = redis::cmd("SET")
-        .arg("agentihooks:host-guard:not-a-heartbeat")
-        .arg("{")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("agentihooks:other")
-        .arg("{}")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: () =
+        redis::cmd("SET").arg("agentihooks:host-guard:not-a-heartbeat").arg("{").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("SET").arg("agentihooks:other").arg("{}").query_async(&mut conn).await.unwrap();
 
     wait_for(Duration::from_secs(10), "both heartbeats and the event", || {
         let mut conn = conn.clone();
@@ -809,13 +436,7 @@ async fn fleet_lists_every_heartbeat_but_not_the_stream() {
     })
     .await;
     let listed = fleet(&endpoint).await.unwrap();
-    assert_eq!(
-        listed,
-        [
-            heartbeat_like(&listed[0], "alice", 1),
-            heartbeat_like(&listed[1], "bob", 2)
-        ]
-    );
+    assert_eq!(listed, [heartbeat_like(&listed[0], "alice", 1), heartbeat_like(&listed[1], "bob", 2)]);
     let table = fleet_table(&listed, SystemTime::now());
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
@@ -826,10 +447,7 @@ async fn fleet_lists_every_heartbeat_but_not_the_stream() {
 
 /// `heartbeat(user, pid)` with the `last_tick` actually stored (the clock moved on since).
 fn heartbeat_like(stored: &Heartbeat, user: &str, pid: u32) -> Heartbeat {
-    Heartbeat {
-        last_tick: stored.last_tick,
-        ..heartbeat(user, pid)
-    }
+    Heartbeat { last_tick: stored.last_tick, ..heartbeat(user, pid) }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -847,16 +465,55 @@ async fn dropping_the_mirror_still_sends_what_was_queued() {
     drop(clone);
     drop(mirror);
     let mut conn = server.conn().await;
-    wait_for(
-        Duration::from_secs(10),
-        "the queued events after the last handle went",
-        || {
-            let mut conn = conn.clone();
-            async move { xlen(&mut conn).await == 600 }
-        },
-    )
+    wait_for(Duration::from_secs(10), "the queued events after the last handle went", || {
+        let mut conn = conn.clone();
+        async move { xlen(&mut conn).await == 600 }
+    })
     .await;
     assert_eq!(xlen(&mut conn).await, 600);
     assert!(matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.pid == 7));
+    assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
+}
+
+/// Names the account picks, with what could split a field, a line or a protocol frame.
+const HOSTILE_NAMES: [&str; 6] =
+    ["a b\r\nname x", "x\"}{=,\\ ts 1", "*3\r\n$4\r\nPING\r\n", "\u{1b}[2J\u{fffd}\u{202e}", "", "fifteen-bytes-x"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
+    require_redis_server!();
+    let server = RedisServer::start(None);
+    let endpoint = server.endpoint();
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    for name in HOSTILE_NAMES {
+        mirror.event(StreamEvent { name: name.into(), ..killed(9, 31) });
+    }
+    let hb = Heartbeat { flagged: HOSTILE_NAMES.map(String::from).to_vec(), ..heartbeat("alice", 9) };
+    mirror.heartbeat(hb.clone(), Duration::from_secs(60));
+    let mut conn = server.conn().await;
+    wait_for(Duration::from_secs(10), "the hostile events", || {
+        let mut conn = conn.clone();
+        async move { xlen(&mut conn).await == HOSTILE_NAMES.len() as u64 }
+    })
+    .await;
+    // Raw bytes and the entries' field lists in order: nothing was split, joined or re-encoded.
+    type RawEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+    let entries: Vec<RawEntry> =
+        redis::cmd("XRANGE").arg(STREAM_KEY).arg("-").arg("+").query_async(&mut conn).await.expect("XRANGE");
+    for ((_, fields), name) in entries.iter().zip(HOSTILE_NAMES) {
+        let keys: Vec<&[u8]> = fields.iter().map(|(k, _)| k.as_slice()).collect();
+        assert_eq!(
+            keys,
+            [&b"host"[..], b"user", b"event", b"pid", b"name", b"reason", b"count", b"elapsed", b"ts"],
+            "{name:?}"
+        );
+        assert_eq!(fields[4].1, name.as_bytes(), "{name:?}");
+    }
+    wait_for(Duration::from_secs(10), "the hostile heartbeat", || async {
+        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+    })
+    .await;
+    assert_eq!(read_heartbeat(&endpoint, "box1", "alice").await.unwrap(), Some(hb));
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }

@@ -42,6 +42,26 @@ pub fn setup(test: &str) -> Option<Serial> {
     Some(Serial { _in_process: in_process, _host: host })
 }
 
+/// Whether the `ebpf` backend can load here; when not, prints why `test` is skipped. A kernel
+/// without BTF (the `no-btf` VM guest) runs everything else through the procfs fallback.
+pub fn ebpf_available(test: &str) -> bool {
+    let btf = std::path::Path::new(guard::btf::VMLINUX);
+    if btf.exists() {
+        return true;
+    }
+    eprintln!("skipped {test} (ebpf backend): no {} (a kernel without BTF), so the guard runs procfs", btf.display());
+    false
+}
+
+/// The backends `test` can run here: both, or procfs alone where [`ebpf_available`] says no.
+pub fn backends(test: &str) -> Vec<&'static str> {
+    if ebpf_available(test) {
+        vec!["ebpf", "procfs"]
+    } else {
+        vec!["procfs"]
+    }
+}
+
 /// Creates a test account when missing (the VM image ships them in /etc/passwd).
 pub fn ensure_account(name: &str, uid: u32) {
     if guard::account::Account::by_name(name).is_ok() {
@@ -189,7 +209,13 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(home: &Home, extra: &[&str]) -> Daemon {
+        Daemon::start_with(home, extra, &[])
+    }
+
+    /// With extra environment variables (e.g. `GUARD_FAULT`, `NOTIFY_SOCKET`).
+    pub fn start_with(home: &Home, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut cmd = Command::new(guard_bin());
+        cmd.envs(env.iter().copied());
         cmd.arg("run").args(["--user", TEST_USER, "--home"]).arg(home.path()).args(["--interval", "1s"]).args(extra);
         cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
         Daemon { child: cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", guard_bin().display())) }
@@ -265,7 +291,8 @@ pub fn thread_dump(pid: u32) -> String {
         let read = |leaf: &str| fs::read_to_string(t.path().join(leaf)).unwrap_or_default().trim().to_string();
         let stat = read("stat");
         let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)).unwrap_or("?").to_string();
-        let stack: Vec<String> = read("stack").lines().take(6).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()).collect();
+        let stack: Vec<String> =
+            read("stack").lines().take(6).map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string()).collect();
         out += &format!(
             "  {tid} {:<16} {state} wchan={} syscall={} stack={}\n",
             read("comm"),

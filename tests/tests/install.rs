@@ -1,119 +1,25 @@
-//! `guard-user install`, `check` and `uninstall` (SPEC §8) against real files in a temp root
-//! (`--home`, `--unit-dir`, `--bin-dir`) and a fake `systemctl` first in PATH: it appends its
-//! argv to `calls` and answers is-enabled / is-active / show MainPID / is-system-running from
-//! files the test controls (`enable --now` and `disable --now` update them, like the real one).
+//! `guard-user install`, `check` and `uninstall` (docs/operations.md) against real files in a temp root
+//! (`--home`, `--unit-dir`, `--bin-dir`) and a fake `systemctl` (see install_host/). The hostile
+//! account, `--home` and the packaged host are in install_hostile.rs.
 use std::{
     fs,
-    os::unix::fs::{MetadataExt, PermissionsExt},
-    path::{Path, PathBuf},
-    process::Command,
+    os::unix::fs::MetadataExt,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, SystemTime},
 };
 
 use integration_tests::*;
 
-const FAKE_SYSTEMCTL: &str = r#"#!/bin/sh
-# Shell builtins only (no cat, grep, ...): a missing external tool must not turn into a wrong answer,
-# and the VM guests (`cargo xtask vm`) carry only the tools xtask copies in.
-d="$FAKE_SYSTEMCTL_DIR"
-# answer FILE DEFAULT: the first line of $d/FILE, else DEFAULT.
-answer() { v=$2; if [ -f "$d/$1" ]; then IFS= read -r v < "$d/$1" || [ -n "$v" ]; fi; echo "$v"; }
-echo "$*" >> "$d/calls"
-case "$*" in
-  *is-system-running*) if [ -f "$d/user-manager" ]; then answer user-manager ""; else echo offline; exit 1; fi ;;
-  *"enable --now"*) echo enabled > "$d/is-enabled"; echo active > "$d/is-active" ;;
-  *"disable --now guard-user@"*) echo disabled > "$d/is-enabled"; echo inactive > "$d/is-active" ;;
-  is-enabled*) v=$(answer is-enabled disabled); echo "$v"; [ "$v" = enabled ]; exit $? ;;
-  is-active*) v=$(answer is-active inactive); echo "$v"; [ "$v" = active ]; exit $? ;;
-  *MainPID*) answer MainPID 0 ;;
-esac
-exit 0
-"#;
+mod install_host;
+use install_host::Host;
 
-/// A temp home plus a temp root holding the unit dir, the bin dir, the fake systemctl and
-/// two config sources (`a.json`, the one install links; `b.json`, another checkout).
-struct Host {
-    home: Home,
-    root: tempfile::TempDir,
-    /// The account installed for. Tests other than the leaked-daemon one use OTHER_USER, so a
-    /// `guard-user run --user TEST_USER` of a concurrently running test binary is not drift here.
-    user: &'static str,
-    uid: u32,
+trait HostExt {
+    fn write_status(&self, last_tick: f64, interval_secs: f64);
+    fn plant_legacy(&self);
+    fn fingerprint(&self) -> Vec<(u64, i64, i64)>;
 }
 
-struct Out {
-    code: i32,
-    stdout: String,
-}
-
-impl Host {
-    fn new() -> Host {
-        Host::for_account(OTHER_USER, OTHER_UID)
-    }
-
-    fn for_account(user: &'static str, uid: u32) -> Host {
-        let root = tempfile::Builder::new().prefix("guard-install-").tempdir_in("/tmp").unwrap();
-        for d in ["units", "bin", "fake"] {
-            fs::create_dir_all(root.path().join(d)).unwrap();
-        }
-        let sc = root.path().join("fake/systemctl");
-        fs::write(&sc, FAKE_SYSTEMCTL).unwrap();
-        fs::set_permissions(&sc, fs::Permissions::from_mode(0o755)).unwrap();
-        let shipped = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/guard-config.json")).unwrap();
-        fs::write(root.path().join("a.json"), &shipped).unwrap();
-        fs::write(root.path().join("b.json"), &shipped).unwrap();
-        let home = Home::new();
-        std::os::unix::fs::chown(home.path(), Some(uid), Some(uid)).unwrap();
-        Host { home, root, user, uid }
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.root.path().join(rel)
-    }
-    fn h(&self, rel: &str) -> PathBuf {
-        self.home.path().join(rel)
-    }
-    fn source(&self) -> PathBuf {
-        fs::canonicalize(self.p("a.json")).unwrap()
-    }
-    fn link(&self) -> PathBuf {
-        self.h("guard-config.json")
-    }
-
-    fn answer(&self, file: &str, value: &str) {
-        fs::write(self.p("fake").join(file), format!("{value}\n")).unwrap();
-    }
-    fn calls(&self) -> String {
-        fs::read_to_string(self.p("fake/calls")).unwrap_or_default()
-    }
-
-    fn run_with(&self, sub: &str, source: &Path, systemd: &str) -> Out {
-        let path = format!("{}:{}", self.p("fake").display(), std::env::var("PATH").unwrap_or_default());
-        let o = Command::new(guard_bin())
-            .arg(sub)
-            .args(["--user", self.user, "--home"])
-            .arg(self.home.path())
-            .arg("--config-source")
-            .arg(source)
-            .arg("--unit-dir")
-            .arg(self.p("units"))
-            .arg("--bin-dir")
-            .arg(self.p("bin"))
-            .env("PATH", path)
-            .env("FAKE_SYSTEMCTL_DIR", self.p("fake"))
-            .env("GUARD_SYSTEMD_RUNNING", systemd)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&o.stderr);
-        assert!(stderr.is_empty() || o.status.code() != Some(2), "{sub}: {stderr}");
-        Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned() }
-    }
-
-    fn run(&self, sub: &str) -> Out {
-        self.run_with(sub, &self.source(), "1")
-    }
-
+impl HostExt for Host {
     fn write_status(&self, last_tick: f64, interval_secs: f64) {
         let s = guard::status::Status { last_tick, interval_secs, user: self.user.into(), ..Default::default() };
         fs::write(self.h("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
@@ -125,13 +31,26 @@ impl Host {
         fs::write(self.h("guard-daemon.sh"), "#!/bin/bash\n").unwrap();
         fs::write(units.join("guard-daemon.timer"), "[Timer]\n").unwrap();
         fs::write(units.join("guard-daemon.service"), "[Service]\n").unwrap();
-        std::os::unix::fs::symlink("../guard-daemon.timer", units.join("timers.target.wants/guard-daemon.timer")).unwrap();
+        std::os::unix::fs::symlink("../guard-daemon.timer", units.join("timers.target.wants/guard-daemon.timer"))
+            .unwrap();
+        // The account's own files: install retires them as the account.
+        for rel in [
+            ".config",
+            ".config/systemd",
+            ".config/systemd/user",
+            ".config/systemd/user/timers.target.wants",
+            ".config/systemd/user/timers.target.wants/guard-daemon.timer",
+            ".config/systemd/user/guard-daemon.timer",
+            ".config/systemd/user/guard-daemon.service",
+            "guard-daemon.sh",
+        ] {
+            std::os::unix::fs::lchown(self.h(rel), Some(self.uid), Some(self.uid)).unwrap();
+        }
     }
 
     /// (inode, mtime in ns) of every file install writes.
     fn fingerprint(&self) -> Vec<(u64, i64, i64)> {
-        let dropin = self.p(&format!("units/guard-user@{}.service.d/home.conf", self.user));
-        [self.link(), self.p("units/guard-user@.service"), dropin, self.p("bin/guard-user")]
+        [self.link(), self.p("units/guard-user@.service"), self.dropin(), self.p("bin/guard-user")]
             .iter()
             .map(|p| {
                 let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -183,15 +102,22 @@ fn check_reports_every_drift_and_install_brings_it_in_sync() {
     ] {
         assert!(out.stdout.lines().any(|l| l == line), "missing `{line}` in\n{}", out.stdout);
     }
-    assert!(!out.stdout.contains("is missing\n") || !out.stdout.contains("guard-config.json is missing"), "{}", out.stdout);
+    assert!(
+        !out.stdout.contains("is missing\n") || !out.stdout.contains("guard-config.json is missing"),
+        "{}",
+        out.stdout
+    );
 
-    // install: the SPEC line first, exit 0, and the legacy guard retired.
+    // install: the documented line first, exit 0, and the legacy guard retired.
     host.answer("user-manager", "running");
     let out = host.run("install");
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert_eq!(
         out.stdout.lines().next().unwrap(),
-        format!("[OK] Host guard installed for {user} in {home} from {}, every 60s as {instance}", host.source().display())
+        format!(
+            "[OK] Host guard installed for {user} in {home} from {}, every 60s as {instance}",
+            host.source().display()
+        )
     );
     let calls = host.calls();
     for c in [
@@ -203,7 +129,8 @@ fn check_reports_every_drift_and_install_brings_it_in_sync() {
     ] {
         assert!(calls.lines().any(|l| l == c), "no `systemctl {c}` in\n{calls}");
     }
-    for p in ["guard-daemon.sh", ".config/systemd/user/guard-daemon.timer", ".config/systemd/user/guard-daemon.service"] {
+    for p in ["guard-daemon.sh", ".config/systemd/user/guard-daemon.timer", ".config/systemd/user/guard-daemon.service"]
+    {
         assert!(fs::symlink_metadata(host.h(p)).is_err(), "{p} survived install");
     }
     assert!(fs::symlink_metadata(host.h(".config/systemd/user/timers.target.wants/guard-daemon.timer")).is_err());
@@ -240,7 +167,13 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     fs::rename(host.h("x"), host.link()).unwrap();
     let out = host.run("check");
     assert_eq!(out.code, 1);
-    assert!(out.stdout.lines().any(|l| l == format!("{home}/guard-config.json is not a link to {}", host.source().display())), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l == format!("{home}/guard-config.json is not a link to {}", host.source().display())),
+        "{}",
+        out.stdout
+    );
 
     // An invalid source, linked: the ERROR line's reason.
     fs::write(host.p("bad.json"), "{\"threshold\": 0}").unwrap();
@@ -249,20 +182,32 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     fs::rename(host.h("x"), host.link()).unwrap();
     let out = host.run_with("check", &bad, "1");
     assert_eq!(out.code, 1);
-    assert!(out.stdout.lines().any(|l| l == format!("{home}/guard-config.json is invalid: config_malformed threshold value=0")), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .lines()
+            // The documented line, then the fix.
+            .any(|l| l == format!("{home}/guard-config.json is invalid: config_malformed threshold value=0; write a whole number >= 1, e.g. 30")),
+        "{}",
+        out.stdout
+    );
     assert!(!out.stdout.contains("not a link"), "{}", out.stdout);
     // install refuses to link an invalid source.
-    let o = Command::new(guard_bin()).args(["install", "--user", TEST_USER, "--home"]).arg(host.home.path())
-        .arg("--config-source").arg(&bad).output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("is invalid: config_malformed threshold value=0"));
+    let mut c = host.command("install");
+    c.arg("--home").arg(host.home.path()).arg("--config-source").arg(&bad);
+    let o = install_host::out(c);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("is invalid: config_malformed threshold value=0"), "{}", o.stderr);
 
     // An edited unit.
     let unit = host.p("units/guard-user@.service");
     let text = fs::read_to_string(&unit).unwrap().replace("MemoryMax=64M", "MemoryMax=1G");
     fs::write(&unit, text).unwrap();
     let out = host.run("check");
-    assert!(out.stdout.lines().any(|l| l == format!("{} is missing or differs from this build", unit.display())), "{}", out.stdout);
+    assert!(
+        out.stdout.lines().any(|l| l == format!("{} is missing or differs from this build", unit.display())),
+        "{}",
+        out.stdout
+    );
     // And a stopped instance.
     host.answer("is-active", "failed");
     let out = host.run("check");
@@ -284,7 +229,10 @@ fn a_second_install_changes_nothing() {
     assert!(out.stdout.contains("(already installed, nothing changed)"), "{}", out.stdout);
     assert_eq!(host.fingerprint(), before, "a second install rewrote a file");
     let new_calls = &host.calls()[calls_before.len()..];
-    assert!(!new_calls.contains("daemon-reload") && !new_calls.contains("enable --now") && !new_calls.contains("restart"), "{new_calls}");
+    assert!(
+        !new_calls.contains("daemon-reload") && !new_calls.contains("enable --now") && !new_calls.contains("restart"),
+        "{new_calls}"
+    );
 }
 
 #[test]
@@ -295,7 +243,10 @@ fn install_without_systemd_links_and_says_the_guard_is_not_scheduled() {
     assert_eq!(out.code, 1);
     assert_eq!(
         out.stdout.lines().next().unwrap(),
-        format!("[!!] Host guard linked in {}; systemd is not running, so the guard is not scheduled", host.home.path().display())
+        format!(
+            "[!!] Host guard linked in {}; systemd is not running, so the guard is not scheduled",
+            host.home.path().display()
+        )
     );
     assert!(fs::read_link(host.link()).unwrap() == host.source());
     assert!(!host.calls().lines().any(|l| l.contains("enable")), "{}", host.calls());
@@ -312,7 +263,8 @@ fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log() {
     // Another account's instance keeps the shared template and binary.
     let wants = host.p("units/multi-user.target.wants");
     fs::create_dir_all(&wants).unwrap();
-    std::os::unix::fs::symlink("../guard-user@.service", wants.join(format!("guard-user@{TEST_USER}.service"))).unwrap();
+    std::os::unix::fs::symlink("../guard-user@.service", wants.join(format!("guard-user@{TEST_USER}.service")))
+        .unwrap();
     let out = host.run("uninstall");
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(host.calls().lines().any(|l| l == format!("disable --now guard-user@{user}.service")), "{}", host.calls());
@@ -348,7 +300,8 @@ fn the_relink_never_leaves_the_config_path_missing() {
         });
         for i in 0..200 {
             let src = if i % 2 == 0 { &b } else { &a };
-            assert!(guard::install::relink(&link, src, host.uid, host.uid).unwrap());
+            let who = guard::safefs::FsIdentity { uid: host.uid, gid: host.uid };
+            assert!(guard::install::relink(&link, src, who).unwrap());
         }
         done.store(true, Ordering::Relaxed);
         reader.join().unwrap()
@@ -361,14 +314,16 @@ fn the_relink_never_leaves_the_config_path_missing() {
 #[test]
 fn check_reports_a_guard_running_outside_the_unit() {
     let Some(_g) = setup("install leaked") else { return };
-    let host = Host::for_account(TEST_USER, TEST_UID);
+    let host = Host::for_account(TEST_USER, TEST_UID, "home-");
     assert_eq!(host.run("install").code, 0);
     let daemon = Daemon::start(&host.home, &["--backend", "procfs"]);
     let pid = daemon.child.id();
     let line = format!("guard-user pid {pid} is running outside guard-user@{TEST_USER}.service");
     // Wait until the child has exec'd (its cmdline is the guard's).
     let end = std::time::Instant::now() + Duration::from_secs(5);
-    while !fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default().starts_with(guard_bin().as_os_str().as_encoded_bytes())
+    while !fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .starts_with(guard_bin().as_os_str().as_encoded_bytes())
         && std::time::Instant::now() < end
     {
         std::thread::sleep(Duration::from_millis(20));

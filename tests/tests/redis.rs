@@ -1,4 +1,4 @@
-//! The daemon and the swarm Redis (SPEC §9) end to end: a real redis-server on a free
+//! The daemon and the swarm Redis (docs/operations.md) end to end: a real redis-server on a free
 //! loopback port, a real kill, the heartbeat, the stream, and a Redis that dies mid-run.
 use std::{
     net::TcpListener,
@@ -89,7 +89,8 @@ fn a_real_kill_reaches_the_stream_and_the_heartbeat_and_a_dead_redis_never_stops
     for p in &mut more {
         assert!(p.wait_dead(Duration::from_secs(5)), "a kill waited on a dead Redis");
     }
-    let status = guard::status::read(&home.path().join("guard-status.json")).unwrap();
+    let status =
+        guard::status::read(&home.path().join("guard-status.json"), guard::safefs::FsIdentity::current()).unwrap();
     daemon.stop();
     let log = home.log();
     assert_eq!(log.matches("WARN redis_unreachable").count(), 1, "{log}");
@@ -124,6 +125,42 @@ fn check_reports_a_missing_heartbeat_and_an_unreachable_redis() {
     let url = redis.url();
     drop(redis);
     let out = check_output(&home, &url.replace("127.0.0.1", ":hunter2@127.0.0.1"));
-    assert!(out.contains(&format!("the swarm Redis at {url} is unreachable, so the fleet heartbeat was not checked")), "{out}");
+    assert!(
+        out.contains(&format!("the swarm Redis at {url} is unreachable, so the fleet heartbeat was not checked")),
+        "{out}"
+    );
     assert!(!out.contains("hunter2"), "{out}");
+}
+
+#[test]
+fn a_hostile_process_name_reaches_the_stream_as_one_field() {
+    let Some(_g) = setup("redis hostile name") else { return };
+    let Some(redis) = Redis::start() else { return };
+    // The account names its processes: a space, a quote, a newline and `=` in 11 bytes.
+    let name = "a b\"x\ny=z n";
+    let home = Home::new();
+    home.write_config(r#"{"threshold": 3, "timeout": "1s"}"#);
+    let exe = home.probe_named(name);
+    let mut pile: Vec<Probe> = (0..3).map(|_| Probe::spawn(&exe, &[], TEST_UID)).collect();
+    std::env::set_var("AGENTIHOOKS_SWARM_REDIS_URL", redis.url());
+    std::env::remove_var("AGENTIHOOKS_HIVE_REDIS_URL");
+    let daemon = Daemon::start(&home, &[]);
+    home.wait_log(Duration::from_secs(20), |l| lines(l, "KILLED").len() >= 3);
+    for p in &mut pile {
+        assert!(p.wait_dead(Duration::from_secs(5)));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    daemon.stop();
+    std::env::remove_var("AGENTIHOOKS_SWARM_REDIS_URL");
+    let json = redis.cli(&["--json", "XRANGE", "agentihooks:host-guard:events", "-", "+"]);
+    let entries: Vec<(String, Vec<String>)> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let killed: Vec<&Vec<String>> = entries.iter().map(|(_, f)| f).filter(|f| f[5] == "KILLED").collect();
+    assert_eq!(killed.len(), 3, "{json}");
+    for fields in killed {
+        let keys: Vec<&str> = fields.iter().step_by(2).map(String::as_str).collect();
+        assert_eq!(keys, ["host", "user", "event", "pid", "name", "reason", "count", "elapsed", "ts"], "{json}");
+        // One field, in the log's escaped text form (injective; without the log's quotes).
+        assert_eq!(fields[9], guard::escape::text(name.as_bytes()), "{json}");
+        assert_eq!(fields[9], r#"a b"x\ny=z n"#, "{json}");
+    }
 }

@@ -3,12 +3,14 @@
 //! The kernel unpacks the initramfs xtask wrote and runs this binary as `/init`. It:
 //! 1. mounts proc, sysfs, devtmpfs, tracefs, debugfs, bpffs, cgroup2 and tmpfs on /tmp (unless the image has files there: a checkout under /tmp) and /run
 //!    (the initramfs holds only files; everything guard reads about processes comes from these);
-//! 2. sets the hostname and brings up loopback, so tests that listen on 127.0.0.1 work;
-//! 3. runs every executable in `/tests` with `--test-threads=1`, then the arguments listed one
+//! 2. with `guard.hide_btf` on the kernel command line, hides /sys/kernel/btf under an empty
+//!    read-only tmpfs: user space then sees a kernel without BTF (the `no-btf` guest);
+//! 3. sets the hostname and brings up loopback, so tests that listen on 127.0.0.1 work;
+//! 4. runs every executable in `/tests` with `--test-threads=1`, then the arguments listed one
 //!    per line in `/etc/guard-vm/test-args`, printing one `init: PASS|FAIL <name>` line each;
-//! 4. prints exactly one sentinel line, `init: success` or `init: failure`, which is what xtask
+//! 5. prints exactly one sentinel line, `init: success` or `init: failure`, which is what xtask
 //!    waits for on the serial console;
-//! 5. powers off. PID 1 must never exit (the kernel panics), so every path, a panic included,
+//! 6. powers off. PID 1 must never exit (the kernel panics), so every path, a panic included,
 //!    ends in `reboot(RB_POWER_OFF)`.
 //!
 //! Every line this program prints starts with `init: `, so xtask can tell them from the kernel's
@@ -28,6 +30,11 @@ const TESTS_DIR: &str = "/tests";
 const TEST_ARGS_FILE: &str = "/etc/guard-vm/test-args";
 /// Extra `KEY=VALUE` environment lines for the test binaries.
 const TEST_ENV_FILE: &str = "/etc/guard-vm/env";
+
+/// The kernel command-line word that makes this guest one without BTF.
+const HIDE_BTF: &str = "guard.hide_btf";
+/// What a kernel with `CONFIG_DEBUG_INFO_BTF` exposes (`vmlinux` and the modules' BTF).
+const BTF_DIR: &str = "/sys/kernel/btf";
 
 /// The guest's hostname (also in the image's /etc/hostname).
 const HOSTNAME: &str = "guard-vm";
@@ -92,6 +99,23 @@ fn run() -> bool {
     if !ok {
         return false;
     }
+    if kernel_cmdline().split_whitespace().any(|w| w == HIDE_BTF) {
+        match mount(
+            "tmpfs",
+            BTF_DIR,
+            "tmpfs",
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            "mode=0555",
+        ) {
+            Ok(()) => {
+                say(&format!("{HIDE_BTF}: {BTF_DIR} hidden under an empty tmpfs (no BTF, as user space sees it)"))
+            }
+            Err(err) => {
+                say(&format!("ERROR {HIDE_BTF}: mount tmpfs on {BTF_DIR}: {err}"));
+                return false;
+            }
+        }
+    }
     // The kernel's hostname is "(none)" until someone sets it; guard puts it in Redis keys.
     // SAFETY: a valid buffer and its length.
     if unsafe { libc::sethostname(HOSTNAME.as_ptr().cast(), HOSTNAME.len()) } != 0 {
@@ -112,6 +136,10 @@ fn kernel_release() -> String {
         }
         std::ffi::CStr::from_ptr(uts.release.as_ptr()).to_string_lossy().into_owned()
     }
+}
+
+fn kernel_cmdline() -> String {
+    fs::read_to_string("/proc/cmdline").unwrap_or_default()
 }
 
 fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &str) -> std::io::Result<()> {

@@ -8,6 +8,7 @@
 //! # Layout
 //! - `procs`: the processes a run spawns (sleepers, storm workers, the daemon), each behind a
 //!   guard that ends and reaps them on drop, and the /proc readers.
+//! - `snapshot`: start-up, snapshot and CPU-sample costs, /proc scan against the task iterator.
 use std::{
     ffi::CString,
     fs,
@@ -21,6 +22,7 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 
 mod procs;
+mod snapshot;
 
 use procs::{Account, Daemon, Sleepers};
 
@@ -38,8 +40,8 @@ pub struct Options {
     /// The account whose processes are spawned and guarded.
     #[arg(long, default_value = "guardtest1")]
     pub user: String,
-    /// Run only these figures (comma-separated): tick, storm, enforce, deadline, idle. Default:
-    /// all but idle (idle comes with --long).
+    /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, idle.
+    /// Default: all but idle (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -58,7 +60,11 @@ impl Options {
 const NEVER: &str = r#"{"threshold": 1000000, "timeout": "1h"}"#;
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
-    anyhow::ensure!(unsafe { libc::geteuid() } == 0, "cargo xtask bench needs root (it loads BPF and spawns as {})", opts.user);
+    anyhow::ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "cargo xtask bench needs root (it loads BPF and spawns as {})",
+        opts.user
+    );
     anyhow::ensure!(opts.reps >= 3, "--reps must be at least 3");
     let who = account(&opts.user)?;
     let binary = crate::build::build(true)?;
@@ -71,10 +77,16 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut raw = serde_json::Map::new();
     for f in &opts.only {
-        anyhow::ensure!(["tick", "storm", "enforce", "deadline", "idle"].contains(&f.as_str()), "--only {f}: no such figure");
+        anyhow::ensure!(
+            ["tick", "snapshot", "storm", "enforce", "deadline", "idle"].contains(&f.as_str()),
+            "--only {f}: no such figure"
+        );
     }
     if opts.wants("tick") {
         b.tick_cost(&mut rows, &mut raw)?;
+    }
+    if opts.wants("snapshot") {
+        b.snapshot(&mut rows, &mut raw)?;
     }
     if opts.wants("storm") {
         b.event_storm(&mut rows, &mut raw)?;
@@ -183,7 +195,10 @@ impl Bench<'_> {
                 baseline[i].push(self.per_tick(backend, 0)?.cpu);
             }
         }
-        raw.insert("idle_baseline_cpu_ms_per_tick".into(), json!({"ebpf": ms(&baseline[0]), "procfs": ms(&baseline[1])}));
+        raw.insert(
+            "idle_baseline_cpu_ms_per_tick".into(),
+            json!({"ebpf": ms(&baseline[0]), "procfs": ms(&baseline[1])}),
+        );
         for n in [1_000usize, 10_000] {
             let t = Instant::now();
             let sleepers = Sleepers::spawn(n, "gbsleep", self.who)?;
@@ -266,7 +281,8 @@ impl Bench<'_> {
             let alone = procs::storm(workers, Duration::from_secs(secs), self.who)?;
             let mut d = self.daemon("storm", "ebpf", NEVER, true)?;
             d.wait_ticks(1, Duration::from_secs(30))?;
-            let (e0, l0, r0) = (d.field("events").unwrap_or(0), d.field("lost_events").unwrap_or(0), d.field("resyncs").unwrap_or(0));
+            let (e0, l0, r0) =
+                (d.field("events").unwrap_or(0), d.field("lost_events").unwrap_or(0), d.field("resyncs").unwrap_or(0));
             let (c0, _) = procs::cpu_secs(d.pid())?;
             let guarded = procs::storm(workers, Duration::from_secs(secs), self.who)?;
             // The status counts events at each tick: wait for one tick past the storm's end.
@@ -315,8 +331,9 @@ impl Bench<'_> {
                 thread::sleep(Duration::from_millis(1));
             }
             let gone_unix = unix_now();
-            let state: Value = serde_json::from_slice(&fs::read(d.home.join("guard-daemon-state.json")).unwrap_or_default())
-                .unwrap_or(Value::Null);
+            let state: Value =
+                serde_json::from_slice(&fs::read(d.home.join("guard-daemon-state.json")).unwrap_or_default())
+                    .unwrap_or(Value::Null);
             // The flag may already be cleared (the name dropped below threshold); the log's first
             // KILLED sighting is then the only decision tiself.
             if let Some(flagged) = state["flagged"]["gbkill"].as_f64() {
@@ -325,13 +342,21 @@ impl Bench<'_> {
             // The processes die of the SIGTERMs while the guard is still writing KILLED lines.
             let logged = Instant::now() + Duration::from_secs(10);
             while fs::read_to_string(&log).map(|t| t.matches(" KILLED ").count()).unwrap_or(0) < 1000 {
-                anyhow::ensure!(Instant::now() < logged, "the 1,000 processes died, but the log does not name them all as KILLED");
+                anyhow::ensure!(
+                    Instant::now() < logged,
+                    "the 1,000 processes died, but the log does not name them all as KILLED"
+                );
                 thread::sleep(Duration::from_millis(10));
             }
             drop(d);
         }
         if !from_deadline.is_empty() {
-            rows.push(Row::at_most("enforcement: flag + timeout → all 1,000 gone", from_deadline.clone(), "ms", 1500.0));
+            rows.push(Row::at_most(
+                "enforcement: flag + timeout → all 1,000 gone",
+                from_deadline.clone(),
+                "ms",
+                1500.0,
+            ));
         }
         raw.insert("enforcement".into(), json!({"from_deadline_ms": from_deadline}));
         Ok(())
@@ -364,7 +389,10 @@ impl Bench<'_> {
                     if sleepers.reap_dead() {
                         break;
                     }
-                    anyhow::ensure!(Instant::now() < until, "the guard did not end the 20 stubborn processes within 40 s");
+                    anyhow::ensure!(
+                        Instant::now() < until,
+                        "the guard did not end the 20 stubborn processes within 40 s"
+                    );
                     thread::sleep(Duration::from_millis(1));
                 }
                 let gone = unix_now();
@@ -373,7 +401,12 @@ impl Bench<'_> {
                 drop(d);
             }
             if timer {
-                rows.push(Row::at_most("deadline → SIGKILL (all gone), deadline timer, 10 s ticks", late.clone(), "ms", 1000.0));
+                rows.push(Row::at_most(
+                    "deadline → SIGKILL (all gone), deadline timer, 10 s ticks",
+                    late.clone(),
+                    "ms",
+                    1000.0,
+                ));
             } else {
                 rows.push(Row::info("deadline → SIGKILL, --no-deadline-timer, 10 s ticks", late.clone(), "ms"));
             }
@@ -409,7 +442,12 @@ impl Bench<'_> {
         let s = d.wait_ticks(1, Duration::from_secs(5))?;
         let events = s["events"].as_u64().unwrap_or(0) - events0;
         let share = vec![(c1 - c0) / wall * 100.0];
-        rows.push(Row::at_most("idle: guard CPU, 1,000 procs + 10 execs/s, 60 s ticks, 10 min", share.clone(), "% of a core", 0.1));
+        rows.push(Row::at_most(
+            "idle: guard CPU, 1,000 procs + 10 execs/s, 60 s ticks, 10 min",
+            share.clone(),
+            "% of a core",
+            0.1,
+        ));
         raw.insert(
             "idle".into(),
             json!({"seconds": wall, "cpu_ms": (c1 - c0) * 1e3, "pct_of_core": share, "execs": execs, "events": events}),
@@ -430,7 +468,10 @@ fn account(user: &str) -> anyhow::Result<Account> {
     let name = CString::new(user)?;
     // SAFETY: getpwnam's static result is read before any other passwd call.
     let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-    anyhow::ensure!(!pw.is_null(), "no account {user}: create it with `useradd -u 4201 -M -s /usr/sbin/nologin {user}`");
+    anyhow::ensure!(
+        !pw.is_null(),
+        "no account {user}: create it with `useradd -u 4201 -M -s /usr/sbin/nologin {user}`"
+    );
     let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
     Ok(Account { uid, gid })
 }

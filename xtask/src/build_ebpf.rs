@@ -77,6 +77,13 @@ pub fn run_checked(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cargo +nightly`, clean of the outer cargo's environment (see [`nightly_command`]).
+pub fn ebpf_cargo() -> Command {
+    let mut cmd = nightly_command("cargo");
+    cmd.arg("+nightly");
+    cmd
+}
+
 /// A command for a rustup-proxied tool (`cargo`, `rustc`) with everything the outer
 /// `cargo xtask` (running under stable) put into the environment removed, so that `+nightly`
 /// and the directory's own toolchain file and `.cargo/config.toml` decide the build.

@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod build;
 mod build_ebpf;
+mod dist;
+mod lint;
 mod run;
 mod test;
 mod vm;
@@ -33,6 +35,10 @@ enum Command {
     Vm(vm::Options),
     /// Benchmarks: guard against the ps-rescan pass and the machine's limits.
     Bench(bench::Options),
+    /// The lint gate: rustfmt and clippy -D warnings, host workspace and BPF crate.
+    Lint(lint::Options),
+    /// Build the Debian package (release build, man pages, completions, unit); prints its path last.
+    Dist(dist::Options),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +49,8 @@ fn main() -> ExitCode {
         Command::Test(o) => test::run(o),
         Command::Vm(o) => vm::run(o),
         Command::Bench(o) => bench::run(o),
+        Command::Lint(o) => lint::run(o),
+        Command::Dist(o) => dist::run(o),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

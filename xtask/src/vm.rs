@@ -30,13 +30,18 @@ mod systemd;
 
 #[derive(clap::Args, Debug)]
 pub struct Options {
-    /// Boot only these kernels (repeatable or comma-separated): 6.1, 6.12, 7.x. Default: all.
+    /// Boot only these kernels (repeatable or comma-separated): 5.10, 6.1, 6.12, 7.x, no-btf (6.1
+    /// with /sys/kernel/btf hidden). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub kernel: Vec<String>,
     /// Instead of the test suite: boot a Debian rootfs with a real systemd (one kernel, default 6.12)
     /// and run guard-user install → check → drift → check there ([`systemd`]).
     #[arg(long)]
     pub systemd: bool,
+    /// With --systemd: install the Debian package (`cargo xtask dist`) in the guest and run
+    /// guard-user from it (apt install → install → a pile ended → check → reinstall, remove, purge).
+    #[arg(long, requires = "systemd")]
+    pub package: bool,
     /// Resolve and download the kernels, print them, and stop.
     #[arg(long)]
     pub list_kernels: bool,
@@ -139,6 +144,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     for kernel in kernels {
         let log = logs.join(format!("{}.log", kernel.name));
         let started = Instant::now();
+        let cmdline = format!("{} {}", kernel.cmdline, opts.cmdline);
         let outcome = qemu::boot(&qemu::Boot {
             name: &kernel.name,
             qemu: &qemu,
@@ -146,7 +152,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             initrd: &initrd,
             memory: &opts.memory,
             cpus: opts.cpus,
-            cmdline: &opts.cmdline,
+            cmdline: cmdline.trim(),
             boot_timeout: Duration::from_secs(opts.boot_timeout),
             timeout: Duration::from_secs(opts.timeout),
             log: &log,

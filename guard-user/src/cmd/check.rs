@@ -1,21 +1,19 @@
-//! `guard-user check` (SPEC §8): reports drift of the installation; changes nothing.
+//! `guard-user check` (docs/operations.md): reports drift of the installation; changes nothing.
 use std::{process::ExitCode, time::SystemTime};
 
-use anyhow::Context;
-
 use super::InstallArgs;
-use crate::install::{self, Systemctl};
+use crate::install::{self, Layout, Systemctl};
 
 pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
-    let l = super::install::layout(&args)?;
-    let exe = std::env::current_exe().context("finding this binary")?;
-    let mut report = install::check(&l, &exe, &Systemctl, SystemTime::now());
-    // SPEC §9: the fleet heartbeat at the current endpoint. A missing heartbeat is drift; an
+    let l = Layout::for_check(&super::install::request(&args)?)?;
+    let mut report = install::check(&l, &Systemctl, SystemTime::now());
+    // docs/operations.md: the fleet heartbeat at the current endpoint. A missing heartbeat is drift; an
     // unreachable Redis is said but is not drift (the guard never depends on Redis).
-    let mut notes = Vec::new();
+    // Why a drift line is there (e.g. how a drop-in differs): on stderr with the other notes.
+    let mut notes = std::mem::take(&mut report.notes);
     {
-        use crate::redis_mirror::{check_lines, read_heartbeat, Endpoint};
-        let endpoint = Endpoint::resolve(|k| std::env::var(k).ok());
+        use crate::mirror::{check_lines, read_heartbeat, Endpoint};
+        let endpoint = Endpoint::from_env();
         let host = crate::daemon::hostname();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let result = rt.block_on(read_heartbeat(&endpoint, &host, &l.account.name));

@@ -1,27 +1,31 @@
-//! `guard-user install` and `guard-user uninstall` (SPEC §8): resolve where things go, call
-//! [`crate::install`], print the SPEC lines.
+//! `guard-user install` and `guard-user uninstall` (docs/operations.md): turn the arguments into an
+//! [`install::Request`], call [`crate::install`], print the documented lines.
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context;
 
 use super::InstallArgs;
-use crate::install::{self, Layout, Outcome, Systemctl};
+use crate::install::{self, Layout, Outcome, Request, Systemctl};
 
 /// Default `--unit-dir` and `--bin-dir`.
 pub const UNIT_DIR: &str = "/etc/systemd/system";
 pub const BIN_DIR: &str = "/usr/local/bin";
 
-/// Validates the arguments into a [`Layout`] (shared with `check`).
-pub fn layout(args: &InstallArgs) -> anyhow::Result<Layout> {
-    let (account, home, config_link) = super::run::resolve_account(&args.account)?;
-    let source = install::resolve_source(args.config_source.as_deref())?;
-    Ok(Layout {
-        account,
-        home,
-        config_link,
-        source,
+/// The request `install`, `check` and `uninstall` validate. `GUARD_PACKAGED_ROOT` (tests) moves
+/// the packaged layout (`/usr/bin`, `/lib/systemd/system`, `/usr/share/guard-user`) under a
+/// directory.
+pub fn request(args: &InstallArgs) -> anyhow::Result<Request> {
+    // Relative paths mean the caller's directory; the daemon runs in `/`.
+    let absolute = |p: &PathBuf| std::path::absolute(p).with_context(|| format!("{}", p.display()));
+    Ok(Request {
+        user: args.account.user.clone(),
+        home: args.account.home.as_ref().map(absolute).transpose()?,
+        config: args.account.config.as_ref().map(absolute).transpose()?,
+        config_source: args.config_source.clone(),
         unit_dir: args.unit_dir.clone().unwrap_or_else(|| PathBuf::from(UNIT_DIR)),
         bin_dir: args.bin_dir.clone().unwrap_or_else(|| PathBuf::from(BIN_DIR)),
+        packaged_root: std::env::var_os("GUARD_PACKAGED_ROOT").map(PathBuf::from).unwrap_or_else(|| "/".into()),
+        exe: std::env::current_exe().context("finding this binary")?,
     })
 }
 
@@ -33,15 +37,13 @@ fn require_root(what: &str) -> anyhow::Result<()> {
 
 pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     require_root("install")?;
-    let l = layout(&args)?;
-    anyhow::ensure!(l.home.is_dir(), "{}: not a directory", l.home.display());
-    let exe = std::env::current_exe().context("finding this binary to install")?;
-    let (outcome, changes) = install::install(&l, &exe, &Systemctl).context("install")?;
+    let l = Layout::for_install(&request(&args)?)?;
+    let (outcome, changes) = install::install(&l, &Systemctl).context("install")?;
     let code = match outcome {
         Outcome::Scheduled => {
             println!(
                 "[OK] Host guard installed for {} in {} from {}, every 60s as {}",
-                l.account.name,
+                l.user,
                 l.home.display(),
                 l.source.display(),
                 l.instance()
@@ -49,7 +51,10 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
             ExitCode::SUCCESS
         }
         Outcome::NotScheduled => {
-            println!("[!!] Host guard linked in {}; systemd is not running, so the guard is not scheduled", l.home.display());
+            println!(
+                "[!!] Host guard linked in {}; systemd is not running, so the guard is not scheduled",
+                l.home.display()
+            );
             ExitCode::from(1)
         }
     };
@@ -64,15 +69,16 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
 
 pub fn uninstall(args: InstallArgs) -> anyhow::Result<ExitCode> {
     require_root("uninstall")?;
-    let l = layout(&args)?;
+    let l = Layout::for_uninstall(&request(&args)?)?;
     let (changes, others) = install::uninstall(&l, &Systemctl).context("uninstall")?;
-    println!(
-        "[OK] Host guard removed for {}; kept {} and the log",
-        l.account.name,
-        l.config_link.display()
-    );
+    println!("[OK] Host guard removed for {}; kept {} and the log", l.user, l.config_link.display());
     if !others.is_empty() {
-        println!("  kept {} and {}: still used by {}", l.unit_path().display(), l.bin_path().display(), others.join(", "));
+        println!(
+            "  kept {} and {}: still used by {}",
+            l.unit_path().display(),
+            l.bin_path().display(),
+            others.join(", ")
+        );
     }
     if changes.is_empty() {
         println!("  nothing was installed");

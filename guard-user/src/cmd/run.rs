@@ -6,7 +6,7 @@ use anyhow::Context;
 use super::{AccountArgs, RunArgs};
 use crate::{
     account::Account,
-    daemon::{self, Backend, DaemonOptions},
+    daemon::{self, instance, Backend, DaemonOptions},
     duration::parse_duration,
 };
 
@@ -38,11 +38,21 @@ pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
         audit_interval,
         ring_bytes: args.ring_bytes,
         deadline_timer: !args.no_deadline_timer,
+        metrics_file: args.metrics_file.clone(),
     })
 }
 
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let opts = options(&args)?;
+    let dir = instance::lock_dir();
+    let _lock = match instance::acquire(&dir, opts.account.uid, &opts.account.name, &opts.home) {
+        Ok(lock) => lock,
+        Err(e @ instance::InstanceError::Held { .. }) => {
+            eprintln!("guard-user: {e}");
+            return Ok(ExitCode::from(75));
+        }
+        Err(e) => return Err(e.into()),
+    };
     // Blocking-pool threads (ticks, /proc rebuilds) are kept for the daemon's life: with tokio's
     // 10 s default a 60 s tick would need a new thread each time, and when a fork bomb has
     // exhausted the pid space (exactly when the guard must act) thread creation fails.
@@ -51,8 +61,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         .thread_keep_alive(std::time::Duration::from_secs(100 * 365 * 86_400))
         .enable_all()
         .build()?;
-    match rt.block_on(daemon::run(opts)) {
-        Ok(_) => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(e.into()),
-    }
+    let result = rt.block_on(daemon::run(opts));
+    // A tick abandoned on a hang or a stop may still hold a blocking thread: do not wait for it.
+    rt.shutdown_background();
+    Ok(ExitCode::from(result?.exit_code()))
 }

@@ -1,93 +1,202 @@
-//! `guard-user status [--json]` (SPEC §7): reads the status file the daemon writes every tick.
-use std::{process::ExitCode, time::SystemTime};
+//! `guard-user status [--json]` (docs/operations.md): reads the status file the daemon writes every tick.
+//! Both views exit 1 when the last tick is stale ([`Freshness`]).
+//!
+//! The status file lives in the account's home, so the account can rewrite any of it: every text
+//! shown goes through [`escape_for_terminal`] (a name holding a newline cannot forge a row) and
+//! every number is shown without trusting it to be sane.
+use std::{fmt::Write as _, process::ExitCode, time::Duration, time::SystemTime};
+
+use serde::Serialize;
 
 use super::StatusArgs;
-use crate::{config, duration::human, status};
-
-fn now() -> f64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
-
-/// `status --fleet`: every heartbeat on the current swarm Redis endpoint.
-fn fleet(json: bool) -> anyhow::Result<ExitCode> {
-    use crate::redis_mirror::{fleet, fleet_table, Endpoint};
-    let endpoint = Endpoint::resolve(|k| std::env::var(k).ok());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    match rt.block_on(fleet(&endpoint)) {
-        Ok(hbs) if json => println!("{}", serde_json::to_string_pretty(&hbs)?),
-        Ok(hbs) if hbs.is_empty() => println!("no guard heartbeat on {}", endpoint.redacted()),
-        Ok(hbs) => print!("{}", fleet_table(&hbs, SystemTime::now())),
-        Err(e) => {
-            eprintln!("guard-user status --fleet: {e}");
-            return Ok(ExitCode::from(1));
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
+use crate::{
+    config,
+    duration::human,
+    status::{self, escape_for_terminal, Freshness, Status},
+};
 
 pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
     if args.fleet {
-        return fleet(args.json);
+        return super::fleet::main(args.json);
     }
-    let (_account, home, config_path) = super::run::resolve_account(&args.account)?;
-    let state_file = config::load(&config_path, &home)
+    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let who = crate::safefs::FsIdentity::from(&account);
+    let state_file = config::load(&config_path, &home, who)
         .map(|c| c.state_file)
         .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, &home));
     let path = status::path_beside(&state_file);
-    let s = match status::read(&path) {
+    let s = match status::read(&path, who) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("guard-user status: no status: {e}. Is the guard running? (guard-user check tells)");
+            if e.is_missing() {
+                eprintln!(
+                    "guard-user status: no status file yet ({}): the guard writes it after every tick; is it running? (guard-user check tells)",
+                    path.display()
+                );
+            } else {
+                eprintln!("guard-user status: {e}");
+            }
             return Ok(ExitCode::from(1));
         }
     };
+    let now = SystemTime::now();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-        return Ok(ExitCode::SUCCESS);
+        println!("{}", render_json(&s, now));
+    } else {
+        print!("{}", render_table(&s, now));
     }
-    let age = (now() - s.last_tick).max(0.0);
-    let stale = age > 2.0 * s.interval_secs.max(1.0);
-    let rows = [
-        ("user", format!("{} (uid {})", s.user, s.uid)),
+    Ok(if s.freshness(now).stale { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// What `status --json` prints: the status file's fields, plus what only the reader can know.
+#[derive(Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    status: &'a Status,
+    /// docs/operations.md: the last tick is older than two intervals (the exit code is then 1).
+    stale: bool,
+    /// Seconds since the last tick completed.
+    last_tick_age_secs: f64,
+}
+
+/// `status --json`: pretty JSON of the status, `stale` and `last_tick_age_secs`. Control
+/// characters are `\u` escapes (serde_json does that for C0; C1 and the bidirectional controls
+/// are done here), so the JSON is also safe to print on a terminal.
+pub fn render_json(s: &Status, now: SystemTime) -> String {
+    let f = s.freshness(now);
+    let report = Report { status: s, stale: f.stale, last_tick_age_secs: f.age_secs };
+    let json = serde_json::to_string_pretty(&report).expect("a status always serializes");
+    // Outside strings JSON is plain ASCII, so any such character is inside a string, where a
+    // `\uXXXX` escape means the same character.
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if !c.is_ascii() && status::is_hidden_control(c) {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A duration from seconds the file claims: negative reads as zero, too large as the largest.
+fn secs(x: f64) -> Duration {
+    Duration::try_from_secs_f64(x.max(0.0)).unwrap_or(Duration::MAX)
+}
+
+fn text(s: &str) -> String {
+    escape_for_terminal(s.as_bytes())
+}
+
+/// `status`: the daemon's figures, then one row per name at or over half the threshold, then the
+/// optional sections (warnings, vitals, repeat offenders, pegged processes) when the daemon wrote them.
+pub fn render_table(s: &Status, now: SystemTime) -> String {
+    let Freshness { age_secs, stale } = s.freshness(now);
+    let now_secs = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let mut rows = vec![
+        ("user", format!("{} (uid {})", text(&s.user), s.uid)),
         ("pid", s.pid.to_string()),
-        ("backend", format!("{}{}", s.backend, if s.dry_run { " (dry run)" } else { "" })),
-        ("uptime", human(std::time::Duration::from_secs_f64((now() - s.started_at).max(0.0)))),
+        ("backend", format!("{}{}", text(&s.backend), if s.dry_run { " (dry run)" } else { "" })),
+        ("uptime", human(secs(now_secs - s.started_at))),
         (
             "last tick",
-            format!("{} ago{}", human(std::time::Duration::from_secs_f64(age)), if stale { " (STALE: the guard is not ticking)" } else { "" }),
+            format!("{} ago{}", human(secs(age_secs)), if stale { " (STALE: the guard is not ticking)" } else { "" }),
         ),
         ("events", s.events.to_string()),
         ("lost events", s.lost_events.to_string()),
         ("resyncs", s.resyncs.to_string()),
         ("kills", s.kills.to_string()),
-        ("tracked", format!("{} processes", s.tracked_processes)),
+        ("tracked", tracked(s)),
     ];
-    for (k, v) in rows {
-        println!("{k:<12} {v}");
-    }
     if let Some(e) = &s.config_error {
-        println!("{:<12} {e}", "config");
+        rows.push(("config", text(e)));
     }
-    println!();
-    if s.names.is_empty() {
-        println!("no name at or over half the threshold");
-    } else {
-        println!("{:<16} {:>6} {:>9} {:<19} {:>10} {:>10} {:>9}", "NAME", "COUNT", "THRESHOLD", "FLAGGED SINCE", "TIME LEFT", "WOULD SKIP", "WOULD END");
-        for n in &s.names {
-            let since = n.flagged_since.map(|t| crate::log::local_timestamp(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(t)));
-            let left = n.time_left_secs.map(|t| human(std::time::Duration::from_secs_f64(t)));
-            let dash = || "-".to_string();
-            println!(
-                "{:<16} {:>6} {:>9} {:<19} {:>10} {:>10} {:>9}",
-                n.name,
-                n.count,
-                n.threshold,
-                since.unwrap_or_else(dash),
-                left.unwrap_or_else(dash),
-                n.would_skip.map(|v| v.to_string()).unwrap_or_else(dash),
-                n.would_end.map(|v| v.to_string()).unwrap_or_else(dash)
-            );
+    for w in &s.warnings {
+        rows.push(("warning", text(w)));
+    }
+    if let Some(v) = s.vitals.as_ref().map(vitals).filter(|v| !v.is_empty()) {
+        rows.push(("daemon", v));
+    }
+    let mut out = String::new();
+    for (k, v) in rows {
+        let _ = writeln!(out, "{k:<12} {v}");
+    }
+    out.push('\n');
+    names(&mut out, s);
+    if !s.repeat_offenders.is_empty() {
+        let _ = writeln!(out, "\n{:<16} {:>16} {:>9}", "REPEAT OFFENDER", "ENFORCEMENTS 24H", "KILLS 24H");
+        for r in &s.repeat_offenders {
+            let _ = writeln!(out, "{:<16} {:>16} {:>9}", text(&r.name), r.enforcements_24h, r.kills_24h);
         }
     }
-    Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    if !s.pegged.is_empty() {
+        let _ = writeln!(out, "\n{:<16} {:>8} {:>6} {:>10}", "PEGGED", "PID", "CPU", "FOR");
+        for p in &s.pegged {
+            let _ = writeln!(out, "{:<16} {:>8} {:>6.2} {:>10}", text(&p.name), p.pid, p.cpu, human(secs(p.for_secs)));
+        }
+    }
+    out
+}
+
+/// The account's processes, and the machine's when the daemon reported them (older status files
+/// have only one number, which was the machine's).
+fn tracked(s: &Status) -> String {
+    match s.machine_processes {
+        Some(machine) => format!("{} processes of {} ({machine} on the machine)", s.tracked_processes, text(&s.user)),
+        None => format!("{} processes", s.tracked_processes),
+    }
+}
+
+fn vitals(v: &status::Vitals) -> String {
+    let mut parts = Vec::new();
+    if let Some(cpu) = v.cpu_percent {
+        parts.push(format!("cpu {cpu:.1}%"));
+    }
+    if let Some(rss) = v.rss_bytes {
+        parts.push(format!("rss {:.1} MiB", rss as f64 / (1024.0 * 1024.0)));
+    }
+    match (v.tick_duration_last_secs, v.tick_duration_max_secs) {
+        (Some(last), Some(max)) => parts.push(format!("tick {:.0} ms (max {:.0} ms)", last * 1e3, max * 1e3)),
+        (Some(last), None) => parts.push(format!("tick {:.0} ms", last * 1e3)),
+        (None, Some(max)) => parts.push(format!("tick max {:.0} ms", max * 1e3)),
+        (None, None) => {}
+    }
+    if let Some(lag) = v.pump_lag_secs {
+        parts.push(format!("pump lag {:.0} ms", lag * 1e3));
+    }
+    if let Some(rate) = v.events_per_sec {
+        parts.push(format!("{rate:.0} events/s"));
+    }
+    parts.join(", ")
+}
+
+fn names(out: &mut String, s: &Status) {
+    if s.names.is_empty() {
+        out.push_str("no name at or over half the threshold\n");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{:<16} {:>6} {:>9} {:<19} {:>10} {:>10} {:>9}",
+        "NAME", "COUNT", "THRESHOLD", "FLAGGED SINCE", "TIME LEFT", "WOULD SKIP", "WOULD END"
+    );
+    for n in &s.names {
+        let since = n.flagged_since.map(|t| match SystemTime::UNIX_EPOCH.checked_add(secs(t)) {
+            Some(at) => crate::log::local_timestamp(at),
+            None => "?".to_string(),
+        });
+        let left = n.time_left_secs.map(|t| human(secs(t)));
+        let dash = || "-".to_string();
+        let _ = writeln!(
+            out,
+            "{:<16} {:>6} {:>9} {:<19} {:>10} {:>10} {:>9}",
+            text(&n.name),
+            n.count,
+            n.threshold,
+            since.unwrap_or_else(dash),
+            left.unwrap_or_else(dash),
+            n.would_skip.map(|v| v.to_string()).unwrap_or_else(dash),
+            n.would_end.map(|v| v.to_string()).unwrap_or_else(dash)
+        );
+    }
 }

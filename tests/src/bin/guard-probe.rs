@@ -1,7 +1,10 @@
 //! A probe process for the integration tests: copied under a test name (e.g. `agentihooks`) and
 //! run as a test account. `guard-probe [threads N] [forks N] [record FILE] [args…]` sleeps
 //! until killed; with `threads` it runs N extra threads, with `forks` N children that do not
-//! exec (they keep the name), with `record` it appends every signal it receives to FILE.
+//! exec (they keep the name), with `record` it appends every signal it receives to FILE, with
+//! `rename NAME` / `rename-hex HEX` it renames itself (prctl; the hex form for names that are not
+//! UTF-8), with `dodge NAME` it survives SIGTERM by renaming itself to NAME, with `busy ON/OFF`
+//! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins).
 //!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
@@ -26,6 +29,29 @@ extern "C" fn on_signal(sig: i32) {
             libc::_exit(0);
         }
     }
+}
+
+/// The name `dodge` renames to on SIGTERM (NUL-terminated, set before the handler is installed).
+static mut DODGE: [u8; 16] = [0; 16];
+
+extern "C" fn on_term_dodge(_sig: i32) {
+    // SAFETY: prctl is a plain syscall; DODGE is written once before the handler is installed.
+    unsafe {
+        #[allow(static_mut_refs)]
+        libc::prctl(libc::PR_SET_NAME, DODGE.as_ptr());
+    }
+}
+
+fn rename(name: &[u8]) {
+    let mut buf = [0u8; 16];
+    let n = name.len().min(15);
+    buf[..n].copy_from_slice(&name[..n]);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes we own.
+    unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr()) };
+}
+
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap()).collect()
 }
 
 fn install_recorder(path: &str) {
@@ -53,7 +79,10 @@ fn pidns(args: &[String]) -> ! {
         assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
         if child == 0 {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setresgid(uid, uid, uid) != 0 || libc::setresuid(uid, uid, uid) != 0 {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(uid, uid, uid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
                 libc::_exit(126);
             }
             libc::execv(ptrs[0], ptrs.as_ptr());
@@ -98,12 +127,30 @@ fn main() {
     }
     let mut threads = 0;
     let mut forks = 0;
+    // `busy ON_MS/OFF_MS`: burn a core for ON_MS, then sleep OFF_MS, forever (OFF_MS 0: spin).
+    let mut busy: Option<(u64, u64)> = None;
     let mut i = 1;
     while i + 1 < args.len() {
         match args[i].as_str() {
             "threads" => threads = args[i + 1].parse().unwrap(),
             "forks" => forks = args[i + 1].parse().unwrap(),
+            "busy" => {
+                let (on, off) = args[i + 1].split_once('/').unwrap();
+                busy = Some((on.parse().unwrap(), off.parse().unwrap()));
+            }
             "record" => install_recorder(&args[i + 1]),
+            // prctl(PR_SET_NAME): the leader's comm, as a program renaming itself does.
+            "rename" => rename(args[i + 1].as_bytes()),
+            "rename-hex" => rename(&unhex(&args[i + 1])),
+            "dodge" => {
+                let name = args[i + 1].as_bytes();
+                // SAFETY: written before the handler that reads it is installed.
+                unsafe {
+                    #[allow(static_mut_refs)]
+                    DODGE[..name.len().min(15)].copy_from_slice(&name[..name.len().min(15)]);
+                    libc::signal(libc::SIGTERM, on_term_dodge as *const () as libc::sighandler_t);
+                }
+            }
             _ => {}
         }
         i += 2;
@@ -124,6 +171,18 @@ fn main() {
     // Tell the test we are set up (threads and children exist).
     println!("ready");
     let _ = std::io::stdout().flush();
+    if let Some((on, off)) = busy {
+        let mut x = 0u64;
+        loop {
+            let until = std::time::Instant::now() + Duration::from_millis(on);
+            while std::time::Instant::now() < until {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            if off > 0 {
+                std::thread::sleep(Duration::from_millis(off));
+            }
+        }
+    }
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

@@ -209,9 +209,28 @@ impl Daemon {
         interval: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_env(binary, user, home, backend, dry_run, interval, extra, &[])
+    }
+
+    /// [`Daemon::start_with`] with extra environment variables (e.g. `GUARD_SNAPSHOT`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_env(
+        binary: &Path,
+        user: &str,
+        home: &Path,
+        backend: &str,
+        dry_run: bool,
+        interval: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let stderr = fs::File::create(home.with_extension("stderr"))?;
         let mut cmd = Command::new(binary);
-        cmd.args(["run", "--user", user, "--home"]).arg(home).args(["--interval", interval, "--backend", backend]).args(extra);
+        cmd.args(["run", "--user", user, "--home"])
+            .arg(home)
+            .args(["--interval", interval, "--backend", backend])
+            .args(extra)
+            .envs(env.iter().copied());
         if dry_run {
             cmd.arg("--dry-run");
         }
@@ -305,6 +324,17 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
     Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
+}
+
+/// One `ps -e -o pid=,comm=` pass over every process (what the start-up figure is a ratio to).
+/// Returns (children's CPU seconds, wall seconds).
+pub fn ps_pass() -> anyhow::Result<(f64, f64)> {
+    let before = children_cpu_secs();
+    let start = Instant::now();
+    let status = Command::new("ps").args(["-e", "-o", "pid=,comm="]).stdout(Stdio::null()).status()?;
+    let wall = start.elapsed().as_secs_f64();
+    anyhow::ensure!(status.success(), "ps -e failed: {status}");
+    Ok((children_cpu_secs() - before, wall))
 }
 
 /// The legacy cost model: `ps -u USER -o comm= | sort | uniq -c`, then the command line of

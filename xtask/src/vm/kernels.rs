@@ -7,6 +7,11 @@
 //! matching version decides the ABI package, and the package holding `vmlinuz` (the unsigned
 //! image, or the `linux-binary-*` package of the split 7.x packaging) is downloaded and
 //! unpacked once into `target/vm/kernels/<abi>/`.
+//!
+//! One line of the matrix is not a kernel of its own: `no-btf` boots the 6.1 kernel with
+//! `guard.hide_btf` on its command line, and vm-init then hides `/sys/kernel/btf` under an empty
+//! tmpfs, which is what a kernel built without `CONFIG_DEBUG_INFO_BTF` looks like to user space
+//! (no Debian kernel on the mirror is that old: buster's 4.19 is only on archive.debian.org).
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -23,6 +28,8 @@ const METAPACKAGE: &str = "linux-image-cloud-amd64";
 
 /// Debian suites the private apt configuration reads (main only, amd64).
 const SOURCES: &[(&str, &str)] = &[
+    ("http://deb.debian.org/debian", "bullseye"),
+    ("http://security.debian.org/debian-security", "bullseye-security"),
     ("http://deb.debian.org/debian", "bookworm"),
     ("http://deb.debian.org/debian-security", "bookworm-security"),
     ("http://deb.debian.org/debian", "bookworm-backports"),
@@ -43,15 +50,33 @@ pub struct KernelSpec {
     version_prefix: &'static str,
     /// Suites to take it from, in order of preference; the newest version among them wins.
     suites: &'static [&'static str],
+    /// Extra kernel command-line words for this line of the matrix.
+    pub cmdline: &'static str,
 }
 
 pub const KERNELS: &[KernelSpec] = &[
-    // Debian 12's kernel, the oldest guard supports.
-    KernelSpec { name: "6.1", version_prefix: "6.1.", suites: &["bookworm-security", "bookworm"] },
+    // Debian 11's kernel (LTS), the oldest guard supports: tp_btf, ring buffers (5.8) and the
+    // task iterator (5.8) are all there.
+    KernelSpec { name: "5.10", version_prefix: "5.10.", suites: &["bullseye-security", "bullseye"], cmdline: "" },
+    // Debian 12's kernel.
+    KernelSpec { name: "6.1", version_prefix: "6.1.", suites: &["bookworm-security", "bookworm"], cmdline: "" },
     // Debian 13's kernel (also bookworm-backports).
-    KernelSpec { name: "6.12", version_prefix: "6.12.", suites: &["trixie-security", "trixie", "bookworm-backports"] },
+    KernelSpec {
+        name: "6.12",
+        version_prefix: "6.12.",
+        suites: &["trixie-security", "trixie", "bookworm-backports"],
+        cmdline: "",
+    },
     // The newest Debian builds: trixie-backports, else unstable.
-    KernelSpec { name: "7.x", version_prefix: "7.", suites: &["trixie-backports", "sid"] },
+    KernelSpec { name: "7.x", version_prefix: "7.", suites: &["trixie-backports", "sid"], cmdline: "" },
+    // Debian 12's kernel with its BTF hidden (see the module doc): the daemon must fall back to
+    // procfs, and everything but the BPF tests must pass.
+    KernelSpec {
+        name: "no-btf",
+        version_prefix: "6.1.",
+        suites: &["bookworm-security", "bookworm"],
+        cmdline: "guard.hide_btf",
+    },
 ];
 
 /// A kernel ready to boot.
@@ -69,6 +94,8 @@ pub struct Kernel {
     pub vmlinuz: PathBuf,
     /// The kernel's build configuration, when the packages carried one.
     pub config: Option<PathBuf>,
+    /// Extra kernel command-line words (the spec's).
+    pub cmdline: String,
 }
 
 /// Selects the specs named by `--kernel` (all when empty).
@@ -96,14 +123,33 @@ pub fn prepare(specs: &[&KernelSpec]) -> anyhow::Result<Vec<Kernel>> {
     specs.iter().map(|spec| prepare_one(&apt, &madison, spec)).collect()
 }
 
+/// The newest version of the spec's line that can be fetched: a mirror may list a package its
+/// pool no longer (or not yet) serves (seen with bullseye-security's 5.10.262 behind a proxy), so
+/// each older candidate is tried in turn, and every failure is printed.
 fn prepare_one(apt: &Apt, madison: &[(String, String)], spec: &KernelSpec) -> anyhow::Result<Kernel> {
-    let (meta_version, suite) = pick_version(madison, spec).with_context(|| {
-        format!(
+    let candidates = pick_versions(madison, spec);
+    if candidates.is_empty() {
+        bail!(
             "no {METAPACKAGE} {}* in {} (apt-cache madison found: {madison:?})",
             spec.version_prefix,
             spec.suites.join(", ")
-        )
-    })?;
+        );
+    }
+    let mut errors = Vec::new();
+    for (meta_version, suite) in candidates {
+        match prepare_version(apt, spec, &meta_version, &suite) {
+            Ok(k) => return Ok(k),
+            Err(err) => {
+                println!("vm: kernel {}: {METAPACKAGE}={meta_version} ({suite}) unusable: {err:#}", spec.name);
+                errors.push(format!("{meta_version}: {err:#}"));
+            }
+        }
+    }
+    bail!("no version of kernel {} could be fetched: {}", spec.name, errors.join("; "))
+}
+
+fn prepare_version(apt: &Apt, spec: &KernelSpec, meta_version: &str, suite: &str) -> anyhow::Result<Kernel> {
+    let (meta_version, suite) = (meta_version.to_string(), suite.to_string());
     let depends = apt.depends(METAPACKAGE, &meta_version)?;
     let package = depends
         .iter()
@@ -127,6 +173,7 @@ fn prepare_one(apt: &Apt, madison: &[(String, String)], spec: &KernelSpec) -> an
             downloaded,
             vmlinuz: cached_vmlinuz,
             config: config.is_file().then_some(config),
+            cmdline: spec.cmdline.to_string(),
         });
     }
 
@@ -170,9 +217,9 @@ fn prepare_one(apt: &Apt, madison: &[(String, String)], spec: &KernelSpec) -> an
             &format!("dpkg-deb -x {}", deb.display()),
         )?;
     }
-    let found_vmlinuz = find_file(&root, |p| is_vmlinuz(p))
+    let found_vmlinuz = find_file(&root, is_vmlinuz)
         .with_context(|| format!("no vmlinuz in {:?} (unpacked in {})", wanted, root.display()))?;
-    let found_config = find_file(&root, |p| is_config(p));
+    let found_config = find_file(&root, is_config);
 
     fs::create_dir_all(&dir)?;
     fs::copy(&found_vmlinuz, &cached_vmlinuz).with_context(|| format!("copying {}", found_vmlinuz.display()))?;
@@ -191,16 +238,18 @@ fn prepare_one(apt: &Apt, madison: &[(String, String)], spec: &KernelSpec) -> an
         downloaded,
         vmlinuz: cached_vmlinuz,
         config: found_config.map(|_| config),
+        cmdline: spec.cmdline.to_string(),
     })
 }
 
-/// The newest madison row of one of the spec's suites whose version has its prefix
-/// (`apt-cache madison` lists newest first).
-fn pick_version(madison: &[(String, String)], spec: &KernelSpec) -> Option<(String, String)> {
+/// The madison rows of the spec's suites whose version has its prefix, newest first (`apt-cache
+/// madison` lists newest first).
+fn pick_versions(madison: &[(String, String)], spec: &KernelSpec) -> Vec<(String, String)> {
     madison
         .iter()
-        .find(|(version, suite)| version.starts_with(spec.version_prefix) && spec.suites.contains(&suite.as_str()))
+        .filter(|(version, suite)| version.starts_with(spec.version_prefix) && spec.suites.contains(&suite.as_str()))
         .cloned()
+        .collect()
 }
 
 /// `boot/vmlinuz-<abi>` (classic packaging) or `usr/lib/modules/<abi>/vmlinuz` (split packaging).
@@ -384,7 +433,18 @@ mod tests {
             ("6.12.118-1".to_string(), "bookworm-security".to_string()),
             ("6.1.192-3".into(), "bookworm-security".into()),
         ];
-        assert_eq!(pick_version(&rows, &KERNELS[0]).unwrap().0, "6.1.192-3");
+        let six_one = KERNELS.iter().find(|k| k.name == "6.1").unwrap();
+        assert_eq!(pick_versions(&rows, six_one)[0].0, "6.1.192-3");
+    }
+
+    #[test]
+    fn every_line_of_the_matrix_is_selectable_by_name_and_no_btf_hides_it_on_6_1() {
+        for k in KERNELS {
+            assert_eq!(select(&[k.name.to_string()]).unwrap()[0].name, k.name);
+        }
+        let no_btf = select(&["no-btf".into()]).unwrap()[0];
+        assert_eq!((no_btf.version_prefix, no_btf.cmdline), ("6.1.", "guard.hide_btf"));
+        assert_eq!(select(&["7".into()]).unwrap()[0].name, "7.x");
     }
 
     #[test]

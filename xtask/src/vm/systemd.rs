@@ -1,5 +1,7 @@
 //! `cargo xtask vm --systemd [--kernel 6.12]`: guard-user's install → check → drift → check under
-//! a real systemd, in a Debian bookworm guest.
+//! a real systemd, in a Debian bookworm guest; then install with a `--home`/`--config` full of
+//! characters systemd must have escaped, from a hostile config, checked with
+//! `systemd-analyze verify`, `systemctl show` and the running daemon's own argv.
 //!
 //! 1. a minbase Debian rootfs with systemd is built once with debootstrap and cached in
 //!    `target/vm/systemd/rootfs-bookworm` (delete it to rebuild);
@@ -33,6 +35,8 @@ use super::{
     cpio::{CpioWriter, Owner},
     kernels, payload, qemu,
 };
+mod package;
+
 use crate::{
     build::host_cargo,
     build_ebpf::{self, run_checked, which},
@@ -42,7 +46,8 @@ use crate::{
 const SUITE: &str = "bookworm";
 const MIRROR: &str = "http://deb.debian.org/debian";
 /// minbase has bash, coreutils, util-linux (setpriv) and passwd (useradd); procps is for pgrep.
-const INCLUDE: &str = "systemd,systemd-sysv,dbus,procps";
+/// man-db is for the package scenario's `man guard-user` ([`package`]).
+const INCLUDE: &str = "systemd,systemd-sysv,dbus,procps,man-db";
 /// The kernel booted when `--kernel` is not given.
 const DEFAULT_KERNEL: &str = "6.12";
 /// Same as payload.rs: the static guard-user of the test guests.
@@ -75,117 +80,7 @@ const CONFIG: &str = "{\n  \"threshold\": 3,\n  \"timeout\": \"5s\"\n}\n";
 const OTHER_CONFIG: &str = "{\n  \"threshold\": 30,\n  \"timeout\": \"1h\"\n}\n";
 
 /// What runs in the guest (as `guard-vm-systemd.service`).
-const GUEST_SCRIPT: &str = r#"#!/bin/bash
-# Runs in the guest of `cargo xtask vm --systemd` as guard-vm-systemd.service: installs guard-user
-# for a test account under the real systemd, lets it end a pile of probes, checks, creates drift
-# and checks again. Every command and its output goes to the serial console, prefixed `sg| `.
-exec >/dev/ttyS0 2>&1
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-U=guardtest1 UID_=4201 H=/home/guardtest1
-SRC=/opt/guard/guard-config.json GU=/opt/guard/guard-user
-UNIT=guard-user@guardtest1.service PROBE=ghost-sleeper PROBES=6
-LOG=$H/guard-daemon.log
-
-say() { printf 'sg| %s\n' "$*"; }
-# run CMD...: prints `$ CMD`, its output and `[exit N]`; leaves the exit code in RC, the output in OUT.
-run() {
-    say "\$ $*"
-    "$@" >/tmp/sg.out 2>&1
-    RC=$?
-    OUT=$(cat /tmp/sg.out)
-    sed 's/^/sg|   /' /tmp/sg.out
-    say "[exit $RC]"
-}
-has() { [[ $OUT == *"$1"* ]] || fail "expected \"$1\" in the output of the last command"; }
-diagnostics() {
-    say "--- diagnostics"
-    run systemctl --no-pager status "$UNIT"
-    run journalctl -b --no-pager -o short-monotonic -u "$UNIT"
-    run cat "$LOG"
-    run systemctl --no-pager --failed
-}
-fail() {
-    diagnostics
-    echo "systemd-guest: failure $*"
-    systemctl --no-block poweroff
-    exit 1
-}
-# wait_for SECONDS WHAT CMD...: polls CMD every second.
-wait_for() {
-    local limit=$1 what=$2 start=$SECONDS
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS - start >= limit)) && fail "$what not within ${limit}s"
-        sleep 1
-    done
-    say "($what after $((SECONDS - start))s)"
-}
-ticked() { systemctl is-active -q "$UNIT" && grep -q TICK_COMPLETE "$LOG"; }
-probes_gone() { grep -q "KILLED .*name=$PROBE" "$LOG" && ! pgrep -u $UID_ -x $PROBE; }
-ticks() { grep -c TICK_COMPLETE "$LOG" 2>/dev/null; }
-ticked_again() { (($(ticks) > TICKS)) && systemctl is-active -q "$UNIT"; }
-
-echo "systemd-guest: start (kernel $(uname -r), $(systemctl --version | head -n1), state $(systemctl is-system-running))"
-run grep -E ' (tracefs|bpf|debugfs|cgroup2) ' /proc/mounts
-run cat /proc/sys/kernel/perf_event_paranoid
-
-say "=== install"
-run groupadd --gid $UID_ $U
-run useradd --create-home --uid $UID_ --gid $UID_ --shell /bin/bash $U
-((RC == 0)) || fail "useradd exited $RC"
-run "$GU" install --user $U --config-source "$SRC"
-((RC == 0)) || fail "install exited $RC"
-has "[OK] Host guard installed for $U in $H from $SRC"
-wait_for 120 "$UNIT active with a completed tick" ticked
-run systemctl --no-pager status "$UNIT"
-systemctl is-active -q "$UNIT" || fail "$UNIT is not active"
-run systemd-analyze verify /etc/systemd/system/guard-user@.service
-run cat "$LOG"
-
-say "=== $PROBES $PROBE probes as $U (threshold 3, timeout 5s, a tick every 60s)"
-run install -m 0755 /bin/sleep /usr/local/bin/$PROBE
-for _ in $(seq $PROBES); do
-    # A subshell, so the probes are reparented to PID 1 (reaped there) rather than left as our zombies.
-    (setpriv --reuid=$UID_ --regid=$UID_ --clear-groups /usr/local/bin/$PROBE 3600 </dev/null >/dev/null 2>&1 &)
-done
-sleep 1
-run pgrep -u $UID_ -a -x $PROBE
-(($(pgrep -u $UID_ -c -x $PROBE) == PROBES)) || fail "not all $PROBES probes started"
-wait_for 400 "the guard's KILLED lines and no probe left" probes_gone
-run grep -E "FLAGGED|KILLED|STARTED|WARN|ERROR" "$LOG"
-run pgrep -u $UID_ -a -x $PROBE
-
-say "=== check"
-run "$GU" check --user $U --config-source "$SRC"
-((RC == 0)) || fail "check exited $RC after install"
-has "[OK] Host guard in sync with $SRC"
-
-say "=== drift"
-run systemctl disable --now "$UNIT"
-run ln -sfn /opt/guard/other-config.json "$H/guard-config.json"
-run sed -i 's/^MemoryMax=.*/MemoryMax=1G/' /etc/systemd/system/guard-user@.service
-run touch "$H/guard-daemon.sh"
-run "$GU" check --user $U --config-source "$SRC"
-((RC == 1)) || fail "check exited $RC with drift (expected 1)"
-has "$H/guard-config.json is not a link to $SRC"
-has "$H/guard-daemon.sh is still present"
-has "/etc/systemd/system/guard-user@.service is missing or differs from this build"
-has "$UNIT is not enabled"
-has "$UNIT is not active"
-
-say "=== repair"
-TICKS=$(ticks)
-run "$GU" install --user $U --config-source "$SRC"
-((RC == 0)) || fail "install exited $RC when repairing"
-wait_for 120 "$UNIT active with a new tick" ticked_again
-run "$GU" check --user $U --config-source "$SRC"
-((RC == 0)) || fail "check exited $RC after the repair"
-has "[OK] Host guard in sync with $SRC"
-run journalctl -b --no-pager -o cat -u "$UNIT"
-
-echo "systemd-guest: success"
-systemctl --no-block poweroff
-"#;
+const GUEST_SCRIPT: &str = include_str!("systemd/guest.sh");
 
 pub fn run(opts: &super::Options) -> anyhow::Result<()> {
     let total = Instant::now();
@@ -201,10 +96,14 @@ pub fn run(opts: &super::Options) -> anyhow::Result<()> {
     } else {
         Some(build_ebpf::build(&build_ebpf::Options::default())?)
     };
-    let guard_user = build_guard_user(ebpf_object.as_deref())?;
+    // The package scenario runs the packaged binary; the static test build is the source scenario's.
+    let (guard_user, scenario) = match opts.package {
+        true => (None, Some(package::prepare()?)),
+        false => (Some(build_guard_user(ebpf_object.as_deref())?), None),
+    };
 
     let initrd = vm_dir.join("systemd.cpio");
-    let size = write_image(&initrd, &rootfs, &guard_user)?;
+    let size = write_image(&initrd, &rootfs, guard_user.as_deref(), scenario)?;
     println!("vm: {} ({} MiB): {} + guard-user + {UNIT_NAME}", initrd.display(), size >> 20, rootfs.display());
 
     let logs = vm_dir.join("logs");
@@ -255,9 +154,13 @@ pub fn run(opts: &super::Options) -> anyhow::Result<()> {
 /// The debootstrap tree, built once (into a temp directory renamed into place on success).
 fn ensure_rootfs(dir: &Path) -> anyhow::Result<PathBuf> {
     let rootfs = dir.join(format!("rootfs-{SUITE}"));
-    if rootfs.join("lib/systemd/systemd").exists() {
+    if rootfs.join("lib/systemd/systemd").exists() && package::has_man(&rootfs) {
         println!("vm: systemd rootfs: {} (cached; delete it to rebuild)", rootfs.display());
         return Ok(rootfs);
+    }
+    if rootfs.exists() {
+        println!("vm: systemd rootfs: {} lacks man-db; rebuilding it", rootfs.display());
+        fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
     }
     if !is_root() {
         bail!("building the systemd guest's rootfs needs root (debootstrap); run `cargo xtask vm --systemd` as root");
@@ -325,10 +228,10 @@ enum Extra {
     Symlink(&'static str),
 }
 
-fn extras(guard_user: &Path) -> anyhow::Result<Vec<(String, Extra)>> {
-    let bin = fs::read(guard_user).with_context(|| format!("reading {}", guard_user.display()))?;
+fn extras(guard_user: Option<&Path>, scenario: Option<package::Scenario>) -> anyhow::Result<Vec<(String, Extra)>> {
     let unit = format!("etc/systemd/system/{UNIT_NAME}");
-    Ok(vec![
+    let script = scenario.as_ref().map_or(GUEST_SCRIPT, |s| s.script);
+    let mut extras = vec![
         ("etc/hostname".into(), Extra::File(0o644, b"guard-systemd\n".to_vec())),
         // No udev in the guest, so no dev-ttyS0.device: the console getty would wait 90 s for it.
         ("etc/systemd/system/serial-getty@ttyS0.service".into(), Extra::Symlink("/dev/null")),
@@ -341,16 +244,26 @@ fn extras(guard_user: &Path) -> anyhow::Result<Vec<(String, Extra)>> {
             Extra::Symlink("/etc/systemd/system/guard-vm-systemd.service"),
         ),
         ("opt/guard".into(), Extra::Dir),
-        ("opt/guard/guard-user".into(), Extra::File(0o755, bin)),
-        ("opt/guard/systemd-guest.sh".into(), Extra::File(0o755, GUEST_SCRIPT.as_bytes().to_vec())),
+        ("opt/guard/systemd-guest.sh".into(), Extra::File(0o755, script.as_bytes().to_vec())),
         ("opt/guard/guard-config.json".into(), Extra::File(0o644, CONFIG.as_bytes().to_vec())),
         ("opt/guard/other-config.json".into(), Extra::File(0o644, OTHER_CONFIG.as_bytes().to_vec())),
-    ])
+    ];
+    if let Some(path) = guard_user {
+        let bin = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        extras.push(("opt/guard/guard-user".into(), Extra::File(0o755, bin)));
+    }
+    extras.extend(scenario.map(|s| s.extras).unwrap_or_default());
+    Ok(extras)
 }
 
 /// The rootfs (minus [`SKIPPED`] and the paths [`extras`] replaces), then the extras.
-fn write_image(path: &Path, rootfs: &Path, guard_user: &Path) -> anyhow::Result<u64> {
-    let extras = extras(guard_user)?;
+fn write_image(
+    path: &Path,
+    rootfs: &Path,
+    guard_user: Option<&Path>,
+    scenario: Option<package::Scenario>,
+) -> anyhow::Result<u64> {
+    let extras = extras(guard_user, scenario)?;
     let replaced: BTreeSet<&str> = extras.iter().map(|(p, _)| p.as_str()).collect();
     let tmp = path.with_extension("cpio.tmp");
     let file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;

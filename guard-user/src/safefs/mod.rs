@@ -1,5 +1,5 @@
 //! Files in the account's home, written so that a link planted there cannot make a root daemon
-//! write anywhere the account itself could not (SPEC §2).
+//! write anywhere the account itself could not (docs/operations.md).
 //!
 //! Three layers:
 //! 1. Every file operation runs with the account's file-system identity ([`FsIdentity::scope`]:
@@ -11,6 +11,15 @@
 //! 3. Whole-file writes go to a fresh temp file (`O_EXCL`), are fsynced, and renamed over the
 //!    target, so a reader sees the old or the new file, never a torn one, and a link at the
 //!    target is replaced, not written through.
+//!
+//! Reads of files the account controls go through [`read_account_file`] (`read.rs`): as the
+//! account, regular files only, size-capped, never blocking.
+mod identity;
+mod read;
+
+pub use identity::{thread_effective_caps, FsIdentity, FsScope, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH};
+pub use read::{read_account_file, FileKind, Follow, ReadError};
+
 use std::{
     ffi::OsString,
     fs::{self, File, OpenOptions},
@@ -30,96 +39,24 @@ pub enum SafeFsError {
     Unsafe { path: PathBuf, why: &'static str },
 }
 
+const NO_IDENTITY: &str = "cannot take the account's file-system identity";
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SafeFsError + '_ {
     move |source| SafeFsError::Io { path: path.to_path_buf(), source }
 }
 
-/// Whose file-system identity file operations use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FsIdentity {
-    pub uid: u32,
-    pub gid: u32,
-}
-
-/// Restores root's file-system identity when dropped (also on panic).
-pub struct FsScope {
-    active: bool,
-    groups: Vec<libc::gid_t>,
-}
-
-impl FsIdentity {
-    /// Runs file operations as the account until the returned scope drops. A no-op when the
-    /// daemon is not root (it can then only write what its own uid can).
-    pub fn scope(&self) -> FsScope {
-        // SAFETY: plain syscalls on the calling thread's credentials. The raw syscalls (not
-        // glibc's wrappers) are used because glibc broadcasts setgroups to every thread.
-        unsafe {
-            if libc::geteuid() != 0 || self.uid == 0 {
-                return FsScope { active: false, groups: Vec::new() };
-            }
-            let n = libc::getgroups(0, std::ptr::null_mut());
-            let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
-            if n > 0 {
-                libc::getgroups(n, groups.as_mut_ptr());
-            }
-            libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>());
-            libc::syscall(libc::SYS_setfsgid, self.gid as usize);
-            libc::syscall(libc::SYS_setfsuid, self.uid as usize);
-            FsScope { active: true, groups }
-        }
-    }
-}
-
-impl Drop for FsScope {
-    fn drop(&mut self) {
-        if self.active {
-            // SAFETY: see FsIdentity::scope.
-            unsafe {
-                libc::syscall(libc::SYS_setfsuid, 0usize);
-                libc::syscall(libc::SYS_setfsgid, 0usize);
-                libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
-            }
-        }
-    }
-}
-
-/// Replaces `path` with `bytes` atomically: temp file beside it, fsync, rename, fsync the dir.
+/// Replaces `path` with `bytes` atomically (mode 0644): see [`atomic_write_mode`].
 pub fn atomic_write(path: &Path, bytes: &[u8], who: FsIdentity) -> Result<(), SafeFsError> {
-    let _scope = who.scope();
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp_name: OsString = path.file_name().unwrap_or_default().to_os_string();
-    // One fixed name per target, not per pid: a temp file left by a daemon killed mid-write is
-    // then reused by the next one instead of piling up.
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    // A leftover temp file from a crashed run: remove it (unlink removes a link, never its target).
-    let _ = fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(io_err(&tmp))?;
-        f.write_all(bytes).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        fs::rename(&tmp, path).map_err(io_err(path))?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    atomic_write_mode(path, bytes, 0o644, who)
 }
 
 /// Appends one record with a single `write` (O_APPEND), rotating `path` to `path.1` first
 /// when it has reached `max_bytes`.
 pub fn append_rotating(path: &Path, record: &[u8], max_bytes: u64, who: FsIdentity) -> Result<(), SafeFsError> {
-    let _scope = who.scope();
+    let scope = who.scope();
+    if !scope.is_as_account() {
+        return Err(SafeFsError::Unsafe { path: path.into(), why: NO_IDENTITY });
+    }
     let mut f = open_append(path, who)?;
     let size = f.metadata().map_err(io_err(path))?.len();
     if size >= max_bytes {
@@ -161,21 +98,15 @@ fn open_append(path: &Path, who: FsIdentity) -> Result<File, SafeFsError> {
     Ok(f)
 }
 
-/// Reads a small file as the account (so a link to a file the account cannot read fails).
-pub fn read_as(path: &Path, who: FsIdentity, limit: u64) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let _scope = who.scope();
-    let mut buf = Vec::new();
-    File::open(path)?.take(limit).read_to_end(&mut buf)?;
-    Ok(buf)
-}
+#[cfg(test)]
+mod read_tests;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn me() -> FsIdentity {
-        unsafe { FsIdentity { uid: libc::geteuid(), gid: libc::getegid() } }
+        FsIdentity::current()
     }
 
     #[test]
@@ -215,5 +146,71 @@ mod tests {
         // 6 bytes per line, limit 12: rotate before the 3rd and the 5th line.
         assert_eq!(fs::read_to_string(&log).unwrap(), "line4\n");
         assert_eq!(fs::read_to_string(dir.path().join("guard-daemon.log.1")).unwrap(), "line2\nline3\n");
+    }
+}
+
+// --- added for install (the `install` helper's hunk; the rest of this file is the `files` helper's) ---
+
+impl FsIdentity {
+    /// Root's own identity: [`FsIdentity::scope`] changes nothing. For root-owned targets
+    /// (install's unit files and binary), never for the account's home.
+    pub const ROOT: FsIdentity = FsIdentity { uid: 0, gid: 0 };
+}
+
+/// The one atomic write (state, status, metrics, install's unit files and binary): a temp file
+/// beside `path` (`O_EXCL|O_NOFOLLOW`, as `who`), the final `mode` set on it before the rename
+/// (so the umask cannot narrow it and the target never exists with another mode), fsync, rename
+/// over `path` (a planted link there is replaced, never followed), fsync the directory.
+pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32, who: FsIdentity) -> Result<(), SafeFsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let scope = who.scope();
+    if !scope.is_as_account() {
+        return Err(SafeFsError::Unsafe { path: path.into(), why: NO_IDENTITY });
+    }
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp_name: OsString = path.file_name().unwrap_or_default().to_os_string();
+    // One fixed name per target, not per pid: a temp file left by a daemon killed mid-write is
+    // then reused by the next one instead of piling up.
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let _ = fs::remove_file(&tmp);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        fs::rename(&tmp, path).map_err(io_err(path))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod install_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn atomic_write_mode_sets_the_mode_the_umask_would_narrow() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("guard-user");
+        // 0775: the usual umask 022 would make it 0755 if the mode were left to open(2).
+        atomic_write_mode(&bin, b"\x7fELF", 0o775, FsIdentity::ROOT).unwrap();
+        assert_eq!(fs::metadata(&bin).unwrap().permissions().mode() & 0o7777, 0o775);
+        assert_eq!(fs::read(&bin).unwrap(), b"\x7fELF");
+        assert!(!dir.path().join("guard-user.tmp").exists());
     }
 }

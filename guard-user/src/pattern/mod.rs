@@ -1,8 +1,25 @@
-//! `excludeCommands` patterns with exactly the meaning bash gives `[[ $cmdline =~ $pattern ]]`.
+//! `excludeCommands` patterns with exactly the meaning bash gives `[[ $cmdline =~ $pattern ]]`,
+//! matched so that the account that writes them cannot crash, hang or bloat the root daemon.
 //!
-//! SPEC §3 defines a pattern by what bash does with it, so this module does what bash does
+//! # Layout
+//! - [`Pattern`] (this file): the raw in-process glibc wrapper, bash's exact semantics. It has
+//!   no bounds at all: `(a*)*\1` on a long text runs for minutes and takes gigabytes, `()(\1\1)+`
+//!   overflows any stack, `((a{1,255}){1,255}){1,255}` takes seconds and gigabytes to compile.
+//!   Only the worker process and the oracle tests use it; the daemon never does.
+//! - [`limits`]: [`Limits`] (every bound, with why it has its value) and [`check_static`], the
+//!   checks that need no process (count, length, NUL, a static cost estimate). Config validation
+//!   calls it.
+//! - [`matcher`]: [`Matcher`], the parent side. It owns a worker child process that holds the
+//!   compiled set; the daemon asks it which pattern each command line matches, with deadlines.
+//! - `worker` and `sandbox`: the child side (`guard-user __pattern-worker`): hardening (identity,
+//!   rlimits, seccomp), then a loop compiling and matching what the parent sends.
+//! - `protocol`: the length-prefixed frames between the two; `page`: the shared progress page
+//!   that tells the parent which text and pattern a killed worker was running.
+//!
+//! # Semantics
+//! docs/configuration.md defines a pattern by what bash does with it, so this module does what bash does
 //! (`sh_regmatch` in bash's `lib/sh/shmatch.c`, checked against bash 5.2 by
-//! `tests/pattern_oracle.rs`):
+//! `tests/pattern_oracle.rs`, directly and through the bounded [`Matcher`]):
 //!
 //! - compile with glibc's `regcomp(REG_EXTENDED)` — no `REG_NOSUB`, because a bash built with
 //!   arrays always fills `BASH_REMATCH`, and no `REG_ICASE` (bash adds it only under
@@ -41,6 +58,18 @@
 use std::ffi::{c_char, c_int, CString};
 use std::fmt;
 
+mod child;
+pub mod limits;
+pub mod matcher;
+mod page;
+mod protocol;
+mod round;
+mod sandbox;
+pub mod worker;
+
+pub use limits::{check_static, CostReason, Limits, PatternSetError};
+pub use matcher::{MatchOutcome, Matcher, MatcherStats, ProbeOutcome, Round, SandboxState, WorkerMemory};
+
 /// Why a configured pattern cannot be used.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum PatternError {
@@ -50,7 +79,15 @@ pub enum PatternError {
     /// The pattern has a NUL byte, which no bash variable (and no C string) can hold.
     #[error("invalid pattern {pattern:?}: it contains a NUL byte, which bash cannot hold")]
     Nul { pattern: String },
+    /// glibc ran out of memory compiling it (`REG_ESPACE`, or an allocation failed on the way):
+    /// under the worker's memory limit this is "too costly", not a verdict on the pattern.
+    #[error("pattern `{pattern}` needs more memory to compile than it may use")]
+    OutOfMemory { pattern: String },
 }
+
+/// `regexec` could not decide: glibc ran out of memory on the way (see [`Pattern::try_match`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Undecided;
 
 /// One compiled `excludeCommands` pattern.
 pub struct Pattern {
@@ -77,34 +114,58 @@ unsafe impl Sync for Pattern {}
 impl Pattern {
     /// Compiles `pattern` as bash's `[[ =~ ]]` does (`REG_EXTENDED`, C locale).
     pub fn new(pattern: &str) -> Result<Pattern, PatternError> {
-        let c_pattern = CString::new(pattern).map_err(|_| PatternError::Nul {
-            pattern: pattern.to_owned(),
-        })?;
+        let c_pattern = CString::new(pattern).map_err(|_| PatternError::Nul { pattern: pattern.to_owned() })?;
         // SAFETY: `regex_t` is plain C data for which all-zero is a valid "not compiled" value
         // (bash initialises it the same way); `regcomp` overwrites it.
         let mut regex: Box<libc::regex_t> = Box::new(unsafe { std::mem::zeroed() });
+        set_errno(0);
         // SAFETY: `regex` points to writable memory for one `regex_t`, `c_pattern` is
         // NUL-terminated and outlives the call.
         let code = unsafe { libc::regcomp(&mut *regex, c_pattern.as_ptr(), libc::REG_EXTENDED) };
+        let out_of_memory = errno() == libc::ENOMEM;
+        if code == libc::REG_ESPACE || (code == 0 && out_of_memory) {
+            if code == 0 {
+                // SAFETY: compiled successfully (perhaps without an optimisation glibc could not
+                // allocate), so it is freed exactly once, here.
+                unsafe { libc::regfree(&mut *regex) };
+            }
+            return Err(PatternError::OutOfMemory { pattern: pattern.to_owned() });
+        }
         if code != 0 {
             // On failure glibc has already freed whatever it allocated, so no `regfree`
             // (which POSIX leaves undefined after a failed `regcomp`).
-            return Err(PatternError::Invalid {
-                pattern: pattern.to_owned(),
-                reason: error_text(code, &regex),
-            });
+            return Err(PatternError::Invalid { pattern: pattern.to_owned(), reason: error_text(code, &regex) });
         }
         let slots = pattern.bytes().filter(|&b| b == b'(').count() + 1;
-        Ok(Pattern {
-            source: pattern.to_owned(),
-            regex,
-            slots,
-        })
+        Ok(Pattern { source: pattern.to_owned(), regex, slots })
     }
 
     /// Whether `[[ $text =~ $pattern ]]` would succeed. `text` may be any bytes, of any length
     /// (see the module doc for a NUL inside it).
     pub fn is_match(&self, text: &[u8]) -> bool {
+        self.match_code(text) == 0
+    }
+
+    /// [`Pattern::is_match`], but `Err(Undecided)` where glibc ran out of memory on the way.
+    ///
+    /// glibc does not always report that: some allocation failures inside `regexec` are
+    /// swallowed and it answers `REG_NOMATCH` (seen with `(a*)*\1` under a 64 MiB address-space
+    /// limit, where without the limit it matches). Every failed `malloc` sets `errno` to
+    /// `ENOMEM`, so an `ENOMEM` left behind by the call marks its answer as unreliable. It errs
+    /// on the safe side: an allocation that failed and was then retried another way still
+    /// counts, which can only turn an answer into `Undecided` (a protected process).
+    pub fn try_match(&self, text: &[u8]) -> Result<bool, Undecided> {
+        set_errno(0);
+        let code = self.match_code(text);
+        match code {
+            0 => Ok(true),
+            libc::REG_NOMATCH if errno() != libc::ENOMEM => Ok(false),
+            _ => Err(Undecided),
+        }
+    }
+
+    /// `regexec`'s return code for `text`.
+    fn match_code(&self, text: &[u8]) -> c_int {
         let Ok(end) = libc::regoff_t::try_from(text.len()) else {
             // `REG_STARTEND` bounds are `int` in glibc. Linux caps an exec's arguments at
             // 6 MiB, so a command line never gets here; a caller's giant text is matched up to
@@ -117,11 +178,8 @@ impl Pattern {
     }
 
     /// Runs `regexec` on `text`, bounded by `end` (`REG_STARTEND`) or else by its NUL.
-    fn exec(&self, text: *const c_char, end: Option<libc::regoff_t>) -> bool {
-        const UNSET: libc::regmatch_t = libc::regmatch_t {
-            rm_so: -1,
-            rm_eo: -1,
-        };
+    fn exec(&self, text: *const c_char, end: Option<libc::regoff_t>) -> c_int {
+        const UNSET: libc::regmatch_t = libc::regmatch_t { rm_so: -1, rm_eo: -1 };
         let mut on_stack = [UNSET; 8];
         let mut on_heap = Vec::new();
         let slots: &mut [libc::regmatch_t] = if self.slots <= on_stack.len() {
@@ -132,28 +190,34 @@ impl Pattern {
         };
         let flags: c_int = match end {
             Some(end) => {
-                slots[0] = libc::regmatch_t {
-                    rm_so: 0,
-                    rm_eo: end,
-                };
+                slots[0] = libc::regmatch_t { rm_so: 0, rm_eo: end };
                 libc::REG_STARTEND
             }
             None => 0,
         };
+        // Anything but 0 (REG_NOMATCH, or REG_ESPACE when glibc runs out of memory on a
+        // pathological back-reference) is "no match" for `is_match`, as bash's
+        // `if (regexec (...))` treats it; `try_match` tells them apart.
         // SAFETY: the regex compiled successfully and lives as long as `self`; `text` is valid
         // for `end` bytes (or up to its NUL when `end` is `None`); `slots` has `slots.len()`
         // writable entries; `regexec` does not retain any pointer after returning.
-        let code =
-            unsafe { libc::regexec(&*self.regex, text, slots.len(), slots.as_mut_ptr(), flags) };
-        // Anything but a match (REG_NOMATCH, or REG_ESPACE when glibc runs out of memory on a
-        // pathological back-reference) is "no match", as bash's `if (regexec (...))` treats it.
-        code == 0
+        unsafe { libc::regexec(&*self.regex, text, slots.len(), slots.as_mut_ptr(), flags) }
     }
 
     /// The pattern as configured.
     pub fn as_str(&self) -> &str {
         &self.source
     }
+}
+
+/// This thread's `errno`.
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn set_errno(value: c_int) {
+    // SAFETY: `__errno_location` returns this thread's errno slot, valid for the thread's life.
+    unsafe { *libc::__errno_location() = value };
 }
 
 /// `regerror`'s message for `code`.
@@ -196,154 +260,4 @@ impl PartialEq for Pattern {
 impl Eq for Pattern {}
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SHIPPED: [&str; 4] = [
-        "(^|[ /])agentihooks swarm tick( |$)",
-        " -m scripts[.]swarm[.]scheduled_tick( |$)",
-        "(^|[ /])agentihooks select-profile( |$)",
-        "(^|[ /])agentihooks swarm (tick-watch|prober|waker)( |$)",
-    ];
-
-    fn matches(pattern: &str, text: &str) -> bool {
-        Pattern::new(pattern).unwrap().is_match(text.as_bytes())
-    }
-
-    #[test]
-    fn shipped_patterns_protect_the_swarm_helpers() {
-        assert!(matches(SHIPPED[0], "/usr/bin/agentihooks swarm tick"));
-        assert!(matches(SHIPPED[0], "node /x/agentihooks swarm tick --once"));
-        assert!(matches(
-            SHIPPED[1],
-            "python3 -m scripts.swarm.scheduled_tick"
-        ));
-        assert!(matches(
-            SHIPPED[2],
-            "node /x/agentihooks select-profile foo"
-        ));
-        assert!(matches(SHIPPED[3], "agentihooks swarm prober"));
-        assert!(matches(
-            SHIPPED[3],
-            "/opt/agentihooks swarm tick-watch --all"
-        ));
-    }
-
-    #[test]
-    fn shipped_patterns_do_not_protect_lookalikes() {
-        assert!(!matches(SHIPPED[0], "/usr/bin/agentihooks swarm ticker"));
-        assert!(!matches(SHIPPED[0], "myagentihooks swarm tick"));
-        assert!(!matches(
-            SHIPPED[1],
-            "python3 -m scripts_swarm.scheduled_tick"
-        ));
-        assert!(!matches(
-            SHIPPED[1],
-            "python3 -m scripts.swarm.scheduled_tick2"
-        ));
-        assert!(!matches(SHIPPED[2], "agentihooks select-profiles"));
-        assert!(!matches(SHIPPED[3], "agentihooks swarm wakers"));
-    }
-
-    #[test]
-    fn invalid_pattern_reports_regerror_text() {
-        let err = Pattern::new("(unclosed").unwrap_err();
-        let PatternError::Invalid { pattern, reason } = &err else {
-            panic!("expected Invalid, got {err:?}");
-        };
-        assert_eq!(pattern, "(unclosed");
-        assert_eq!(reason, "Unmatched ( or \\(");
-        assert_eq!(
-            err.to_string(),
-            "invalid pattern `(unclosed`: Unmatched ( or \\("
-        );
-        assert!(matches!(
-            Pattern::new("a{2,1}"),
-            Err(PatternError::Invalid { .. })
-        ));
-        assert!(matches!(
-            Pattern::new("[[:nope:]]"),
-            Err(PatternError::Invalid { .. })
-        ));
-    }
-
-    #[test]
-    fn pattern_with_nul_is_rejected() {
-        let err = Pattern::new("a\0b").unwrap_err();
-        assert_eq!(
-            err,
-            PatternError::Nul {
-                pattern: "a\0b".into()
-            }
-        );
-        assert!(err.to_string().contains("NUL"), "{err}");
-    }
-
-    #[test]
-    fn non_utf8_text_is_matched_byte_by_byte() {
-        let p = Pattern::new("^caf.{2}$").unwrap();
-        assert!(
-            p.is_match("café".as_bytes()),
-            "é is two bytes in the C locale"
-        );
-        assert!(Pattern::new("x[^a]y").unwrap().is_match(b"x\xffy"));
-        assert!(
-            Pattern::new("^[\u{e9}]$").unwrap().is_match(b"\xa9"),
-            "[é] is a set of bytes"
-        );
-        assert!(!Pattern::new("^[[:alpha:]]$").unwrap().is_match(b"\xe9"));
-    }
-
-    #[test]
-    fn embedded_nul_is_an_ordinary_byte_not_a_terminator() {
-        assert!(!Pattern::new("a$").unwrap().is_match(b"a\0b"));
-        assert!(Pattern::new("b$").unwrap().is_match(b"a\0b"));
-        assert!(!Pattern::new("a.b").unwrap().is_match(b"a\0b"));
-        assert!(Pattern::new("a[^x]b").unwrap().is_match(b"a\0b"));
-    }
-
-    #[test]
-    fn back_references_have_one_digit() {
-        let p = Pattern::new("(a|ab)(c|bcd)(d*)\\3$").unwrap();
-        assert!(p.is_match(b"abcd"));
-        assert!(Pattern::new("^(.)\\1$").unwrap().is_match(b"zz"));
-        assert!(!Pattern::new("^(.)\\1$").unwrap().is_match(b"zy"));
-        // `\10` is `\1` then `0`; ten groups also take the heap path for match slots.
-        let many = Pattern::new("((((((((((x))))))))))\\10").unwrap();
-        assert!(many.is_match(b"xx0"));
-        assert!(!many.is_match(b"xx"));
-    }
-
-    #[test]
-    fn long_text_matches_at_its_end() {
-        let mut text = vec![b'x'; 1 << 20];
-        text.extend_from_slice(b" agentihooks swarm tick");
-        assert!(Pattern::new(SHIPPED[0]).unwrap().is_match(&text));
-    }
-
-    #[test]
-    fn clone_debug_and_as_str_keep_the_source() {
-        let p = Pattern::new(SHIPPED[1]).unwrap();
-        let q = p.clone();
-        assert_eq!(q.as_str(), SHIPPED[1]);
-        assert_eq!(p, q);
-        assert!(q.is_match(b"python3 -m scripts.swarm.scheduled_tick"));
-        assert_eq!(format!("{p:?}"), format!("Pattern({:?})", SHIPPED[1]));
-    }
-
-    #[test]
-    fn pattern_is_send_and_sync() {
-        fn assert_send_sync<T: Send + Sync>() {}
-        assert_send_sync::<Pattern>();
-        let p = std::sync::Arc::new(Pattern::new("(a|b)+c").unwrap());
-        let handles: Vec<_> = (0..4)
-            .map(|_| {
-                let p = p.clone();
-                std::thread::spawn(move || {
-                    (0..2000).all(|_| p.is_match(b"ababc") && !p.is_match(b"abab"))
-                })
-            })
-            .collect();
-        assert!(handles.into_iter().all(|h| h.join().unwrap()));
-    }
-}
+mod tests;

@@ -1,0 +1,209 @@
+//! `guard-user explain NAME [--json]` (docs/operations.md): every live process of the account with that name,
+//! and the verdict the next enforcing tick would reach for each, plus when enforcement is due.
+//! Read-only, no daemon needed: /proc, the config and the state file, run through the same
+//! `decide` the daemon runs, so the answer cannot drift from what the daemon does.
+use std::{collections::HashMap, io::Write, process::ExitCode, time::Duration};
+
+use serde_json::json;
+
+use super::ExplainArgs;
+use crate::{
+    comm::Comm,
+    config,
+    duration::human,
+    event::{clock_ticks_per_sec, ProcState},
+    log::local_timestamp,
+    pattern::MatchOutcome,
+    policy::{decide, line::escape, CmdVerdict, Incidents, TickInput},
+    procfs,
+    safefs::FsIdentity,
+    state,
+    status::escape_for_terminal,
+    table::ProcessTable,
+};
+
+/// One process, explained.
+struct Row {
+    pid: u32,
+    age: Duration,
+    cmdline: Vec<u8>,
+    verdict: String,
+}
+
+/// Seconds since boot (the clock /proc's start times count from).
+fn uptime_secs() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+fn age(p: &ProcState) -> Duration {
+    let started = p.id.start_ticks as f64 / clock_ticks_per_sec() as f64;
+    Duration::from_secs_f64((uptime_secs() - started).max(0.0))
+}
+
+fn verdict_text(v: CmdVerdict, patterns: &[String], excluded: bool) -> String {
+    if excluded {
+        return "skip: excludes".into();
+    }
+    match v {
+        CmdVerdict::End => "end".into(),
+        CmdVerdict::Excluded { index } => {
+            // Quoted when it holds a space (a pattern may start with one), as log values are.
+            format!(
+                "skip: excludeCommands[{index}] {}",
+                escape(patterns.get(index).map(String::as_bytes).unwrap_or(b"?"))
+            )
+        }
+        CmdVerdict::Budget => {
+            "skip: match_budget (the pattern could not be decided in time; the process is protected)".into()
+        }
+        CmdVerdict::Gone => "gone".into(),
+    }
+}
+
+pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let who = FsIdentity::from(&account);
+    let config = match config::load(&config_path, &home, who) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("guard-user explain: {}: {e}; {}", config_path.display(), e.fix());
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let held = match state::load_state(&config.state_file, who) {
+        Ok(st) => st,
+        Err(e) => {
+            eprintln!("guard-user explain: {e} (treated as empty, as the daemon would)");
+            state::State::default()
+        }
+    };
+    let clocks = held.clocks.clone();
+    let incidents = Incidents { warned: held.warned, repeats: held.repeats };
+    let name = Comm::new(args.name.as_bytes());
+    let table = ProcessTable::from_snapshot(procfs::snapshot()?, Some(std::process::id()));
+    let view = table.view(account.uid, 1);
+    let procs = view.members.get(&name).cloned().unwrap_or_default();
+    let patterns = &config.exclude_commands;
+    let mut matcher = crate::daemon::effects::sandboxed_matcher();
+    if let Err(e) = matcher.set_patterns(patterns) {
+        eprintln!("guard-user explain: {}: {e}", config_path.display());
+        return Ok(ExitCode::from(1));
+    }
+    let max = matcher.limits().max_text_bytes;
+    let mut verdicts = HashMap::new();
+    let mut cmdlines = HashMap::new();
+    let mut asked = Vec::new();
+    for p in &procs {
+        match procfs::cmdline_capped(p.id.pid, max) {
+            None => {
+                verdicts.insert(p.id, CmdVerdict::Gone);
+            }
+            Some(cmd) => {
+                if cmd.len() > max {
+                    verdicts.insert(p.id, CmdVerdict::Budget);
+                } else {
+                    asked.push(p.id);
+                }
+                cmdlines.insert(p.id.pid, cmd);
+            }
+        }
+    }
+    let texts: Vec<&[u8]> = asked.iter().map(|id| cmdlines[&id.pid].as_slice()).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for (id, o) in asked.iter().zip(matcher.classify(&texts, deadline)) {
+        let v = match o {
+            MatchOutcome::Matched(index) => CmdVerdict::Excluded { index },
+            MatchOutcome::NoMatch => CmdVerdict::End,
+            MatchOutcome::Budget => CmdVerdict::Budget,
+        };
+        verdicts.insert(*id, v);
+    }
+    let now = crate::daemon::effects::Clock::now_unix(&crate::daemon::effects::SystemClock);
+    let plan = decide(&TickInput {
+        view: &view,
+        config: &config,
+        clocks: &clocks,
+        now,
+        verdicts: &verdicts,
+        incidents: &incidents,
+    });
+    let excluded = config.is_excluded(&name);
+    let rows: Vec<Row> = procs
+        .iter()
+        .map(|p| Row {
+            pid: p.id.pid,
+            age: age(p),
+            cmdline: cmdlines.get(&p.id.pid).cloned().unwrap_or_default(),
+            verdict: verdict_text(verdicts[&p.id], patterns, excluded),
+        })
+        .collect();
+    let count = procs.len() as u32;
+    let flagged = plan.status.iter().find(|r| r.flagged_since.is_some() && r.name == name.to_string());
+    let when = match (excluded, flagged) {
+        (true, _) => format!("never enforced: {} is in excludes", escape(name.as_bytes())),
+        (false, Some(_)) if !clocks.contains_key(&name) => format!(
+            "at the threshold ({count} live processes, threshold {}) but not flagged yet: the next tick flags it, \
+             and enforcement is due {} after that",
+            config.threshold,
+            human(config.timeout)
+        ),
+        (false, Some(row)) => {
+            let since = row.flagged_since.unwrap_or(now);
+            let left = row.time_left_secs.unwrap_or(0.0);
+            let flagged_at = local_timestamp(std::time::UNIX_EPOCH + Duration::from_secs_f64(since.max(0.0)));
+            if left <= 0.0 {
+                format!(
+                    "flagged since {flagged_at}; enforcement is due now (the next tick ends the processes marked end)"
+                )
+            } else {
+                let due = local_timestamp(std::time::UNIX_EPOCH + Duration::from_secs_f64((now + left).max(0.0)));
+                format!(
+                    "flagged since {flagged_at}; enforcement due at {due} (in {})",
+                    human(Duration::from_secs_f64(left))
+                )
+            }
+        }
+        (false, None) => format!(
+            "not flagged: {count} live process{} of {}, threshold {}",
+            if count == 1 { "" } else { "es" },
+            account.name,
+            config.threshold
+        ),
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let doc = json!({
+            "name": name.to_string(),
+            "user": account.name,
+            "count": count,
+            "threshold": config.threshold,
+            "excluded": excluded,
+            "flagged_since": flagged.and_then(|r| r.flagged_since),
+            "due_in_secs": flagged.and_then(|r| r.time_left_secs),
+            "enforcement": when,
+            "processes": rows.iter().map(|r| json!({
+                "pid": r.pid,
+                "age_secs": r.age.as_secs(),
+                "cmdline": String::from_utf8_lossy(&r.cmdline),
+                "cmdline_escaped": escape(&r.cmdline),
+                "verdict": r.verdict,
+            })).collect::<Vec<_>>(),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(out, "{}: {when}", escape(name.as_bytes()))?;
+    if rows.is_empty() {
+        writeln!(out, "no live process of {} is named {}", account.name, escape(name.as_bytes()))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(out, "{:>8} {:>8}  VERDICT\n{:>19}COMMAND", "PID", "AGE", "")?;
+    for r in &rows {
+        writeln!(out, "{:>8} {:>8}  {}", r.pid, human(r.age), r.verdict)?;
+        writeln!(out, "{:>19}{}", "", escape_for_terminal(&r.cmdline))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

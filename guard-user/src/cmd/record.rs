@@ -1,0 +1,108 @@
+//! `guard-user record --out FILE --seconds N`: records what the kernel reports about one
+//! account's processes into a trace (`crate::trace`) that replays through the daemon without
+//! root. Needs the ebpf backend (root).
+use std::{
+    collections::HashSet,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+
+use super::RecordArgs;
+use crate::{
+    daemon::EventSource,
+    ebpf::{EbpfOptions, EbpfSource},
+    event::Event,
+    procfs,
+    trace::{Record, Trace},
+};
+
+pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
+    let (account, _, _) = super::run::resolve_account(&args.account)?;
+    let seconds = crate::duration::parse_duration(&args.seconds).context("--seconds")?;
+    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: None }).context("loading the BPF programs")?;
+    let uid = account.uid;
+    let began = Instant::now();
+    let t = || began.elapsed().as_secs_f64();
+    let mut trace = Trace { uid, note: args.note.clone().unwrap_or_default(), records: Vec::new() };
+    let scan: Vec<_> = procfs::snapshot()?.into_iter().filter(|p| p.euid == uid).collect();
+    let mut mine: HashSet<u32> = scan.iter().map(|p| p.id.pid).collect();
+    trace.records.push((t(), Record::Scan(scan.clone())));
+    for p in &scan {
+        if let Some(text) = procfs::cmdline(p.id.pid) {
+            trace.records.push((t(), Record::Cmdline { pid: p.id.pid, text }));
+        }
+    }
+    {
+        use std::io::Write;
+        // Scripts start their workload once this line is out: from here on nothing is missed.
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "recording")?;
+        out.flush()?;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let lost_before = src.lost();
+    rt.block_on(async {
+        let mut batch = Vec::new();
+        while began.elapsed() < seconds {
+            let left = seconds.saturating_sub(began.elapsed());
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), src.wait()).await;
+            batch.clear();
+            EventSource::drain(&mut src, usize::MAX, &mut batch);
+            for e in &batch {
+                let keep = match e {
+                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => {
+                        s.euid == uid || mine.contains(&s.id.pid)
+                    }
+                    Event::Exit(id) => mine.contains(&id.pid),
+                };
+                if !keep {
+                    continue;
+                }
+                trace.records.push((t(), Record::Event { event: *e, lost: false }));
+                match e {
+                    Event::Exit(id) => {
+                        mine.remove(&id.pid);
+                    }
+                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => {
+                        if s.euid == uid {
+                            mine.insert(s.id.pid);
+                        }
+                        if matches!(e, Event::Exec(_) | Event::Fork { .. }) {
+                            if let Some(text) = procfs::cmdline(s.id.pid).filter(|t| !t.is_empty()) {
+                                trace.records.push((t(), Record::Cmdline { pid: s.id.pid, text }));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+    // A command line read right at exec can come back empty (the new image's arguments are not
+    // set up yet); read every live process's once more, so a replay classifies what ran.
+    let mut last: std::collections::HashMap<u32, Vec<u8>> = std::collections::HashMap::new();
+    for (_, r) in &trace.records {
+        if let Record::Cmdline { pid, text } = r {
+            last.insert(*pid, text.clone());
+        }
+    }
+    let mut live: Vec<u32> = mine.iter().copied().collect();
+    live.sort_unstable();
+    for pid in live {
+        if let Some(text) = procfs::cmdline(pid).filter(|t| !t.is_empty()) {
+            if last.get(&pid) != Some(&text) {
+                trace.records.push((t(), Record::Cmdline { pid, text }));
+            }
+        }
+    }
+    let lost = src.lost() - lost_before;
+    if lost > 0 {
+        eprintln!("guard-user record: the kernel could not deliver {lost} events; the trace misses them");
+    }
+    let mut out = Vec::new();
+    trace.write(&mut out)?;
+    std::fs::write(&args.out, out).with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("guard-user record: {} records in {}", trace.records.len(), args.out.display());
+    Ok(ExitCode::SUCCESS)
+}

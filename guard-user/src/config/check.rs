@@ -1,0 +1,474 @@
+//! The validators behind both [`super::parse`] (first problem = the ERROR line) and
+//! [`problems`] (`guard-user validate`: every problem, each with its fix). One pass over the
+//! document builds the `Config` and the problem list together, so the two cannot disagree.
+use std::{fmt, path::Path, time::Duration};
+
+use serde_json::{Map, Value};
+
+use super::*;
+use crate::duration::{parse_duration_max, DurationError};
+
+const FIX_JSON: &str = "fix the JSON syntax at that position";
+const FIX_TOP: &str = r#"write one JSON object, e.g. {"threshold": 30}"#;
+const FIX_THRESHOLD: &str = "write a whole number >= 1, e.g. 30";
+const FIX_TIMEOUT: &str = r#"write "<n>h", "<n>m", "<n>s" or whole seconds, at most 1 year (8760h), e.g. "1h""#;
+const FIX_WARN_BEFORE: &str = r#"write a duration as for timeout, e.g. "10m", or 0 to turn the warning off"#;
+const FIX_EXCLUDES: &str = r#"write an array of process names as `ps -o comm` shows them, e.g. ["bash", "node"]"#;
+const FIX_EXCLUDE_NAME: &str = r#"write each name as a string of at most 255 bytes without NUL, e.g. "node""#;
+const FIX_EXCLUDES_COUNT: &str = "keep at most 1024 names";
+const FIX_PATTERNS: &str = r#"write an array of bash extended regexes, e.g. ["(^|[ /])agentihooks swarm tick( |$)"]"#;
+const FIX_PATTERN: &str =
+    "write each pattern as a string of at most 1024 bytes without NUL, at most 256 of them (try one with guard-user match)";
+const FIX_COSTLY: &str = "avoid nesting repeat counts (a{1,255} inside another {m,n}) and large counts; match a \
+     distinctive word of the command line instead (try it with guard-user match)";
+const FIX_LOG: &str = "write a number of MiB > 0 and <= 4096, e.g. 10";
+const FIX_STATE: &str = r#"write the path of a file in a directory the account owns, e.g. "~/guard-daemon-state.json""#;
+const FIX_REPEAT: &str = "write a whole number from 1 to 1000, e.g. 3";
+const FIX_STALL: &str = r#"write false to turn it off, or an object like {"peggedCpu": 0.75, "peggedFor": "5m"}"#;
+const FIX_PEGGED_CPU: &str = "write the cores a process must keep busy, a number > 0 and <= 1024, e.g. 0.75";
+const FIX_PEGGED_FOR: &str = r#"write a duration from 10s to 24h, e.g. "5m""#;
+
+/// One problem of a config document, with what to do about it.
+#[derive(Debug)]
+pub struct Problem {
+    /// Where: a key (`threshold`), an element (`excludes[2]`), a nested key
+    /// (`stallWatch.peggedFor`), or `json` / `top level` / `file` for the document itself.
+    pub key: String,
+    /// What is wrong, quoting the value (escaped, so it prints on one line).
+    pub what: String,
+    /// How to fix it.
+    pub fix: String,
+    /// An unknown key: reported, but the config is still used.
+    pub warning: bool,
+    /// The `ERROR` line's reason for this problem; `None` for warnings.
+    error: Option<ConfigError>,
+}
+
+impl Problem {
+    /// The ERROR line's reason (`None` for a warning).
+    pub fn error(&self) -> Option<&ConfigError> {
+        self.error.as_ref()
+    }
+
+    /// A problem that stopped the document from being read at all (missing, unreadable).
+    pub fn from_error(error: ConfigError) -> Problem {
+        let (key, what) = match &error {
+            ConfigError::Unreadable { error } => ("file".to_string(), error.to_string()),
+            ConfigError::Missing { path } => {
+                ("file".to_string(), format!("{}: no such file", escape::Escaped(path.as_os_str().as_bytes())))
+            }
+            other => ("file".to_string(), other.to_string()),
+        };
+        Problem { key, what, fix: error.fix().to_string(), warning: false, error: Some(error) }
+    }
+}
+
+impl Problem {
+    /// A pattern the matcher cannot compile (`reason` is the matcher's message), logged as
+    /// `config_malformed excludeCommands pattern=<p>`.
+    pub fn invalid_pattern(index: usize, pattern: &str, reason: &str) -> Problem {
+        let fix = "write a valid bash extended regex (try it with guard-user match --pattern)";
+        Problem {
+            key: format!("excludeCommands[{index}]"),
+            what: format!(
+                "\"{}\" is not a valid bash extended regex ({})",
+                escape::text_capped(pattern.as_bytes(), 60),
+                // regerror's own fixed text: nothing of the account's to escape.
+                reason.chars().filter(|c| !c.is_control()).collect::<String>()
+            ),
+            fix: fix.into(),
+            warning: false,
+            error: Some(ConfigError::Pattern { pattern: cap(pattern, 200), fix }),
+        }
+    }
+}
+
+/// `threshold: "30" is a string; write a whole number >= 1, e.g. 30`
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}; {}", self.key, self.what, self.fix)
+    }
+}
+
+/// Every problem of a config document, in the order `parse` meets them, warnings included.
+pub fn problems(bytes: &[u8], home: &Path) -> Vec<Problem> {
+    let mut c = Checker::default();
+    c.run(bytes, home);
+    c.problems
+}
+
+pub(super) fn check(bytes: &[u8], home: &Path) -> Result<Config, ConfigError> {
+    let mut c = Checker::default();
+    let config = c.run(bytes, home);
+    match c.problems.into_iter().find_map(|p| p.error) {
+        Some(e) => Err(e),
+        None => Ok(config.expect("a document without errors yields a config")),
+    }
+}
+
+#[derive(Default)]
+struct Checker {
+    problems: Vec<Problem>,
+}
+
+impl Checker {
+    fn error(&mut self, key: impl Into<String>, what: String, fix: &'static str, error: ConfigError) {
+        self.problems.push(Problem { key: key.into(), what, fix: fix.into(), warning: false, error: Some(error) });
+    }
+
+    /// A problem with a value, logged as `config_malformed <log_key> value=<the value>`.
+    fn bad(&mut self, key: impl Into<String>, what: String, fix: &'static str, log_key: &'static str, v: &Value) {
+        self.error(key, what, fix, ConfigError::Value { key: log_key, value: raw(v), fix });
+    }
+
+    fn warn(&mut self, key: String, what: String, fix: String) {
+        self.problems.push(Problem { key, what, fix, warning: true, error: None });
+    }
+
+    fn run(&mut self, bytes: &[u8], home: &Path) -> Option<Config> {
+        let root: Value = match serde_json::from_slice(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                let (line, column) = (e.line(), e.column());
+                let msg = e.to_string();
+                let msg = msg.split(" at line ").next().unwrap_or(&msg);
+                let msg = if msg == "recursion limit exceeded" {
+                    format!("nested deeper than {MAX_JSON_DEPTH} levels")
+                } else {
+                    msg.to_string()
+                };
+                let what = format!("invalid JSON at line {line} column {column} ({msg})");
+                self.error("json", what, FIX_JSON, ConfigError::Json { line, column });
+                return None;
+            }
+        };
+        let Value::Object(map) = root else {
+            // Valid JSON, but not an object: point at where the value starts.
+            let (line, column) = first_non_space(bytes);
+            self.error(
+                "top level",
+                format!("{} is {}", shown(&root), kind(&root)),
+                FIX_TOP,
+                ConfigError::Json { line, column },
+            );
+            return None;
+        };
+        let mut c = Config {
+            threshold: DEFAULT_THRESHOLD,
+            timeout: DEFAULT_TIMEOUT,
+            excludes: DEFAULT_EXCLUDES.iter().map(|s| s.to_string()).collect(),
+            exclude_commands: DEFAULT_EXCLUDE_COMMANDS.iter().map(|s| s.to_string()).collect(),
+            log_max_bytes: (DEFAULT_LOG_MAX_MB * 1048576.0) as u64,
+            state_file: expand_tilde(DEFAULT_STATE_FILE, home),
+            warn_before: DEFAULT_WARN_BEFORE,
+            repeat_after: DEFAULT_REPEAT_AFTER,
+            stall_watch: Some(DEFAULT_STALL_WATCH),
+            unknown_keys: Vec::new(),
+        };
+        // KNOWN_KEYS order: the first problem found is the one the ERROR line reports.
+        for &key in KNOWN_KEYS {
+            let Some(v) = map.get(key) else { continue };
+            match key {
+                "threshold" => match whole(v, 1, MAX_THRESHOLD as u64, " (no account can have more processes)") {
+                    Ok(n) => c.threshold = n as u32,
+                    Err(what) => self.bad(key, what, FIX_THRESHOLD, "threshold", v),
+                },
+                "timeout" => match duration(v, MAX_TIMEOUT) {
+                    Ok(d) => c.timeout = d,
+                    Err(what) => self.bad(key, what, FIX_TIMEOUT, "timeout", v),
+                },
+                "excludes" => {
+                    if let Some(list) = self.excludes(v) {
+                        c.excludes = list;
+                    }
+                }
+                "excludeCommands" => {
+                    if let Some(list) = self.exclude_commands(v) {
+                        c.exclude_commands = list;
+                    }
+                }
+                "logMaxSizeMB" => match v.as_f64() {
+                    Some(mb) if mb > 0.0 && mb <= MAX_LOG_MB => c.log_max_bytes = ((mb * 1048576.0) as u64).max(1),
+                    Some(mb) if mb > MAX_LOG_MB => {
+                        self.bad(key, format!("{} is more than {MAX_LOG_MB}", shown(v)), FIX_LOG, "logMaxSizeMB", v)
+                    }
+                    Some(_) => self.bad(key, format!("{} is not above 0", shown(v)), FIX_LOG, "logMaxSizeMB", v),
+                    None => self.bad(key, format!("{} is {}", shown(v), kind(v)), FIX_LOG, "logMaxSizeMB", v),
+                },
+                "stateFile" => match state_file(v) {
+                    Ok(s) => c.state_file = expand_tilde(s, home),
+                    Err(what) => self.bad(key, what, FIX_STATE, "stateFile", v),
+                },
+                "warnBefore" => match duration(v, MAX_TIMEOUT) {
+                    Ok(d) => c.warn_before = d,
+                    Err(what) => self.bad(key, what, FIX_WARN_BEFORE, "warnBefore", v),
+                },
+                "repeatAfter" => match whole(v, 1, MAX_REPEAT_AFTER as u64, "") {
+                    Ok(n) => c.repeat_after = n as u32,
+                    Err(what) => self.bad(key, what, FIX_REPEAT, "repeatAfter", v),
+                },
+                "stallWatch" => {
+                    if let Some(s) = self.stall_watch(v) {
+                        c.stall_watch = s;
+                    }
+                }
+                _ => unreachable!("every known key is checked"),
+            }
+        }
+        for key in map.keys().filter(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            let fix = match closest(key, KNOWN_KEYS) {
+                Some(k) => format!("did you mean \"{k}\"? (an unknown key is ignored)"),
+                None => format!("remove it; the keys are {}", KNOWN_KEYS.join(", ")),
+            };
+            self.warn(escape::text(key.as_bytes()), "is not a key guard knows, so it is ignored".into(), fix);
+            c.unknown_keys.push(key.clone());
+        }
+        Some(c)
+    }
+
+    fn excludes(&mut self, v: &Value) -> Option<Vec<String>> {
+        let Value::Array(items) = v else {
+            self.bad("excludes", format!("{} is {}", shown(v), kind(v)), FIX_EXCLUDES, "excludes", v);
+            return None;
+        };
+        let before = self.problems.len();
+        if items.len() > MAX_EXCLUDES {
+            let what = format!("{} names, more than {MAX_EXCLUDES}", items.len());
+            self.bad("excludes", what, FIX_EXCLUDES_COUNT, "excludes", v);
+        }
+        let mut names = Vec::with_capacity(items.len().min(MAX_EXCLUDES));
+        for (i, item) in items.iter().enumerate() {
+            let what = match item {
+                Value::String(s) if s.contains('\0') => "contains a NUL character".to_string(),
+                Value::String(s) if s.len() > MAX_EXCLUDE_LEN => {
+                    format!("is {} bytes long, more than {MAX_EXCLUDE_LEN}", s.len())
+                }
+                Value::String(s) => {
+                    names.push(s.clone());
+                    continue;
+                }
+                other => format!("{} is {}", shown(other), kind(other)),
+            };
+            self.bad(format!("excludes[{i}]"), what, FIX_EXCLUDE_NAME, "excludes", v);
+        }
+        (self.problems.len() == before).then_some(names)
+    }
+
+    fn exclude_commands(&mut self, v: &Value) -> Option<Vec<String>> {
+        let Value::Array(items) = v else {
+            self.bad("excludeCommands", format!("{} is {}", shown(v), kind(v)), FIX_PATTERNS, "excludeCommands", v);
+            return None;
+        };
+        let before = self.problems.len();
+        let mut patterns = Vec::with_capacity(items.len().min(MAX_PATTERNS + 1));
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Value::String(s) => patterns.push(s.clone()),
+                other => {
+                    let what = format!("{} is {}", shown(other), kind(other));
+                    self.bad(format!("excludeCommands[{i}]"), what, FIX_PATTERN, "excludeCommands", v);
+                }
+            }
+        }
+        if self.problems.len() > before {
+            return None;
+        }
+        for issue in check_patterns_static(&patterns) {
+            match issue.index {
+                None => self.bad("excludeCommands", issue.what, FIX_PATTERN, "excludeCommands", v),
+                Some(i) => {
+                    // A pattern too costly to match safely needs another fix than a malformed one.
+                    let fix = if issue.what.starts_with("is too costly") { FIX_COSTLY } else { FIX_PATTERN };
+                    let error = ConfigError::Pattern { pattern: cap(&patterns[i], 200), fix };
+                    self.error(format!("excludeCommands[{i}]"), issue.what, fix, error);
+                }
+            }
+        }
+        (self.problems.len() == before).then_some(patterns)
+    }
+
+    /// `Some(setting)` when valid (`Some(None)` = off), `None` after reporting a problem.
+    fn stall_watch(&mut self, v: &Value) -> Option<Option<StallWatch>> {
+        let map: &Map<String, Value> = match v {
+            Value::Bool(false) => return Some(None),
+            Value::Bool(true) => return Some(Some(DEFAULT_STALL_WATCH)),
+            Value::Object(m) => m,
+            other => {
+                self.bad("stallWatch", format!("{} is {}", shown(other), kind(other)), FIX_STALL, "stallWatch", v);
+                return None;
+            }
+        };
+        let before = self.problems.len();
+        let mut s = DEFAULT_STALL_WATCH;
+        if let Some(cpu) = map.get("peggedCpu") {
+            match cpu.as_f64() {
+                Some(x) if x > 0.0 && x <= MAX_PEGGED_CPU => s.pegged_cpu = x,
+                Some(_) => {
+                    let what = format!("{} is not above 0 and at most {MAX_PEGGED_CPU}", shown(cpu));
+                    self.bad("stallWatch.peggedCpu", what, FIX_PEGGED_CPU, "stallWatch.peggedCpu", cpu);
+                }
+                None => {
+                    let what = format!("{} is {}", shown(cpu), kind(cpu));
+                    self.bad("stallWatch.peggedCpu", what, FIX_PEGGED_CPU, "stallWatch.peggedCpu", cpu);
+                }
+            }
+        }
+        if let Some(window) = map.get("peggedFor") {
+            match duration(window, MAX_PEGGED_FOR) {
+                Ok(d) if d >= MIN_PEGGED_FOR => s.pegged_for = d,
+                Ok(_) => {
+                    let what = format!("{} is shorter than 10s", shown(window));
+                    self.bad("stallWatch.peggedFor", what, FIX_PEGGED_FOR, "stallWatch.peggedFor", window);
+                }
+                Err(what) => self.bad("stallWatch.peggedFor", what, FIX_PEGGED_FOR, "stallWatch.peggedFor", window),
+            }
+        }
+        for key in map.keys().filter(|k| !matches!(k.as_str(), "peggedCpu" | "peggedFor")) {
+            let fix = match closest(key, &["peggedCpu", "peggedFor"]) {
+                Some(k) => format!("did you mean \"{k}\"? (an unknown key is ignored)"),
+                None => "remove it; stallWatch holds peggedCpu and peggedFor".to_string(),
+            };
+            self.warn(
+                format!("stallWatch.{}", escape::text(key.as_bytes())),
+                "is not a key guard knows, so it is ignored".into(),
+                fix,
+            );
+        }
+        (self.problems.len() == before).then_some(Some(s))
+    }
+}
+
+/// A whole number in `min..=max`, or what is wrong with `v`.
+fn whole(v: &Value, min: u64, max: u64, why_max: &str) -> Result<u64, String> {
+    let Value::Number(n) = v else { return Err(format!("{} is {}", shown(v), kind(v))) };
+    if let Some(u) = n.as_u64() {
+        return if u < min {
+            Err(format!("{u} is below {min}"))
+        } else if u > max {
+            Err(format!("{u} is more than {max}{why_max}"))
+        } else {
+            Ok(u)
+        };
+    }
+    // Not a u64: a negative integer, or a number JSON wrote with a fraction or an exponent.
+    let f = n.as_f64().unwrap_or(f64::NAN);
+    if f < 0.0 {
+        Err(format!("{} is negative", shown(v)))
+    } else if f.fract() != 0.0 || f <= max as f64 {
+        Err(format!("{} is not a whole number", shown(v)))
+    } else {
+        Err(format!("{} is more than {max}{why_max}", shown(v)))
+    }
+}
+
+/// A duration as `timeout` takes it (a unit string, whole seconds, or a digit string), at
+/// most `max`, or what is wrong with `v`.
+fn duration(v: &Value, max: Duration) -> Result<Duration, String> {
+    let most = if max == MAX_TIMEOUT { "1 year".to_string() } else { crate::duration::human(max) };
+    match v {
+        Value::String(s) => parse_duration_max(s, max).map_err(|e| match e {
+            DurationError::Malformed { .. } => format!("{} is not a duration", shown(v)),
+            DurationError::TooLong { .. } => format!("{} is more than {most}", shown(v)),
+        }),
+        Value::Number(_) => whole(v, 0, max.as_secs(), &format!(" seconds ({most})")).map(Duration::from_secs),
+        other => Err(format!("{} is {}", shown(other), kind(other))),
+    }
+}
+
+fn state_file(v: &Value) -> Result<&str, String> {
+    let Value::String(s) = v else { return Err(format!("{} is {}", shown(v), kind(v))) };
+    if s.is_empty() {
+        Err("is empty".into())
+    } else if s.contains(char::is_control) {
+        Err(format!("{} contains a control character (a newline, a tab, …)", shown(v)))
+    } else if s.len() > MAX_STATE_FILE_LEN {
+        Err(format!("is {} bytes long, more than {MAX_STATE_FILE_LEN}", s.len()))
+    } else {
+        Ok(s)
+    }
+}
+
+/// What kind of JSON value `v` is, for "… is a string".
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `v` as a human reads it in a problem: JSON, escaped to one printable line, cut at 60 bytes.
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("\"{}\"", escape::text_capped(s.as_bytes(), 60)),
+        other => escape::text_capped(other.to_string().as_bytes(), 60),
+    }
+}
+
+/// A value as the log shows it: strings without quotes, anything else as compact JSON, cut at
+/// 200 bytes so a huge value cannot make a huge log line (escaping happens in the Display).
+fn raw(v: &Value) -> String {
+    match v {
+        Value::String(s) => cap(s, 200),
+        other => cap(&other.to_string(), 200),
+    }
+}
+
+fn cap(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &s[..cut])
+}
+
+/// The known key an unknown one was probably meant to be (same ignoring case, or at most two
+/// edits away).
+fn closest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    if key.len() > 64 {
+        return None;
+    }
+    known
+        .iter()
+        .map(|k| (edits(&key.to_ascii_lowercase(), &k.to_ascii_lowercase()), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance between two short strings.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+fn first_non_space(bytes: &[u8]) -> (usize, usize) {
+    let (mut line, mut column) = (1, 1);
+    for &b in bytes {
+        match b {
+            b'\n' => {
+                line += 1;
+                column = 1;
+            }
+            b' ' | b'\t' | b'\r' => column += 1,
+            _ => break,
+        }
+    }
+    (line, column)
+}

@@ -1,0 +1,251 @@
+//! The operator's configuration (docs/configuration.md), read and validated on every tick.
+//!
+//! [`parse`] takes bytes, so tests feed it directly; [`load`] adds the file, read as the account
+//! ([`read_account_file`]: its rights, regular files only, at most [`MAX_CONFIG_BYTES`], never
+//! blocking). [`problems`] lists every problem of a document with its fix (`guard-user
+//! validate`); `parse` fails with the first of them, so the two can never disagree. A
+//! [`ConfigError`] displays as the reason of its `ERROR` log line (`config_malformed threshold
+//! value=0`), which is also what `check` prints after "is invalid:".
+//!
+//! Every value is bounded here (see the `MAX_…` constants for each bound and why), so nothing
+//! downstream — deadline timers, rotation, the stall watch — meets a number it cannot hold.
+//! `excludeCommands` stay strings: compiling them is the matcher's job, not the parser's.
+use std::{
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use crate::{
+    escape,
+    pattern::Pattern,
+    safefs::{read_account_file, Follow, FsIdentity, ReadError},
+};
+
+mod check;
+#[cfg(test)]
+mod tests;
+
+pub use check::{problems, Problem};
+
+/// Configs beyond this size are refused without being read (a config is a few hundred bytes).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// The deepest nesting `parse` accepts: serde_json's recursion limit (128) refuses the 128th
+/// level as `config_malformed json`, never a stack overflow. A real config nests two levels.
+pub const MAX_JSON_DEPTH: usize = 127;
+/// The kernel's `PID_MAX_LIMIT` on 64-bit: no account can ever have more processes, so a
+/// larger threshold could never be reached and is a mistake.
+pub const MAX_THRESHOLD: u32 = 4 * 1024 * 1024;
+/// `timeout` and `warnBefore`: at most a year (see [`crate::duration::ONE_YEAR`]).
+pub const MAX_TIMEOUT: Duration = crate::duration::ONE_YEAR;
+/// 4 GiB: rotation beyond that is not rotation; the bound keeps the byte count far from overflow.
+pub const MAX_LOG_MB: f64 = 4096.0;
+/// A name enforced more than 1000 times a day is a loop whatever the setting; the bound also
+/// caps the enforcement history the guard keeps per name for `REPEAT`.
+pub const MAX_REPEAT_AFTER: u32 = 1000;
+/// `stallWatch.peggedCpu` is in cores; 1024 is more than any host the guard runs on has.
+pub const MAX_PEGGED_CPU: f64 = 1024.0;
+/// `stallWatch.peggedFor` bounds: a window shorter than a few samples reports bursts, and one
+/// longer than a day is no longer a "stall watch" (and would hold samples for a day).
+pub const MIN_PEGGED_FOR: Duration = Duration::from_secs(10);
+pub const MAX_PEGGED_FOR: Duration = Duration::from_secs(24 * 3600);
+/// `excludes`: names are compared against 15-byte comms; 1024 names and 255 bytes are generous.
+pub const MAX_EXCLUDES: usize = 1024;
+pub const MAX_EXCLUDE_LEN: usize = 255;
+/// `excludeCommands`: the static bounds checked before any compile (the matcher adds its own
+/// bounds on compile and match cost).
+pub const MAX_PATTERNS: usize = 256;
+pub const MAX_PATTERN_LEN: usize = 1024;
+/// `stateFile`: PATH_MAX including its NUL.
+pub const MAX_STATE_FILE_LEN: usize = 4095;
+
+pub const DEFAULT_THRESHOLD: u32 = 30;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const DEFAULT_EXCLUDES: &[&str] =
+    &["bash", "sh", "dash", "zsh", "fish", "node", "python3", "docker", "claude", "systemd", "sshd", "tmux", "screen"];
+pub const DEFAULT_EXCLUDE_COMMANDS: &[&str] = &[
+    "(^|[ /])agentihooks swarm tick( |$)",
+    " -m scripts[.]swarm[.]scheduled_tick( |$)",
+    "(^|[ /])agentihooks select-profile( |$)",
+    "(^|[ /])agentihooks swarm (tick-watch|prober|waker)( |$)",
+];
+pub const DEFAULT_LOG_MAX_MB: f64 = 10.0;
+pub const DEFAULT_STATE_FILE: &str = "~/guard-daemon-state.json";
+pub const DEFAULT_WARN_BEFORE: Duration = Duration::from_secs(600);
+pub const DEFAULT_REPEAT_AFTER: u32 = 3;
+pub const DEFAULT_STALL_WATCH: StallWatch = StallWatch { pegged_cpu: 0.75, pegged_for: Duration::from_secs(300) };
+
+/// The keys docs/configuration.md defines, in the order they are checked (the first problem is the ERROR line).
+pub const KNOWN_KEYS: &[&str] = &[
+    "threshold",
+    "timeout",
+    "excludes",
+    "excludeCommands",
+    "logMaxSizeMB",
+    "stateFile",
+    "warnBefore",
+    "repeatAfter",
+    "stallWatch",
+];
+
+/// The stall watch's settings (docs/configuration.md).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StallWatch {
+    /// Cores a process must use in every sample of the window, in (0, 1024].
+    pub pegged_cpu: f64,
+    /// How long it must stay pegged before it is reported.
+    pub pegged_for: Duration,
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Live processes of one name that flag the name.
+    pub threshold: u32,
+    /// How long a flagged name stays at/over the threshold before it is enforced.
+    pub timeout: Duration,
+    /// Names never counted, compared ignoring ASCII case.
+    pub excludes: Vec<String>,
+    /// Command lines matching any of these are never ended. Validated as text only (count,
+    /// length, no NUL); the matcher compiles them.
+    pub exclude_commands: Vec<String>,
+    /// Log rotation size in bytes.
+    pub log_max_bytes: u64,
+    /// Where flag clocks live, `~` already expanded.
+    pub state_file: PathBuf,
+    /// One `WARNING` per incident this long before enforcement; zero turns it off.
+    pub warn_before: Duration,
+    /// Enforcements of one name within 24 h that log `REPEAT`.
+    pub repeat_after: u32,
+    /// The stall watch, `None` when turned off (`"stallWatch": false`).
+    pub stall_watch: Option<StallWatch>,
+    /// Keys we do not know: a warning, not an error (a newer config on an older guard).
+    pub unknown_keys: Vec<String>,
+}
+
+impl Config {
+    /// The configuration with every key at its default (`home` expands `~`).
+    pub fn defaults(home: &Path) -> Config {
+        parse(b"{}", home).expect("the defaults are valid")
+    }
+
+    pub fn is_excluded(&self, name: &crate::comm::Comm) -> bool {
+        self.excludes.iter().any(|e| name.eq_ignore_case(e))
+    }
+
+    /// Compiles `excludeCommands` in this process with `regcomp`. A stopgap: compile and match
+    /// cost are unbounded here, which the sandboxed matcher replaces. The error is the pattern's
+    /// `config_malformed excludeCommands pattern=…`.
+    pub fn compile_exclude_commands(&self) -> Result<Vec<Pattern>, ConfigError> {
+        self.exclude_commands
+            .iter()
+            .map(|p| {
+                Pattern::new(p).map_err(|_| ConfigError::Pattern {
+                    pattern: p.clone(),
+                    fix: "write a valid bash extended regex (test it with guard-user match)",
+                })
+            })
+            .collect()
+    }
+}
+
+/// One static problem of an `excludeCommands` list: `index` names the pattern, or `None` for
+/// the list as a whole (too many).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PatternIssue {
+    pub index: Option<usize>,
+    pub what: String,
+}
+
+/// The checks on `excludeCommands` that need no compile: at most [`MAX_PATTERNS`] patterns of
+/// at most [`MAX_PATTERN_LEN`] bytes, none with a NUL (bash cannot hold one), none whose static
+/// cost the bounded matcher refuses ([`crate::pattern::check_static`]: nested repeats that
+/// multiply into millions of regex nodes are refused here, before any compile).
+pub fn check_patterns_static(patterns: &[String]) -> Vec<PatternIssue> {
+    let mut issues = Vec::new();
+    if patterns.len() > MAX_PATTERNS {
+        issues
+            .push(PatternIssue { index: None, what: format!("{} patterns, more than {MAX_PATTERNS}", patterns.len()) });
+    }
+    for (i, p) in patterns.iter().enumerate() {
+        if p.contains('\0') {
+            issues.push(PatternIssue { index: Some(i), what: "contains a NUL character".into() });
+        } else if p.len() > MAX_PATTERN_LEN {
+            issues.push(PatternIssue {
+                index: Some(i),
+                what: format!("is {} bytes long, more than {MAX_PATTERN_LEN}", p.len()),
+            });
+        } else if let Err(crate::pattern::PatternSetError::TooCostly { why, .. }) =
+            crate::pattern::check_static(std::slice::from_ref(p), &crate::pattern::Limits::default())
+        {
+            issues.push(PatternIssue { index: Some(i), what: format!("is too costly: {why}") });
+        }
+    }
+    issues
+}
+
+/// Why a config cannot be used. `Display` is the reason of the `ERROR` log line; every value the
+/// account controls in it is escaped and quoted as log values are.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config_missing path={}", escape::log_value(path.as_os_str().as_bytes()))]
+    Missing { path: PathBuf },
+    /// Refused before parsing: not readable by the account, not a regular file, too large.
+    #[error("config_unreadable path={} {}", escape::log_value(error.path().as_os_str().as_bytes()), error.log_fields())]
+    Unreadable { error: ReadError },
+    #[error("config_malformed json line={line} column={column}")]
+    Json { line: usize, column: usize },
+    #[error("config_malformed {key} value={}", escape::log_value(value.as_bytes()))]
+    Value { key: &'static str, value: String, fix: &'static str },
+    #[error("config_malformed excludeCommands pattern={}", escape::log_value(pattern.as_bytes()))]
+    Pattern { pattern: String, fix: &'static str },
+}
+
+impl ConfigError {
+    /// What to do about it, for humans (`check`, `validate`, stderr), beyond the log line's reason.
+    pub fn fix(&self) -> &'static str {
+        match self {
+            ConfigError::Missing { .. } => "create it (guard-user install links the shipped config)",
+            ConfigError::Unreadable { error } => error.fix(),
+            ConfigError::Json { .. } => "fix the JSON syntax at that position",
+            ConfigError::Value { fix, .. } | ConfigError::Pattern { fix, .. } => fix,
+        }
+    }
+
+    /// Whether the account itself was refused reading the file (as opposed to a bad file).
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(self, ConfigError::Unreadable { error: ReadError::Denied { .. } })
+    }
+}
+
+/// Reads the config file's bytes as the account (`who`). Follows a symlink at `path` (the
+/// config is usually a link into a checkout), with the account's rights only.
+pub fn read(path: &Path, who: FsIdentity) -> Result<Vec<u8>, ConfigError> {
+    read_account_file(path, who, MAX_CONFIG_BYTES, Follow::Links).map_err(|error| match error {
+        ReadError::NotFound { path } => ConfigError::Missing { path },
+        error => ConfigError::Unreadable { error },
+    })
+}
+
+/// Reads and validates the config file, as the account `who`.
+pub fn load(path: &Path, home: &Path, who: FsIdentity) -> Result<Config, ConfigError> {
+    parse(&read(path, who)?, home)
+}
+
+/// Validates config bytes. `home` expands a leading `~` in `stateFile`. The error is the first
+/// of [`problems`].
+pub fn parse(bytes: &[u8], home: &Path) -> Result<Config, ConfigError> {
+    check::check(bytes, home)
+}
+
+/// `~` and `~/x` expand to the account's home (the `--home` directory in tests); other paths
+/// are taken as written, relative ones against the home.
+pub fn expand_tilde(path: &str, home: &Path) -> PathBuf {
+    if path == "~" {
+        home.to_path_buf()
+    } else if let Some(rest) = path.strip_prefix("~/") {
+        home.join(rest)
+    } else {
+        home.join(path) // an absolute `path` replaces `home` entirely
+    }
+}

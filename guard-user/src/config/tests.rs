@@ -1,0 +1,271 @@
+use super::*;
+
+fn home() -> PathBuf {
+    PathBuf::from("/home/u")
+}
+
+fn err(json: &str) -> String {
+    parse(json.as_bytes(), &home()).unwrap_err().to_string()
+}
+
+/// Every problem of `json`, as `validate` prints them.
+fn listed(json: &str) -> Vec<String> {
+    problems(json.as_bytes(), &home()).iter().map(|p| p.to_string()).collect()
+}
+
+#[test]
+fn an_empty_object_takes_every_default() {
+    let c = parse(b"{}", &home()).unwrap();
+    assert_eq!(c.threshold, 30);
+    assert_eq!(c.timeout, Duration::from_secs(3600));
+    assert_eq!(c.excludes.len(), 13);
+    assert_eq!(c.exclude_commands, DEFAULT_EXCLUDE_COMMANDS);
+    assert_eq!(c.log_max_bytes, 10 << 20);
+    assert_eq!(c.state_file, PathBuf::from("/home/u/guard-daemon-state.json"));
+    assert_eq!(c.warn_before, Duration::from_secs(600));
+    assert_eq!(c.repeat_after, 3);
+    assert_eq!(c.stall_watch, Some(StallWatch { pegged_cpu: 0.75, pegged_for: Duration::from_secs(300) }));
+    assert!(problems(b"{}", &home()).is_empty());
+    // The shipped patterns compile (the stopgap in-process compile).
+    assert_eq!(c.compile_exclude_commands().unwrap().len(), 4);
+}
+
+#[test]
+fn timeout_accepts_units_integers_and_digit_strings() {
+    for (j, s) in [(r#""2h""#, 7200), (r#""5m""#, 300), (r#""9s""#, 9), ("120", 120), (r#""120""#, 120), ("0", 0)] {
+        let c = parse(format!(r#"{{"timeout": {j}}}"#).as_bytes(), &home()).unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(s), "{j}");
+    }
+}
+
+#[test]
+fn wrong_types_and_ranges_name_the_key_and_the_value() {
+    assert_eq!(err(r#"{"threshold": 0}"#), "config_malformed threshold value=0");
+    assert_eq!(err(r#"{"threshold": "30"}"#), "config_malformed threshold value=30");
+    assert_eq!(err(r#"{"threshold": 2.5}"#), "config_malformed threshold value=2.5");
+    assert_eq!(err(r#"{"timeout": "1d"}"#), "config_malformed timeout value=1d");
+    assert_eq!(err(r#"{"timeout": -5}"#), "config_malformed timeout value=-5");
+    assert_eq!(err(r#"{"excludes": "bash"}"#), "config_malformed excludes value=bash");
+    assert_eq!(err(r#"{"excludes": [1]}"#), "config_malformed excludes value=[1]");
+    assert_eq!(err(r#"{"logMaxSizeMB": 0}"#), "config_malformed logMaxSizeMB value=0");
+    assert_eq!(err(r#"{"stateFile": 3}"#), "config_malformed stateFile value=3");
+    assert_eq!(err(r#"{"excludeCommands": ["ok", 7]}"#), r#"config_malformed excludeCommands value="[\"ok\",7]""#);
+    assert_eq!(err(r#"{"excludeCommands": ["a\u0000b"]}"#), r"config_malformed excludeCommands pattern=a\x00b");
+}
+
+#[test]
+fn huge_numbers_are_bounded_at_validation() {
+    // These crashed the deadline timer (an Instant overflow) after the first tick.
+    assert_eq!(err(r#"{"timeout": 10000000000000000000}"#), "config_malformed timeout value=10000000000000000000");
+    assert_eq!(err(r#"{"timeout": "5124095576030431h"}"#), "config_malformed timeout value=5124095576030431h");
+    assert_eq!(err(r#"{"timeout": 1e300}"#), "config_malformed timeout value=1e+300");
+    assert_eq!(err(r#"{"timeout": 31536001}"#), "config_malformed timeout value=31536001");
+    assert_eq!(parse(br#"{"timeout": "8760h"}"#, &home()).unwrap().timeout, MAX_TIMEOUT);
+    assert_eq!(err(r#"{"warnBefore": "8761h"}"#), "config_malformed warnBefore value=8761h");
+    assert_eq!(err(r#"{"threshold": 4194305}"#), "config_malformed threshold value=4194305");
+    assert_eq!(parse(br#"{"threshold": 4194304}"#, &home()).unwrap().threshold, MAX_THRESHOLD);
+    assert_eq!(
+        err(r#"{"threshold": 18446744073709551616}"#),
+        "config_malformed threshold value=1.8446744073709552e+19"
+    );
+    assert_eq!(err(r#"{"logMaxSizeMB": 4097}"#), "config_malformed logMaxSizeMB value=4097");
+    assert_eq!(parse(br#"{"logMaxSizeMB": 4096}"#, &home()).unwrap().log_max_bytes, 4096 << 20);
+    assert_eq!(err(r#"{"logMaxSizeMB": 1e308}"#), "config_malformed logMaxSizeMB value=1e+308");
+    assert_eq!(err(r#"{"repeatAfter": 1001}"#), "config_malformed repeatAfter value=1001");
+    // A number too large for any float is a JSON error, not a crash.
+    assert!(err(r#"{"timeout": 1e400}"#).starts_with("config_malformed json"));
+}
+
+#[test]
+fn new_keys_parse_validate_and_default() {
+    let c = parse(br#"{"warnBefore": 0, "repeatAfter": 1, "stallWatch": false}"#, &home()).unwrap();
+    assert_eq!((c.warn_before, c.repeat_after, c.stall_watch), (Duration::ZERO, 1, None));
+    let c = parse(br#"{"warnBefore": "15m", "stallWatch": {"peggedCpu": 2, "peggedFor": "10s"}}"#, &home()).unwrap();
+    assert_eq!(c.warn_before, Duration::from_secs(900));
+    assert_eq!(c.stall_watch, Some(StallWatch { pegged_cpu: 2.0, pegged_for: Duration::from_secs(10) }));
+    let c = parse(br#"{"stallWatch": {"peggedFor": 600}}"#, &home()).unwrap();
+    assert_eq!(c.stall_watch, Some(StallWatch { pegged_cpu: 0.75, pegged_for: Duration::from_secs(600) }));
+    assert_eq!(parse(br#"{"stallWatch": true}"#, &home()).unwrap().stall_watch, Some(DEFAULT_STALL_WATCH));
+    assert_eq!(err(r#"{"repeatAfter": 0}"#), "config_malformed repeatAfter value=0");
+    assert_eq!(err(r#"{"warnBefore": "soon"}"#), "config_malformed warnBefore value=soon");
+    assert_eq!(err(r#"{"stallWatch": "off"}"#), "config_malformed stallWatch value=off");
+    assert_eq!(err(r#"{"stallWatch": {"peggedCpu": 0}}"#), "config_malformed stallWatch.peggedCpu value=0");
+    assert_eq!(err(r#"{"stallWatch": {"peggedCpu": 1025}}"#), "config_malformed stallWatch.peggedCpu value=1025");
+    assert_eq!(err(r#"{"stallWatch": {"peggedFor": "9s"}}"#), "config_malformed stallWatch.peggedFor value=9s");
+    assert_eq!(err(r#"{"stallWatch": {"peggedFor": "25h"}}"#), "config_malformed stallWatch.peggedFor value=25h");
+}
+
+#[test]
+fn invalid_json_reports_line_and_column() {
+    assert_eq!(err("{\n  \"threshold\": 3,\n}"), "config_malformed json line=3 column=1");
+    assert_eq!(err(""), "config_malformed json line=1 column=0");
+    assert_eq!(err("  [1]"), "config_malformed json line=1 column=3");
+}
+
+#[test]
+fn json_nesting_stops_at_serde_jsons_limit_of_128() {
+    // The top-level object and 126 arrays are 127 levels: parsed (an unknown key). One more
+    // level is serde_json's recursion limit: an error, not a stack overflow.
+    let nested = |n: usize| format!(r#"{{"colour": {}{}}}"#, "[".repeat(n), "]".repeat(n));
+    assert!(parse(nested(MAX_JSON_DEPTH - 1).as_bytes(), &home()).is_ok());
+    assert_eq!(err(&nested(MAX_JSON_DEPTH)), "config_malformed json line=1 column=138");
+    let p = listed(&nested(MAX_JSON_DEPTH));
+    assert!(p[0].contains("nested deeper than 127 levels"), "{p:?}");
+    let deep = format!(r#"{{"x": {}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+    assert!(err(&deep).starts_with("config_malformed json"));
+}
+
+#[test]
+fn lists_and_paths_are_bounded() {
+    let many = |n: usize, item: &str| format!("[{}]", vec![item; n].join(","));
+    assert!(parse(format!(r#"{{"excludes": {}}}"#, many(1024, "\"a\"")).as_bytes(), &home()).is_ok());
+    assert!(err(&format!(r#"{{"excludes": {}}}"#, many(1025, "\"a\""))).starts_with("config_malformed excludes value="));
+    let long = format!("\"{}\"", "n".repeat(256));
+    assert!(err(&format!(r#"{{"excludes": [{long}]}}"#)).starts_with("config_malformed excludes value="));
+    assert!(parse(format!(r#"{{"excludeCommands": {}}}"#, many(256, "\"x\"")).as_bytes(), &home()).is_ok());
+    assert!(err(&format!(r#"{{"excludeCommands": {}}}"#, many(257, "\"x\"")))
+        .starts_with("config_malformed excludeCommands value="));
+    let long = "p".repeat(1025);
+    let e = err(&format!(r#"{{"excludeCommands": ["{long}"]}}"#));
+    assert!(e.starts_with("config_malformed excludeCommands pattern=ppp") && e.len() < 260, "{e}");
+    assert!(parse(format!(r#"{{"stateFile": "/{}"}}"#, "s".repeat(4094)).as_bytes(), &home()).is_ok());
+    assert!(err(&format!(r#"{{"stateFile": "/{}"}}"#, "s".repeat(4095))).starts_with("config_malformed stateFile"));
+}
+
+#[test]
+fn patterns_are_not_compiled_while_parsing() {
+    // An invalid regex parses: the matcher judges it (here, the stopgap compile).
+    let c = parse(br#"{"excludeCommands": ["ok", "(unclosed"]}"#, &home()).unwrap();
+    assert_eq!(c.exclude_commands, ["ok", "(unclosed"]);
+    let e = c.compile_exclude_commands().unwrap_err();
+    assert_eq!(e.to_string(), "config_malformed excludeCommands pattern=(unclosed");
+}
+
+#[test]
+fn a_state_file_with_a_control_character_is_refused() {
+    // Defence in depth for install: a newline in stateFile once became a unit directive.
+    let e = err(r#"{"stateFile": "/home/u/s\nExecStartPre=+/bin/sh"}"#);
+    assert_eq!(e, r#"config_malformed stateFile value="/home/u/s\nExecStartPre=+/bin/sh""#);
+    assert_eq!(err(r#"{"stateFile": ""}"#), r#"config_malformed stateFile value="""#);
+    assert!(err(r#"{"stateFile": "a\u0000b"}"#).starts_with("config_malformed stateFile"));
+}
+
+#[test]
+fn error_values_are_escaped_and_quoted_as_log_values() {
+    assert_eq!(err(r#"{"timeout": "1h KILLED pid=1"}"#), r#"config_malformed timeout value="1h KILLED pid=1""#);
+    assert_eq!(
+        err(r#"{"timeout": "x\n2026-01-01 00:00:00 KILLED"}"#),
+        r#"config_malformed timeout value="x\n2026-01-01 00:00:00 KILLED""#
+    );
+    assert_eq!(err(r#"{"timeout": {"a": 1}}"#), r#"config_malformed timeout value="{\"a\":1}""#);
+    let e = ConfigError::Missing { path: "/home/u/my config.json".into() };
+    assert_eq!(e.to_string(), r#"config_missing path="/home/u/my config.json""#);
+}
+
+#[test]
+fn unknown_keys_are_kept_as_warnings_not_errors() {
+    let c = parse(br#"{"threshold": 3, "colour": "blue"}"#, &home()).unwrap();
+    assert_eq!(c.unknown_keys, vec!["colour".to_string()]);
+    let p = problems(br#"{"treshold": 3, "stallWatch": {"peggedcpu": 1}}"#, &home());
+    assert!(p.iter().all(|p| p.warning && p.error().is_none()), "{p:?}");
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        text,
+        [
+            r#"stallWatch.peggedcpu: is not a key guard knows, so it is ignored; did you mean "peggedCpu"? (an unknown key is ignored)"#,
+            r#"treshold: is not a key guard knows, so it is ignored; did you mean "threshold"? (an unknown key is ignored)"#,
+        ]
+    );
+}
+
+#[test]
+fn validate_lists_every_problem_with_its_fix_in_parse_order() {
+    let json = r#"{"threshold": "30", "timeout": "1d", "excludes": ["ok", 5, "a\u0000"], "logMaxSizeMB": -1,
+        "repeatAfter": 2.5, "stallWatch": {"peggedFor": "1s"}, "colour": 1}"#;
+    assert_eq!(
+        listed(json),
+        [
+            r#"threshold: "30" is a string; write a whole number >= 1, e.g. 30"#,
+            r#"timeout: "1d" is not a duration; write "<n>h", "<n>m", "<n>s" or whole seconds, at most 1 year (8760h), e.g. "1h""#,
+            r#"excludes[1]: 5 is a number; write each name as a string of at most 255 bytes without NUL, e.g. "node""#,
+            r#"excludes[2]: contains a NUL character; write each name as a string of at most 255 bytes without NUL, e.g. "node""#,
+            "logMaxSizeMB: -1 is not above 0; write a number of MiB > 0 and <= 4096, e.g. 10",
+            "repeatAfter: 2.5 is not a whole number; write a whole number from 1 to 1000, e.g. 3",
+            r#"stallWatch.peggedFor: "1s" is shorter than 10s; write a duration from 10s to 24h, e.g. "5m""#,
+            "colour: is not a key guard knows, so it is ignored; remove it; the keys are threshold, timeout, excludes, \
+             excludeCommands, logMaxSizeMB, stateFile, warnBefore, repeatAfter, stallWatch",
+        ]
+    );
+    // parse fails with the first of them, as the ERROR line.
+    let first = problems(json.as_bytes(), &home()).into_iter().next().unwrap();
+    assert_eq!(first.error().unwrap().to_string(), err(json));
+    assert_eq!(first.error().unwrap().fix(), "write a whole number >= 1, e.g. 30");
+}
+
+#[test]
+fn parse_and_problems_agree_on_every_seed_document() {
+    for json in [
+        "{}",
+        "[]",
+        "null",
+        r#"{"threshold": 0}"#,
+        r#"{"threshold": 3, "timeout": "1s"}"#,
+        r#"{"excludes": {"a": 1}}"#,
+        r#"{"stallWatch": null}"#,
+        r#"{"timeout": true, "threshold": null}"#,
+        "{\"threshold\": 3,}",
+    ] {
+        let p = problems(json.as_bytes(), &home());
+        let first_error = p.iter().find_map(|p| p.error()).map(|e| e.to_string());
+        assert_eq!(parse(json.as_bytes(), &home()).err().map(|e| e.to_string()), first_error, "{json}");
+        for problem in &p {
+            let line = problem.to_string();
+            assert!(!line.contains(['\n', '\r']), "{line:?}");
+        }
+    }
+}
+
+#[test]
+fn a_problems_quoted_value_prints_on_one_line() {
+    let p = listed("{\"timeout\": \"\\u001b[2J\\n\\u2028x\"}");
+    assert_eq!(
+        p[0],
+        r#"timeout: "\x1b[2J\n\xe2\x80\xa8x" is not a duration; write "<n>h", "<n>m", "<n>s" or whole seconds, at most 1 year (8760h), e.g. "1h""#
+    );
+    let p = listed(&format!(r#"{{"threshold": "{}"}}"#, "9".repeat(500)));
+    assert!(p[0].len() < 200 && p[0].contains('…'), "{}", p[0]);
+}
+
+#[test]
+fn state_file_tilde_expands_to_the_home() {
+    let c = parse(br#"{"stateFile": "~/s/state.json"}"#, &home()).unwrap();
+    assert_eq!(c.state_file, PathBuf::from("/home/u/s/state.json"));
+    let c = parse(br#"{"stateFile": "/var/lib/g.json"}"#, &home()).unwrap();
+    assert_eq!(c.state_file, PathBuf::from("/var/lib/g.json"));
+}
+
+#[test]
+fn excludes_compare_ignoring_case() {
+    let c = parse(br#"{"excludes": ["Sleep"]}"#, &home()).unwrap();
+    assert!(c.is_excluded(&crate::comm::Comm::new(b"sleep")));
+    assert!(!c.is_excluded(&crate::comm::Comm::new(b"sleeper")));
+}
+
+#[test]
+fn load_reads_as_the_account_and_maps_read_errors_to_config_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let who = FsIdentity::current();
+    let path = dir.path().join("guard-config.json");
+    let e = load(&path, dir.path(), who).unwrap_err();
+    assert_eq!(e.to_string(), format!("config_missing path={}", path.display()));
+    std::fs::create_dir(&path).unwrap();
+    let e = load(&path, dir.path(), who).unwrap_err();
+    assert_eq!(e.to_string(), format!("config_unreadable path={} reason=not_regular kind=directory", path.display()));
+    assert_eq!(e.fix(), "replace it with a regular file");
+    std::fs::remove_dir(&path).unwrap();
+    std::fs::File::create(&path).unwrap().set_len(MAX_CONFIG_BYTES + 1).unwrap();
+    let e = load(&path, dir.path(), who).unwrap_err();
+    assert_eq!(e.to_string(), format!("config_unreadable path={} reason=too_large max_bytes=1048576", path.display()));
+    std::fs::write(&path, br#"{"threshold": 4}"#).unwrap();
+    assert_eq!(load(&path, dir.path(), who).unwrap().threshold, 4);
+}

@@ -1,0 +1,265 @@
+//! The tick's effects behind small traits, so the daemon runs unchanged against the real world
+//! (files in the account's home, pidfd signals, /proc, the Redis mirror) or against recordings
+//! ([`super::recording`]) in unprivileged replay tests.
+use std::{
+    path::Path,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use crate::{
+    account::Account,
+    enforcer::{Enforcer, Outcome},
+    event::ProcState,
+    log::Logger,
+    mirror::{Heartbeat, Mirror, StreamEvent},
+    pattern::{Limits, MatchOutcome, Matcher, PatternSetError},
+    policy::line::Line,
+    procfs,
+    safefs::{atomic_write, FsIdentity},
+    state::{self, State, StateError},
+    status::Status,
+};
+
+/// The daemon's log (docs/log.md).
+pub trait LogSink: Send + Sync {
+    fn write(&self, line: &Line);
+    /// SIGHUP: reopen (logrotate moved the file away).
+    fn reopen(&self) {}
+    /// The config's `logMaxSizeMB`, in bytes.
+    fn set_max_bytes(&self, _bytes: u64) {}
+}
+
+/// The state file: the flag clocks' persistence.
+pub trait StateStore: Send {
+    fn load(&mut self, path: &Path) -> Result<State, StateError>;
+    fn save(&mut self, path: &Path, user: &str, state: &State) -> Result<(), StateError>;
+}
+
+/// The status file `guard-user status` and `check` read.
+pub trait StatusSink: Send {
+    /// Replaces the status file at `path` (see [`status::path_beside`]).
+    fn write(&mut self, path: &Path, status: &Status);
+}
+
+/// Ending processes (docs/architecture.md step 5).
+pub trait Signaller: Send {
+    /// SIGTERM to all, one grace period, SIGKILL to the survivors that are still themselves.
+    fn end_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
+    /// Dry run: verify identities, send nothing.
+    fn verify_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
+}
+
+/// The Prometheus text file (`--metrics-file`, docs/metrics.md).
+pub trait MetricsSink: Send {
+    fn write(&mut self, text: &str);
+}
+
+/// Reading a live process beyond the table: its command line.
+pub trait ProcessReader: Send {
+    /// docs/configuration.md's command line, read up to `max` bytes (a longer one comes back longer than `max`,
+    /// cut); `None` when the process is gone.
+    fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>>;
+}
+
+/// `excludeCommands` matching (docs/configuration.md, docs/architecture.md): compiled once per change of the list, each match
+/// bounded in time, memory and stack.
+pub trait Classifier: Send {
+    /// Compiles `patterns` unless they are the list already compiled.
+    fn set_patterns(&mut self, patterns: &[String]) -> Result<(), PatternSetError>;
+    /// The first matching pattern of each text, `NoMatch`, or `Budget` (undecided: protect).
+    fn classify(&mut self, texts: &[&[u8]], deadline: std::time::Instant) -> Vec<MatchOutcome>;
+    /// Longer texts are `Budget` without being read whole.
+    fn max_text_bytes(&self) -> usize;
+}
+
+impl Classifier for Matcher {
+    fn set_patterns(&mut self, patterns: &[String]) -> Result<(), PatternSetError> {
+        Matcher::set_patterns(self, patterns)
+    }
+
+    fn classify(&mut self, texts: &[&[u8]], deadline: std::time::Instant) -> Vec<MatchOutcome> {
+        Matcher::classify(self, texts, deadline)
+    }
+
+    fn max_text_bytes(&self) -> usize {
+        self.limits().max_text_bytes
+    }
+}
+
+/// The sandboxed matcher of this binary (`guard-user __pattern-worker`, see [`crate::pattern`]).
+pub fn sandboxed_matcher() -> Matcher {
+    Matcher::new(std::path::PathBuf::from("/proc/self/exe"), Limits::default())
+}
+
+/// The stall watch's sample (docs/configuration.md): the account's live processes with their group CPU time.
+pub trait CpuSampler: Send {
+    fn sample(&mut self, euid: u32) -> std::io::Result<Vec<(ProcState, u64)>>;
+}
+
+/// One /proc pass per sample (the fallback; see [`procfs::cpu_sample`]).
+pub struct ProcfsCpu;
+
+impl CpuSampler for ProcfsCpu {
+    fn sample(&mut self, euid: u32) -> std::io::Result<Vec<(ProcState, u64)>> {
+        procfs::cpu_sample(euid)
+    }
+}
+
+/// One pass of the BPF task iterator per sample: the account's processes with their group CPU
+/// time (see `ebpf::task_iter`).
+pub struct IterCpu(pub crate::ebpf::task_iter::TaskIter);
+
+impl CpuSampler for IterCpu {
+    fn sample(&mut self, euid: u32) -> std::io::Result<Vec<(ProcState, u64)>> {
+        Ok(self.0.cpu_sample(euid)?.into_iter().map(|s| (s.state, s.cpu_ns)).collect())
+    }
+}
+
+/// The swarm Redis mirror (docs/operations.md): fire-and-forget.
+pub trait MirrorSink: Send + Sync {
+    fn heartbeat(&self, hb: Heartbeat, ttl: Duration);
+    fn event(&self, ev: StreamEvent);
+    /// Stream events dropped so far (a full queue, a refusing server).
+    fn dropped(&self) -> u64 {
+        0
+    }
+}
+
+/// Unix time for flag clocks, lines and status ("now", in one place). Replays inject theirs.
+pub trait Clock: Send + Sync {
+    fn now_unix(&self) -> f64;
+}
+
+/// Everything the tick does to the world.
+pub struct Effects {
+    pub log: Arc<dyn LogSink>,
+    pub state: Box<dyn StateStore>,
+    pub status: Box<dyn StatusSink>,
+    pub signals: Box<dyn Signaller>,
+    pub procs: Box<dyn ProcessReader>,
+    pub classifier: Box<dyn Classifier>,
+    pub cpu: Box<dyn CpuSampler>,
+    pub mirror: Arc<dyn MirrorSink>,
+    pub clock: Arc<dyn Clock>,
+    /// Only with `--metrics-file`.
+    pub metrics: Option<Box<dyn MetricsSink>>,
+}
+
+impl LogSink for Logger {
+    fn write(&self, line: &Line) {
+        self.raw(&line.body());
+    }
+
+    fn set_max_bytes(&self, bytes: u64) {
+        Logger::set_max_bytes(self, bytes)
+    }
+}
+
+/// The state file in the account's home, read and written as the account.
+pub struct StateFile {
+    pub who: FsIdentity,
+}
+
+impl StateStore for StateFile {
+    fn load(&mut self, path: &Path) -> Result<State, StateError> {
+        state::load_state(path, self.who)
+    }
+
+    fn save(&mut self, path: &Path, user: &str, st: &State) -> Result<(), StateError> {
+        state::save_state(path, user, st, self.who)
+    }
+}
+
+/// The status file, written atomically as the account.
+pub struct StatusFile {
+    pub who: FsIdentity,
+}
+
+impl StatusSink for StatusFile {
+    fn write(&mut self, path: &Path, status: &Status) {
+        let mut bytes = serde_json::to_vec_pretty(status).expect("a status serializes");
+        bytes.push(b'\n');
+        if let Err(e) = atomic_write(path, &bytes, self.who) {
+            tracing::warn!("cannot write the status file: {e}");
+        }
+    }
+}
+
+impl Signaller for Enforcer {
+    fn end_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        Enforcer::end_all(self, targets)
+    }
+
+    fn verify_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        Enforcer::verify_all(self, targets)
+    }
+}
+
+/// The metrics file: a path root was given on its command line, replaced atomically (temp file,
+/// fsync, rename) as node_exporter's textfile collector expects, mode 0644.
+pub struct MetricsFile {
+    pub path: std::path::PathBuf,
+}
+
+impl MetricsSink for MetricsFile {
+    fn write(&mut self, text: &str) {
+        let root = FsIdentity { uid: 0, gid: 0 };
+        if let Err(e) = atomic_write(&self.path, text.as_bytes(), root) {
+            tracing::warn!("cannot write the metrics file: {e}");
+        }
+    }
+}
+
+/// /proc of the machine.
+pub struct Procfs;
+
+impl ProcessReader for Procfs {
+    fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>> {
+        procfs::cmdline_capped(pid, max)
+    }
+}
+
+impl MirrorSink for Mirror {
+    fn heartbeat(&self, hb: Heartbeat, ttl: Duration) {
+        Mirror::heartbeat(self, hb, ttl)
+    }
+
+    fn event(&self, ev: StreamEvent) {
+        Mirror::event(self, ev)
+    }
+
+    fn dropped(&self) -> u64 {
+        Mirror::dropped(self)
+    }
+}
+
+/// The wall clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_unix(&self) -> f64 {
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    }
+}
+
+/// The real effects for `account`, logging to `log`.
+pub fn real(account: &Account, log: Logger, mirror: Mirror, metrics_file: Option<std::path::PathBuf>) -> Effects {
+    let who = FsIdentity { uid: account.uid, gid: account.gid };
+    Effects {
+        log: Arc::new(log),
+        state: Box::new(StateFile { who }),
+        status: Box::new(StatusFile { who }),
+        signals: Box::new(Enforcer {
+            account_uid: account.uid,
+            self_pid: std::process::id(),
+            grace: Duration::from_millis(500),
+        }),
+        procs: Box::new(Procfs),
+        classifier: Box::new(sandboxed_matcher()),
+        cpu: Box::new(ProcfsCpu),
+        mirror: Arc::new(mirror),
+        clock: Arc::new(SystemClock),
+        metrics: metrics_file.map(|path| Box::new(MetricsFile { path }) as Box<dyn MetricsSink>),
+    }
+}

@@ -1,0 +1,225 @@
+//! The daemon: an event pump that owns the live table, and a supervised tick loop that asks it
+//! for drained snapshots (docs/architecture.md, docs/operations.md).
+//!
+//! # Layout
+//! - [`source`]: where events come from ([`EventSource`]: the BPF ring, the `procfs` backend's
+//!   nothing, a recorded trace).
+//! - [`pump`]: the one owner of the [`crate::table::ProcessTable`]; answers snapshot requests.
+//! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
+//! - [`tick`]: one tick — gather, [`crate::policy::decide`], apply.
+//! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
+//! - [`supervise`]: the tick loop, deadlines, hang detection, watchdog, SIGHUP, stop.
+//! - [`instance`]: one daemon per (account, home).
+//!
+//! [`run`] wires the real world; [`run_with`] takes any source and effects (replay tests).
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use tokio::sync::mpsc;
+
+use crate::{
+    account::Account,
+    ebpf::{EbpfOptions, EbpfSource},
+    log::Logger,
+    mirror::{Endpoint, Mirror},
+    policy::line::Line,
+    safefs::FsIdentity,
+};
+
+pub mod effects;
+pub mod fault;
+pub mod instance;
+pub mod pump;
+pub mod rebuild;
+pub mod recording;
+pub mod report;
+pub mod source;
+pub mod supervise;
+pub mod tick;
+
+pub use effects::Effects;
+pub use source::{EventSource, ProcfsSource};
+pub use supervise::{Control, Notifier, Stopped};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto,
+    Ebpf,
+    Procfs,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "ebpf" => Ok(Backend::Ebpf),
+            "procfs" => Ok(Backend::Procfs),
+            other => Err(format!("--backend {other}: expected auto, ebpf or procfs")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DaemonOptions {
+    pub account: Account,
+    /// Where default files live (the account's home, or `--home`).
+    pub home: PathBuf,
+    pub config_path: PathBuf,
+    pub dry_run: bool,
+    pub interval: Duration,
+    pub backend: Backend,
+    pub audit_interval: Duration,
+    pub ring_bytes: Option<u32>,
+    /// Arm a timer for the earliest enforcement deadline (enforce at the timeout, not up to an
+    /// interval later).
+    pub deadline_timer: bool,
+    /// `--metrics-file`: where the Prometheus text goes after every tick.
+    pub metrics_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot load the BPF programs ({reason}): {detail}")]
+    Ebpf { reason: &'static str, detail: String },
+}
+
+/// Whether this process holds the capabilities BPF loading and tp_btf attachment need
+/// (`CapEff` in /proc/self/status): CAP_BPF (39) and CAP_PERFMON (38), or CAP_SYS_ADMIN (21).
+fn may_load_bpf() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return true };
+    let Some(hex) = status.lines().find_map(|l| l.strip_prefix("CapEff:")) else { return true };
+    let Ok(caps) = u64::from_str_radix(hex.trim(), 16) else { return true };
+    let has = |bit: u32| caps & (1u64 << bit) != 0;
+    has(21) || (has(38) && has(39))
+}
+
+/// This host's name for the heartbeat key.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) } != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// SIGTERM/SIGINT → stop, SIGHUP → reload, as [`Control`] messages.
+fn forward_signals(tx: mpsc::Sender<Control>) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        loop {
+            let c = tokio::select! {
+                _ = term.recv() => Control::Stop,
+                _ = int.recv() => Control::Stop,
+                _ = hup.recv() => Control::Reload,
+            };
+            if tx.send(c).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The real daemon: loads the backend, runs until SIGTERM/SIGINT or a hang. Returns why it stopped.
+pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
+    crate::startup_phase("daemon::run (arguments parsed, runtime up)");
+    let who = FsIdentity { uid: opts.account.uid, gid: opts.account.gid };
+    let initial = crate::config::load(&opts.config_path, &opts.home, who).ok();
+    let log_bytes = initial.as_ref().map(|c| c.log_max_bytes).unwrap_or(10 << 20);
+    let logger = Logger::new(opts.home.join("guard-daemon.log"), who, log_bytes, true);
+    let loaded = match opts.backend {
+        Backend::Procfs => None,
+        Backend::Ebpf | Backend::Auto if !may_load_bpf() => Some(Err((
+            "permission_denied",
+            "loading BPF programs needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run guard-user as root".to_string(),
+        ))),
+        Backend::Ebpf | Backend::Auto => Some(
+            EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes }).map_err(|e| (e.reason(), e.to_string())),
+        ),
+    };
+    let source = match loaded {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err((reason, detail))) if opts.backend == Backend::Auto => {
+            tracing::warn!("BPF unavailable, using the procfs backend: {detail}");
+            logger.raw(&Line::new("WARN").word("backend_fallback").with("reason", reason).body());
+            None
+        }
+        Some(Err((reason, detail))) => {
+            logger.raw(&Line::new("STOPPED").with("reason", "error").body());
+            return Err(DaemonError::Ebpf { reason, detail });
+        }
+    };
+    // Parsing the kernel's BTF (twice: ours for offsets, aya's for tp_btf) leaves megabytes of
+    // freed small allocations in the heap; give them back (measured: see docs/BENCH.md).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    if let Some(problem) = source.as_ref().and_then(|s| s.task_iter_problem()) {
+        tracing::warn!("start-up, resyncs and CPU samples read /proc instead of the task iterator: {problem}");
+        logger.raw(&Line::new("WARN").word("task_iter_fallback").with("reason", problem.reason()).body());
+    }
+    if let Some(problem) = source.as_ref().and_then(|s| s.setuid_problem()) {
+        tracing::warn!("uid changes without exec are seen by the audit only: {problem}");
+        logger.raw(&Line::new("WARN").word("setuid_untracked").with("reason", problem.reason()).body());
+    }
+    let warn_log = logger.clone();
+    let mirror = Mirror::spawn(
+        Endpoint::from_env(),
+        hostname(),
+        opts.account.name.clone(),
+        Arc::new(move |w: String| warn_log.raw(&format!("WARN {w}"))),
+    );
+    let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());
+    if let Some(it) = source.as_ref().and_then(|s| s.task_iter()).filter(|_| !crate::ebpf::task_iter::forced_procfs()) {
+        fx.cpu = Box::new(effects::IterCpu(it.clone()));
+    }
+    let (tx, mut control) = mpsc::channel(8);
+    if let Err(e) = forward_signals(tx) {
+        tracing::error!("cannot handle signals: {e}");
+        return Ok(Stopped::Error);
+    }
+    let mut notifier = supervise::SystemdNotifier::from_env();
+    Ok(match source {
+        Some(src) => run_with(opts, src, fx, &mut notifier, &mut control).await,
+        None => run_with(opts, ProcfsSource, fx, &mut notifier, &mut control).await,
+    })
+}
+
+/// The daemon on any event source and effects: logs `STARTED`, runs the pump and the supervised
+/// tick loop until [`Control::Stop`] or a hang, logs `STOPPED`.
+pub async fn run_with<S: EventSource>(
+    opts: DaemonOptions,
+    source: S,
+    fx: Effects,
+    notifier: &mut dyn Notifier,
+    control: &mut mpsc::Receiver<Control>,
+) -> Stopped {
+    let backend = source.backend();
+    let log = fx.log.clone();
+    let clock = fx.clock.clone();
+    log.write(
+        &Line::new("STARTED")
+            .with("version", crate::VERSION)
+            .with("backend", backend)
+            .with("user", opts.account.name.as_str())
+            .with("dry_run", opts.dry_run as u8)
+            .with("pid", std::process::id()),
+    );
+    let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval);
+    let settings =
+        supervise::LoopSettings { interval: opts.interval, deadline: supervise::tick_deadline(opts.interval) };
+    let ticker = tick::Ticker::new(opts, backend, fx, pump.clone());
+    let stopped =
+        supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_unix()).await;
+    pump_task.abort();
+    log.write(&Line::new("STOPPED").with("reason", stopped.token()));
+    stopped
+}

@@ -1,0 +1,280 @@
+//! The pump: the one owner of the live [`ProcessTable`]. It drains the event source into the
+//! table, runs the rebuilds ([`super::rebuild`]) and answers requests over a channel: a tick asks
+//! for a drained snapshot of its account and gets a reply; the watchdog pings it. Nothing else
+//! touches the table, so there is no lock, no shared flag and no polling.
+use std::{io, sync::Arc, time::Duration};
+
+use tokio::{
+    sync::{mpsc, oneshot},
+    task::JoinHandle,
+};
+
+use super::{
+    effects::LogSink,
+    rebuild::{Rebuilder, Step},
+    source::{EventSource, Scanner},
+};
+use crate::{
+    event::{Event, ProcState},
+    policy::{line::Line, AccountView},
+    table::ProcessTable,
+};
+
+/// The pump's counters, as of its reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PumpStats {
+    /// Events applied since start.
+    pub events: u64,
+    /// Events the source could not deliver since start.
+    pub lost: u64,
+    /// `RESYNC` lines logged.
+    pub resyncs: u64,
+}
+
+/// A drained view for one tick.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub view: AccountView,
+    pub stats: PumpStats,
+}
+
+pub enum Request {
+    /// Drain the source, then reply with the account's view (members of names with at least
+    /// `min_count` processes). Queued until the start-up table is complete.
+    Snapshot { uid: u32, min_count: u32, reply: oneshot::Sender<Snapshot> },
+    /// Liveness: answered when the pump's loop turns.
+    Ping { reply: oneshot::Sender<PumpStats> },
+    /// Answered once the start-up table is complete.
+    WhenReady { reply: oneshot::Sender<()> },
+}
+
+/// How the tick and the watchdog talk to the pump.
+#[derive(Clone)]
+pub struct PumpHandle {
+    tx: mpsc::Sender<Request>,
+}
+
+impl PumpHandle {
+    /// From a blocking thread (the tick). `None` when the pump is gone. It blocks as long as the
+    /// pump does not answer: a wedged pump makes the tick overrun, which the supervisor turns into
+    /// `STOPPED reason=hang`.
+    pub fn snapshot_blocking(&self, uid: u32, min_count: u32) -> Option<Snapshot> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.blocking_send(Request::Snapshot { uid, min_count, reply }).ok()?;
+        rx.blocking_recv().ok()
+    }
+
+    /// Waits until the start-up table is complete; false when the pump is gone.
+    pub async fn ready(&self) -> bool {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Request::WhenReady { reply }).await.is_ok() && rx.await.is_ok()
+    }
+
+    /// From async code; `None` when the pump is gone or did not answer within `timeout`.
+    pub async fn ping(&self, timeout: Duration) -> Option<PumpStats> {
+        let (reply, rx) = oneshot::channel();
+        tokio::time::timeout(timeout, async {
+            self.tx.send(Request::Ping { reply }).await.ok()?;
+            rx.await.ok()
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+}
+
+/// Records popped per drain round.
+const BATCH: usize = 4096;
+/// Drain rounds for one snapshot: a storm that refills the ring as fast as it drains cannot keep
+/// a tick waiting (the ring is at most a few MiB: a handful of rounds empties it).
+const MAX_ROUNDS: usize = 64;
+
+struct Pump<S: EventSource> {
+    src: S,
+    log: Arc<dyn LogSink>,
+    table: ProcessTable,
+    rebuild: Rebuilder,
+    scanner: Scanner,
+    scan: Option<JoinHandle<io::Result<Vec<ProcState>>>>,
+    stats: PumpStats,
+    last_lost: u64,
+    batch: Vec<Event>,
+    ignore_pid: Option<u32>,
+    /// The start-up table's phase was traced.
+    announced: bool,
+    /// Snapshot requests answered (for the test-only fault hook).
+    snapshots: u64,
+}
+
+/// Starts the pump; it ends when every [`PumpHandle`] is dropped or the source fails.
+pub fn spawn<S: EventSource>(src: S, log: Arc<dyn LogSink>, audit_every: Duration) -> (PumpHandle, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(16);
+    let ignore_pid = Some(std::process::id());
+    let last_lost = src.lost();
+    let pump = Pump {
+        scanner: src.scanner(),
+        src,
+        log,
+        table: ProcessTable::new(ignore_pid),
+        rebuild: Rebuilder::new(),
+        scan: None,
+        stats: PumpStats { lost: last_lost, ..Default::default() },
+        last_lost,
+        batch: Vec::with_capacity(BATCH),
+        ignore_pid,
+        announced: false,
+        snapshots: 0,
+    };
+    (PumpHandle { tx }, tokio::spawn(pump.run(rx, audit_every)))
+}
+
+impl<S: EventSource> Pump<S> {
+    async fn run(mut self, mut rx: mpsc::Receiver<Request>, audit_every: Duration) {
+        let rescans = self.src.rescans_every_tick();
+        if !rescans && self.rebuild.start_up() == Step::Scan {
+            self.start_scan();
+        }
+        let mut audit = tokio::time::interval_at(tokio::time::Instant::now() + audit_every, audit_every);
+        let mut waiting: Vec<Request> = Vec::new();
+        loop {
+            let scan_done = async {
+                match self.scan.as_mut() {
+                    Some(h) => h.await.unwrap_or_else(|e| Err(io::Error::other(e))),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                req = rx.recv() => {
+                    let Some(req) = req else { return };
+                    match req {
+                        Request::Ping { reply } => { let _ = reply.send(self.stats); }
+                        Request::WhenReady { reply } if rescans || self.rebuild.ready() => { let _ = reply.send(()); }
+                        // The procfs backend: a fresh scan per snapshot, answered when it lands
+                        // (the loop keeps serving pings meanwhile).
+                        req @ Request::Snapshot { .. } if rescans => {
+                            waiting.push(req);
+                            if self.scan.is_none() {
+                                self.start_scan();
+                            }
+                        }
+                        req if !self.rebuild.ready() => waiting.push(req),
+                        Request::Snapshot { uid, min_count, reply } => {
+                            self.snapshots += 1;
+                            super::fault::hang_if("hang_pump", self.snapshots);
+                            self.drain_all();
+                            let _ = reply.send(self.snapshot(uid, min_count));
+                        }
+                        Request::WhenReady { reply } => { let _ = reply.send(()); }
+                    }
+                }
+                r = self.src.wait(), if !rescans => {
+                    if let Err(e) = r {
+                        tracing::error!("the event source failed: {e}");
+                        return;
+                    }
+                    self.drain_once();
+                }
+                scan = scan_done => {
+                    self.scan = None;
+                    if rescans {
+                        match scan {
+                            Ok(procs) => self.table = ProcessTable::from_snapshot(procs, self.ignore_pid),
+                            Err(e) => tracing::warn!("cannot read /proc: {e}"),
+                        }
+                        for req in waiting.drain(..) {
+                            if let Request::Snapshot { uid, min_count, reply } = req {
+                                let _ = reply.send(self.snapshot(uid, min_count));
+                            }
+                        }
+                        continue;
+                    }
+                    self.finish_scan(scan);
+                    if self.rebuild.ready() {
+                        for req in waiting.drain(..) {
+                            match req {
+                                Request::Snapshot { uid, min_count, reply } => {
+                                    self.drain_all();
+                                    let _ = reply.send(self.snapshot(uid, min_count));
+                                }
+                                Request::WhenReady { reply } => { let _ = reply.send(()); }
+                                Request::Ping { reply } => { let _ = reply.send(self.stats); }
+                            }
+                        }
+                    }
+                }
+                _ = audit.tick(), if !rescans => {
+                    if self.rebuild.on_audit() == Step::Scan { self.start_scan(); }
+                }
+            }
+        }
+    }
+
+    fn snapshot(&self, uid: u32, min_count: u32) -> Snapshot {
+        Snapshot { view: self.table.view(uid, min_count), stats: self.stats }
+    }
+
+    fn start_scan(&mut self) {
+        if let Some(old) = self.scan.take() {
+            old.abort();
+        }
+        let scanner = self.scanner.clone();
+        self.scan = Some(tokio::task::spawn_blocking(move || scanner()));
+    }
+
+    /// One round: pops what is waiting (up to a batch). Returns how many records it popped.
+    fn drain_once(&mut self) -> usize {
+        self.batch.clear();
+        let n = self.src.drain(BATCH, &mut self.batch);
+        for e in &self.batch {
+            self.table.apply(e);
+        }
+        self.stats.events += self.batch.len() as u64;
+        let mut step = self.rebuild.on_events(&self.batch);
+        let lost = self.src.lost();
+        if lost > self.last_lost {
+            self.stats.lost = lost;
+            if self.rebuild.on_lost(lost - self.last_lost) == Step::Scan {
+                step = Step::Scan;
+            }
+            self.last_lost = lost;
+        }
+        if step == Step::Scan {
+            self.start_scan();
+        }
+        n
+    }
+
+    /// Until the source is empty (bounded: see [`MAX_ROUNDS`]).
+    fn drain_all(&mut self) {
+        for _ in 0..MAX_ROUNDS {
+            if self.drain_once() < BATCH {
+                return;
+            }
+        }
+    }
+
+    fn finish_scan(&mut self, scan: io::Result<Vec<ProcState>>) {
+        let done = self.rebuild.on_scan(&self.table, scan, self.ignore_pid);
+        if let Some(e) = &done.failed {
+            tracing::warn!("/proc scan failed: {e}");
+        }
+        if let Some(t) = done.table {
+            if !self.announced {
+                self.announced = true;
+                crate::startup_phase("table consistent (/proc scan + replay)");
+            }
+            self.table = t;
+        }
+        if let Some(line) = done.resync {
+            self.stats.resyncs += 1;
+            self.log(&line);
+        }
+        if done.next == Step::Scan {
+            self.start_scan();
+        }
+    }
+
+    fn log(&self, line: &Line) {
+        self.log.write(line);
+    }
+}

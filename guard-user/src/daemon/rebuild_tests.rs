@@ -1,0 +1,86 @@
+use super::*;
+use crate::{comm::Comm, event::ProcId};
+
+fn st(pid: u32, start: u64, name: &str) -> ProcState {
+    ProcState { id: ProcId { pid, start_ticks: start }, euid: 1000, comm: Comm::new(name.as_bytes()) }
+}
+
+fn body(l: &Option<Line>) -> Option<String> {
+    l.as_ref().map(Line::body)
+}
+
+#[test]
+fn start_up_replays_what_happened_during_the_scan_and_becomes_ready() {
+    let mut r = Rebuilder::new();
+    assert_eq!(r.start_up(), Step::Scan);
+    assert!(!r.ready());
+    // During the scan: 11 is born (the scan missed it), 10 exits (the scan saw it).
+    r.on_events(&[
+        Event::Fork { child: st(11, 5, "x"), parent_pid: 1 },
+        Event::Exit(ProcId { pid: 10, start_ticks: 1 }),
+    ]);
+    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![st(10, 1, "a"), st(12, 2, "b")]), None);
+    assert!(r.ready() && !r.scanning());
+    let t = f.table.unwrap();
+    assert_eq!(t, ProcessTable::from_snapshot(vec![st(11, 5, "x"), st(12, 2, "b")], None));
+    assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=startup lost=0"));
+    assert_eq!(f.next, Step::Nothing);
+}
+
+#[test]
+fn losses_during_a_scan_ask_for_another_scan_after_it() {
+    let mut r = Rebuilder::new();
+    r.start_up();
+    assert_eq!(r.on_lost(3), Step::Nothing, "a scan is running: queue, do not abandon it");
+    assert_eq!(r.on_lost(2), Step::Nothing);
+    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
+    assert_eq!(f.next, Step::Scan);
+    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
+    assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=lost_events lost=5"));
+    assert_eq!(f.next, Step::Nothing);
+}
+
+#[test]
+fn an_audit_logs_only_when_the_table_had_drifted() {
+    let mut r = Rebuilder::new();
+    r.start_up();
+    let live = r.on_scan(&ProcessTable::new(None), Ok(vec![st(10, 1, "a")]), None).table.unwrap();
+    assert_eq!(r.on_audit(), Step::Scan);
+    let f = r.on_scan(&live, Ok(vec![st(10, 1, "a")]), None);
+    assert!(f.resync.is_none(), "no drift, no line");
+    assert_eq!(r.on_audit(), Step::Scan);
+    let f = r.on_scan(&live, Ok(vec![st(10, 1, "renamed")]), None);
+    assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=drift lost=0"));
+}
+
+#[test]
+fn a_failed_start_up_scan_is_retried_and_nothing_is_ready_meanwhile() {
+    let mut r = Rebuilder::new();
+    r.start_up();
+    let f = r.on_scan(&ProcessTable::new(None), Err(io::Error::other("EMFILE")), None);
+    assert!(f.failed.is_some() && f.table.is_none());
+    assert_eq!(f.next, Step::Scan);
+    assert!(!r.ready());
+}
+
+#[test]
+fn too_many_recorded_events_restart_the_scan_with_the_same_reason() {
+    let mut r = Rebuilder::with_max_recorded(2);
+    r.on_lost(7);
+    let ev = Event::Exec(st(10, 1, "a"));
+    assert_eq!(r.on_events(&[ev, ev]), Step::Nothing);
+    assert_eq!(r.on_events(&[ev]), Step::Scan, "over the cap: restart");
+    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
+    assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=lost_events lost=7"));
+    assert_eq!(f.table.unwrap().len(), 0, "the events recorded before the restart are not replayed");
+}
+
+#[test]
+fn an_audit_while_scanning_and_a_stray_scan_result_change_nothing() {
+    let mut r = Rebuilder::new();
+    r.start_up();
+    assert_eq!(r.on_audit(), Step::Nothing);
+    r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
+    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![st(1, 1, "x")]), None);
+    assert!(f.table.is_none() && f.resync.is_none());
+}

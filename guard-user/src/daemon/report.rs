@@ -1,0 +1,196 @@
+//! What a tick reports once it is done: the status file, the Redis heartbeat, the metrics file,
+//! and the daemon's vitals — all derived from one [`TickFigures`], so they cannot disagree.
+use std::time::{Duration, Instant};
+
+use super::pump::PumpStats;
+use crate::{
+    config::Config,
+    metrics::{FlaggedName, MetricsInput},
+    mirror::Heartbeat,
+    policy::AccountView,
+    status::{NameStatus, Status, Vitals},
+};
+
+/// Totals since the daemon started.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Totals {
+    pub ticks: u64,
+    pub kills: u64,
+    pub dry_runs: u64,
+    pub skipped: u64,
+    pub config_errors: u64,
+}
+
+/// Everything one tick reports.
+pub struct TickFigures<'a> {
+    pub user: &'a str,
+    pub uid: u32,
+    pub home: &'a str,
+    pub backend: &'a str,
+    pub dry_run: bool,
+    pub started_at: f64,
+    pub now: f64,
+    pub interval: Duration,
+    pub view: &'a AccountView,
+    pub stats: PumpStats,
+    pub totals: Totals,
+    pub names: Vec<NameStatus>,
+    /// Processes in a stall-watch incident.
+    pub pegged: Vec<crate::status::PeggedProcess>,
+    /// Names warned about (WARNING) and not yet enforced.
+    pub warnings: Vec<String>,
+    /// Names enforced `repeatAfter` times within 24 h.
+    pub offenders: Vec<crate::status::RepeatOffender>,
+    /// The config in force; `None` when this tick's config was invalid.
+    pub config: Option<&'a Config>,
+    pub config_error: Option<String>,
+    pub vitals: Vitals,
+    pub tick_secs: f64,
+    pub mirror_dropped: u64,
+}
+
+impl TickFigures<'_> {
+    pub fn status(&self) -> Status {
+        Status {
+            version: crate::VERSION.into(),
+            user: self.user.into(),
+            uid: self.uid,
+            pid: std::process::id(),
+            backend: self.backend.into(),
+            dry_run: self.dry_run,
+            started_at: self.started_at,
+            last_tick: self.now,
+            interval_secs: self.interval.as_secs_f64(),
+            ticks: self.totals.ticks,
+            events: self.stats.events,
+            lost_events: self.stats.lost,
+            resyncs: self.stats.resyncs,
+            kills: self.totals.kills,
+            tracked_processes: self.view.tracked_account(),
+            machine_processes: Some(self.view.tracked_total),
+            config_error: self.config_error.clone(),
+            names: self.names.clone(),
+            warnings: self.warnings.clone(),
+            pegged: self.pegged.clone(),
+            repeat_offenders: self.offenders.clone(),
+            vitals: Some(self.vitals.clone()),
+        }
+    }
+
+    pub fn heartbeat(&self, host: String) -> Heartbeat {
+        Heartbeat {
+            host,
+            user: self.user.into(),
+            home: self.home.into(),
+            pid: std::process::id(),
+            version: crate::VERSION.into(),
+            backend: self.backend.into(),
+            dry_run: self.dry_run,
+            last_tick: self.now as u64,
+            flagged: self.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect(),
+            kills: self.totals.kills,
+            lost_events: self.stats.lost,
+            resyncs: self.stats.resyncs,
+            interval_secs: self.interval.as_secs().max(1),
+        }
+    }
+
+    pub fn metrics(&self) -> MetricsInput {
+        let flagged = self
+            .view
+            .counts
+            .iter()
+            .filter_map(|(name, _)| {
+                let row = self.names.iter().find(|n| n.flagged_since.is_some() && n.name == name.to_string())?;
+                Some(FlaggedName {
+                    name: *name,
+                    age_secs: (self.now - row.flagged_since?).max(0.0),
+                    time_left_secs: row.time_left_secs.unwrap_or(0.0),
+                })
+            })
+            .collect();
+        MetricsInput {
+            user: self.user.into(),
+            version: crate::VERSION.into(),
+            backend: self.backend.into(),
+            dry_run: self.dry_run,
+            started_at: self.started_at,
+            last_tick: self.now,
+            tick_duration_secs: self.tick_secs,
+            interval_secs: self.interval.as_secs_f64(),
+            tracked_processes: self.view.tracked_account(),
+            machine_processes: self.view.tracked_total,
+            names: self.view.counts.clone(),
+            flagged,
+            threshold: self.config.map(|c| c.threshold),
+            timeout_secs: self.config.map(|c| c.timeout.as_secs_f64()),
+            config_error: self.config_error.is_some(),
+            ticks: self.totals.ticks,
+            kills: self.totals.kills,
+            dry_runs: self.totals.dry_runs,
+            skipped: self.totals.skipped,
+            lost_events: self.stats.lost,
+            resyncs: self.stats.resyncs,
+            events: self.stats.events,
+            config_errors: self.totals.config_errors,
+            mirror_dropped: self.mirror_dropped,
+            warned_names: self.warnings.len() as u64,
+            repeat_offenders: self.offenders.len() as u64,
+            pegged_processes: self.pegged.len() as u64,
+        }
+    }
+}
+
+/// The daemon's own vitals between two ticks: CPU, memory, tick durations, pump lag, event rate.
+pub struct VitalsSampler {
+    last: Option<(Instant, f64, u64)>,
+    max_tick: f64,
+}
+
+impl Default for VitalsSampler {
+    fn default() -> Self {
+        VitalsSampler { last: None, max_tick: 0.0 }
+    }
+}
+
+/// CPU seconds this process used (all threads).
+fn process_cpu_secs() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Resident memory from /proc/self/statm (field 2, pages).
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    Some(pages * page)
+}
+
+impl VitalsSampler {
+    /// `tick_secs`: this tick; `pump_lag`: how long the pump took to answer its snapshot.
+    pub fn sample(&mut self, tick_secs: f64, pump_lag: Option<f64>, events: u64) -> Vitals {
+        let now = Instant::now();
+        let cpu = process_cpu_secs();
+        self.max_tick = self.max_tick.max(tick_secs);
+        let (cpu_percent, events_per_sec) = match self.last {
+            Some((at, last_cpu, last_events)) => {
+                let wall = now.duration_since(at).as_secs_f64().max(1e-9);
+                (Some((cpu - last_cpu) / wall * 100.0), Some(events.saturating_sub(last_events) as f64 / wall))
+            }
+            None => (None, None),
+        };
+        self.last = Some((now, cpu, events));
+        Vitals {
+            cpu_percent,
+            rss_bytes: rss_bytes(),
+            tick_duration_last_secs: Some(tick_secs),
+            tick_duration_max_secs: Some(self.max_tick),
+            pump_lag_secs: pump_lag,
+            events_per_sec,
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! One tick, as three steps: gather (config, a drained snapshot from the pump, the flag clocks,
+//! the command-line verdicts), [`decide`] (pure), apply (the effects). Blocking: the supervisor
+//! runs it on a blocking thread and watches its deadline.
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use super::{
+    effects::Effects,
+    pump::{PumpHandle, PumpStats},
+    report::{TickFigures, Totals, VitalsSampler},
+    DaemonOptions,
+};
+use crate::{
+    config::{self, Config, ConfigError},
+    event::ProcId,
+    mirror::StreamEvent,
+    pattern::MatchOutcome,
+    policy::{
+        self, after_signals, complete, decide, line::Line, stall::StallState, AccountView, AfterSignals, CmdVerdict,
+        Incidents, TickInput, TickPlan,
+    },
+    safefs::FsIdentity,
+    state::State,
+    state::StateError,
+    status::{self, NameStatus},
+};
+
+/// What a tick tells the supervisor.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TickReport {
+    /// The earliest enforcement deadline still ahead (unix seconds), for the deadline timer.
+    pub next_deadline: Option<f64>,
+    /// Wall time the tick took.
+    pub took: Duration,
+    /// The account's live processes, for `STATUS=`.
+    pub tracked: u64,
+    /// Names at/over the threshold.
+    pub flagged: usize,
+}
+
+/// The tick's state between ticks.
+pub struct Ticker {
+    opts: DaemonOptions,
+    backend: &'static str,
+    fx: Effects,
+    pump: PumpHandle,
+    started_at: f64,
+    totals: Totals,
+    vitals: VitalsSampler,
+    /// Unknown config keys already warned about (once per key per run, not every tick).
+    warned_keys: BTreeSet<String>,
+    /// The flag clocks (the authority, docs/architecture.md) and the incidents. Read from the state file
+    /// once, at the first tick with a valid config; from then on the file only persists them.
+    state: Option<State>,
+    /// Where the clocks were last written successfully; another `stateFile`, or a failed write,
+    /// makes the next tick write them again.
+    persisted_at: Option<PathBuf>,
+    /// The state file of the last valid config (a config error keeps its status beside it).
+    state_path: PathBuf,
+    /// The stall watch's tracks (docs/configuration.md).
+    stall: StallState,
+    /// The sandboxed matcher could not run at the last tick (warned once per outage).
+    matcher_down: bool,
+    /// The tick deadline (docs/operations.md): the matching round gets half of it.
+    deadline: Duration,
+}
+
+impl Ticker {
+    pub fn new(opts: DaemonOptions, backend: &'static str, fx: Effects, pump: PumpHandle) -> Ticker {
+        let opts_interval = opts.interval;
+        let state_path = config::expand_tilde(config::DEFAULT_STATE_FILE, &opts.home);
+        let started_at = fx.clock.now_unix();
+        Ticker {
+            opts,
+            backend,
+            fx,
+            pump,
+            started_at,
+            totals: Totals::default(),
+            vitals: VitalsSampler::default(),
+            warned_keys: BTreeSet::new(),
+            state: None,
+            persisted_at: None,
+            state_path,
+            stall: StallState::default(),
+            matcher_down: false,
+            deadline: super::supervise::tick_deadline(opts_interval),
+        }
+    }
+
+    /// Logs `line`, and streams it when docs/operations.md says so.
+    fn emit(&self, line: &Line, now: f64) {
+        self.fx.log.write(line);
+        if let Some(kind) = policy::decide::stream_kind(line) {
+            self.fx.mirror.event(stream_event(kind, line, now));
+        }
+    }
+
+    /// One tick (docs/architecture.md).
+    pub fn tick(&mut self) -> TickReport {
+        let began = Instant::now();
+        self.totals.ticks += 1;
+        if self.totals.ticks == 1 {
+            crate::startup_phase("first tick");
+        }
+        super::fault::hang_if("hang_tick", self.totals.ticks);
+        // Gather.
+        let who = FsIdentity::from(&self.opts.account);
+        let config = match config::load(&self.opts.config_path, &self.opts.home, who) {
+            Ok(c) => c,
+            Err(e) => return self.config_error(&e, began),
+        };
+        // Compiled once per change of the list, in the sandbox; a list it refuses is a config
+        // error (nothing is ended), a matcher that cannot run protects every process.
+        let matcher_ok = match self.fx.classifier.set_patterns(&config.exclude_commands) {
+            Ok(()) => {
+                self.matcher_down = false;
+                true
+            }
+            Err(e) if e.is_config_error() => {
+                let pattern = e.pattern().unwrap_or_default().to_string();
+                let fix = "write a valid, bounded bash extended regex (guard-user validate says which and why)";
+                tracing::warn!("excludeCommands refused: {e}");
+                return self.config_error(&ConfigError::Pattern { pattern, fix }, began);
+            }
+            Err(e) => {
+                if !self.matcher_down {
+                    self.matcher_down = true;
+                    tracing::error!("{e}");
+                    self.fx.log.write(&Line::new("WARN").word("pattern_matcher_down").with("reason", "worker"));
+                }
+                false
+            }
+        };
+        self.fx.log.set_max_bytes(config.log_max_bytes);
+        for key in &config.unknown_keys {
+            if self.warned_keys.insert(key.clone()) {
+                let path = self.opts.config_path.as_os_str().as_encoded_bytes();
+                self.fx
+                    .log
+                    .write(&Line::new("WARN").word("config_unknown_key").with("key", key.as_str()).with("path", path));
+            }
+        }
+        let asked = Instant::now();
+        let Some(snap) = self.pump.snapshot_blocking(self.opts.account.uid, config.threshold) else {
+            tracing::error!("the event pump is gone; this tick cannot see the table");
+            return TickReport { took: began.elapsed(), ..Default::default() };
+        };
+        let pump_lag = asked.elapsed().as_secs_f64();
+        let mut errors = 0u32;
+        if self.state.is_none() {
+            self.state = Some(match self.fx.state.load(&config.state_file) {
+                Ok(st) => st,
+                Err(e) => {
+                    self.fx.log.write(&Line::new("ERROR").word(e.to_string()));
+                    errors += 1;
+                    State::default()
+                }
+            });
+        }
+        let verdicts = self.verdicts(&snap.view, &config, matcher_ok, began + self.deadline / 2);
+        let now = self.fx.clock.now_unix();
+        let held = self.state.take().unwrap_or_default();
+        let incidents = Incidents { warned: held.warned.clone(), repeats: held.repeats.clone() };
+        // Decide.
+        let plan = decide(&TickInput {
+            view: &snap.view,
+            config: &config,
+            clocks: &held.clocks,
+            now,
+            verdicts: &verdicts,
+            incidents: &incidents,
+        });
+        // Apply.
+        let (kills, incidents) = self.apply(&plan, &config, now);
+        let state = State { clocks: plan.clocks.clone(), warned: incidents.warned.clone(), repeats: incidents.repeats };
+        if state != held || self.persisted_at.as_deref() != Some(config.state_file.as_path()) {
+            match self.fx.state.save(&config.state_file, &self.opts.account.name, &state) {
+                Ok(()) => self.persisted_at = Some(config.state_file.clone()),
+                Err(e) => {
+                    self.persisted_at = None;
+                    tracing::warn!("{e}");
+                    if let StateError::Write(_) = e {
+                        errors += 1;
+                        let path = config.state_file.as_os_str().as_encoded_bytes();
+                        self.fx.log.write(&Line::new("ERROR").word("state_unwritable").with("path", path));
+                    }
+                }
+            }
+        }
+        let offenders = policy::incidents::offenders(
+            &Incidents { warned: state.warned.clone(), repeats: state.repeats.clone() },
+            &config,
+            now,
+        );
+        self.state = Some(state);
+        self.state_path = config.state_file.clone();
+        self.watch_stalls(&config, now);
+        self.fx.log.write(&complete(plan.flagged, kills, errors));
+        let took = began.elapsed().as_secs_f64();
+        self.report(Done {
+            view: &snap.view,
+            stats: snap.stats,
+            names: plan.status.clone(),
+            pegged: self.stall.pegged(),
+            warnings: plan.warnings.clone(),
+            offenders,
+            config: Some(&config),
+            config_error: None,
+            now,
+            tick_secs: took,
+            pump_lag: Some(pump_lag),
+        });
+        let next_deadline = plan.next_deadline.filter(|_| self.opts.deadline_timer);
+        TickReport { next_deadline, took: began.elapsed(), tracked: snap.view.tracked_account(), flagged: plan.flagged }
+    }
+
+    /// The verdict on the command line of every process a tick may end: read (capped), then
+    /// matched in one bounded round that ends by `deadline` (what is left undecided is protected).
+    fn verdicts(
+        &mut self,
+        view: &AccountView,
+        config: &Config,
+        matcher_ok: bool,
+        deadline: Instant,
+    ) -> HashMap<ProcId, CmdVerdict> {
+        let max = self.fx.classifier.max_text_bytes();
+        let mut out = HashMap::new();
+        let mut ids = Vec::new();
+        let mut texts = Vec::new();
+        for (name, procs) in &view.members {
+            if config.is_excluded(name) {
+                continue;
+            }
+            for p in procs {
+                match self.fx.procs.cmdline(p.id.pid, max) {
+                    None => {
+                        out.insert(p.id, CmdVerdict::Gone);
+                    }
+                    // Longer than the matcher takes: never matched on a cut prefix; protected.
+                    Some(cmd) if cmd.len() > max || !matcher_ok => {
+                        out.insert(p.id, CmdVerdict::Budget);
+                    }
+                    Some(cmd) => {
+                        ids.push(p.id);
+                        texts.push(cmd);
+                    }
+                }
+            }
+        }
+        if !texts.is_empty() {
+            let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+            let outcomes = self.fx.classifier.classify(&refs, deadline);
+            for (id, o) in ids.into_iter().zip(outcomes) {
+                out.insert(
+                    id,
+                    match o {
+                        MatchOutcome::Matched(index) => CmdVerdict::Excluded { index },
+                        MatchOutcome::NoMatch => CmdVerdict::End,
+                        MatchOutcome::Budget => CmdVerdict::Budget,
+                    },
+                );
+            }
+        }
+        out
+    }
+
+    /// The stall watch: one CPU sample of the account's processes, its lines (report only).
+    fn watch_stalls(&mut self, config: &Config, now: f64) {
+        let Some(cfg) = config.stall_watch.as_ref() else {
+            self.stall = StallState::default();
+            return;
+        };
+        match self.fx.cpu.sample(self.opts.account.uid) {
+            Ok(samples) => {
+                for line in self.stall.observe(&samples, cfg, now) {
+                    self.emit(&line, now);
+                }
+            }
+            Err(e) => tracing::warn!("the stall watch could not sample CPU times: {e}"),
+        }
+    }
+
+    /// Logs the plan's lines, signals its targets together, logs the outcomes. Returns the kills
+    /// and the incidents with this tick's enforcements counted.
+    fn apply(&mut self, plan: &TickPlan, config: &Config, now: f64) -> (u64, Incidents) {
+        for line in &plan.lines {
+            self.emit(line, now);
+        }
+        self.totals.skipped += plan.lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
+        let procs: Vec<_> = plan.targets.iter().map(|t| t.proc).collect();
+        let outcomes = match (procs.is_empty(), self.opts.dry_run) {
+            (true, _) => Vec::new(),
+            (false, true) => self.fx.signals.verify_all(&procs),
+            (false, false) => self.fx.signals.end_all(&procs),
+        };
+        let AfterSignals { lines, kills, incidents } = after_signals(plan, &outcomes, config, now);
+        for line in &lines {
+            self.emit(line, now);
+        }
+        self.totals.kills += kills;
+        self.totals.dry_runs += lines.iter().filter(|l| l.event == "DRY_RUN").count() as u64;
+        self.totals.skipped += lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
+        (kills, incidents)
+    }
+
+    fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
+        let now = self.fx.clock.now_unix();
+        self.fx.log.write(&Line::new("ERROR").word(e.to_string()));
+        self.fx.log.write(&complete(0, 0, 1));
+        let snap = self.pump.snapshot_blocking(self.opts.account.uid, u32::MAX);
+        self.totals.config_errors += 1;
+        let (view, stats) = snap.map(|s| (s.view, s.stats)).unwrap_or_default();
+        let took = began.elapsed().as_secs_f64();
+        self.report(Done {
+            view: &view,
+            stats,
+            names: Vec::new(),
+            pegged: Vec::new(),
+            warnings: Vec::new(),
+            offenders: Vec::new(),
+            config: None,
+            config_error: Some(e.to_string()),
+            now,
+            tick_secs: took,
+            pump_lag: None,
+        });
+        TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
+    }
+
+    /// Status file, heartbeat and metrics from one set of figures.
+    fn report(&mut self, done: Done) {
+        let Done { view, stats, names, pegged, warnings, offenders, config, config_error, now, tick_secs, pump_lag } =
+            done;
+        let home = self.opts.home.display().to_string();
+        let vitals = self.vitals.sample(tick_secs, pump_lag, stats.events);
+        let figures = TickFigures {
+            user: &self.opts.account.name,
+            uid: self.opts.account.uid,
+            home: &home,
+            backend: self.backend,
+            dry_run: self.opts.dry_run,
+            started_at: self.started_at,
+            now,
+            interval: self.opts.interval,
+            view,
+            stats,
+            totals: self.totals,
+            names,
+            pegged,
+            warnings,
+            offenders,
+            config,
+            config_error,
+            vitals,
+            tick_secs,
+            mirror_dropped: self.fx.mirror.dropped(),
+        };
+        self.fx.mirror.heartbeat(figures.heartbeat(crate::daemon::hostname()), self.opts.interval * 3);
+        self.fx.status.write(&status::path_beside(&self.state_path), &figures.status());
+        if let Some(m) = self.fx.metrics.as_mut() {
+            m.write(&crate::metrics::render(&figures.metrics()));
+        }
+        if self.totals.ticks == 1 {
+            crate::startup_phase("first status written");
+        }
+    }
+}
+
+/// What a finished tick hands [`Ticker::report`].
+struct Done<'a> {
+    view: &'a AccountView,
+    stats: PumpStats,
+    names: Vec<NameStatus>,
+    pegged: Vec<crate::status::PeggedProcess>,
+    warnings: Vec<String>,
+    offenders: Vec<crate::status::RepeatOffender>,
+    /// `None` when the config was invalid.
+    config: Option<&'a Config>,
+    config_error: Option<String>,
+    now: f64,
+    tick_secs: f64,
+    /// How long the pump took to answer the snapshot.
+    pump_lag: Option<f64>,
+}
+
+/// A streamed line as a Redis stream entry (docs/operations.md).
+fn stream_event(kind: &str, line: &Line, now: f64) -> StreamEvent {
+    let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+    let mut ev = StreamEvent { event: kind.into(), ts: now as i64, ..Default::default() };
+    for (k, v) in &line.fields {
+        match *k {
+            "pid" => ev.pid = text(v).parse().ok(),
+            "name" => ev.name = crate::comm::Comm::new(v).to_string(),
+            "reason" => ev.reason = text(v),
+            "count" => ev.count = text(v).parse().ok(),
+            "elapsed" => ev.elapsed = Some(text(v)),
+            "first_flagged" => {}
+            other => ev.extra.push((other.into(), crate::escape::text(v))),
+        }
+    }
+    if line.event == "FLAGGED" {
+        ev.reason = "threshold".into();
+    }
+    ev
+}

@@ -1,0 +1,113 @@
+//! docs/operations.md: what `install` puts on a host, what `uninstall` takes away, and the drift `check`
+//! reports. The CLI edges (`cmd/install.rs`, `cmd/check.rs`) print; this module decides.
+//!
+//! - [`escape`]: the values a unit file may carry, and systemd's quoting for each directive.
+//! - [`unit`]: the template `guard-user@.service` and the per-account drop-in (pure text).
+//! - [`home`]: which directory may become the instance's home.
+//! - [`layout`]: the operator's request validated into a [`Layout`]; packaged or source host;
+//!   the default config source.
+//! - [`apply`]: `install` and `uninstall` (the only writers).
+//! - [`check`]: `check` (reads only).
+//! - [`leaked`]: `guard-user run` processes outside the unit.
+//! - [`systemctl`]: talking to systemd.
+//!
+//! # Choices the documentation leaves to the code
+//! - **Nothing from the account reaches a unit file.** The drop-in
+//!   `guard-user@<account>.service.d/home.conf` is built only from what root gave `install`:
+//!   the account name (from passwd, held to `[A-Za-z_][A-Za-z0-9_.-]{0,31}`), the home
+//!   (`--home` or passwd, validated by [`home::validate_home`]) and `--config` when given. It
+//!   resets `ExecStart=` to `<bin> run --user <name> --home <home> [--config <path>]` and adds
+//!   `ReadWritePaths=<home>`, escaped per directive ([`escape`]). The account's config is never
+//!   read to build it: a `stateFile` outside the home stays read-only under the unit and the
+//!   daemon logs `ERROR state_unwritable` for it, while its in-memory clocks stay the authority
+//!   and keep enforcing.
+//! - **check verifies the drop-in, not a recomputation.** It parses the installed drop-in (our
+//!   own format only), learns the home and config install was told (unless `--home`/`--config`
+//!   are given), and requires the file to be byte-identical to what install would write for
+//!   those values today, with the values still valid. A hand edit, a planted or foreign
+//!   drop-in, or a home that is no longer safe is `<path> is missing or differs from this
+//!   build`; the reason goes to stderr.
+//! - **Packaged host.** When the running binary is `/usr/bin/guard-user` (the same file) and
+//!   `/lib/systemd/system/guard-user@.service` (or `/usr/lib/…`) exists, the package provides
+//!   the binary and the template: install copies no binary and writes no template, only the
+//!   drop-in under the unit directory; a template in the unit directory would shadow the
+//!   packaged one, so install removes one it wrote itself (first line [`unit::HEADER`]) and
+//!   refuses to touch anyone else's, and check reports it. check requires the packaged template
+//!   to equal what this build writes for `/usr/bin`. `GUARD_PACKAGED_ROOT=DIR` moves the
+//!   packaged paths under DIR (tests).
+//! - **Default config source**: the packaged `/usr/share/guard-user/guard-config.json`, else
+//!   the `config/guard-config.json` of the checkout the running binary was built in, else of
+//!   the checkout it was compiled from; else an error asking for `--config-source`.
+//! - **Writes into the account's home happen as the account** (the config link, retiring the
+//!   legacy files): with its file-system identity ([`crate::safefs::FsIdentity`]), so a link
+//!   the account planted (`.config` → `/etc/…`) leads only where it could write itself. Unit
+//!   files and the binary are written as root with [`crate::safefs::atomic_write_mode`].
+//! - systemd "is running" when `/run/systemd/system` exists (what `sd_booted(3)` tests).
+//!   `GUARD_SYSTEMD_RUNNING=1|0` overrides that answer (tests run without systemd, with a fake
+//!   `systemctl` first in `PATH`; `systemctl` is always looked up in `PATH`).
+//! - A leaked daemon is a process whose argv is `guard-user run …` (or bare `guard-user [--flags]`)
+//!   with `--user <name|uid>` naming the account, or with no `--user` and the account's euid;
+//!   we do not chase `$SUDO_USER` in another process's environment.
+//! - A missing status file is not drift by itself (the first status is written after the first
+//!   tick); `is not active` already covers a guard that never started.
+use std::{io, path::PathBuf};
+
+pub mod apply;
+pub mod check;
+pub mod escape;
+pub mod home;
+pub mod layout;
+pub mod leaked;
+pub mod systemctl;
+pub mod unit;
+
+#[cfg(test)]
+mod tests;
+
+pub use apply::{install, links_to, relink, retire_legacy, uninstall, Changes, Outcome};
+pub use check::{check, Report};
+pub use layout::{default_source, Layout, Provider, Request};
+pub use systemctl::{systemd_running, Systemctl};
+pub use unit::{instance_name, unit_text, DropIn, UNIT_NAME};
+
+use crate::config::{self, Config, ConfigError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("the config source {} is invalid: {reason}; fix it or pass --config-source FILE", path.display())]
+    InvalidSource { path: PathBuf, reason: ConfigError },
+    #[error("the config source {} does not exist ({source}); pass --config-source FILE", path.display())]
+    NoSource { path: PathBuf, source: io::Error },
+    #[error(
+        "no default config source: not a packaged host and no source checkout beside this binary (looked for \
+         {tried}); pass --config-source FILE"
+    )]
+    NoDefaultSource { tried: String },
+    #[error("`systemctl {args}` failed: {detail}")]
+    Systemctl { args: String, detail: String },
+    #[error(transparent)]
+    Account(#[from] crate::account::AccountError),
+    #[error(transparent)]
+    Unit(#[from] escape::UnitValueError),
+    #[error(transparent)]
+    Home(#[from] home::HomeError),
+    #[error(
+        "{} shadows the packaged unit and was not written by guard-user; move it away (systemd prefers it to \
+         the package's) and run install again",
+        path.display()
+    )]
+    ForeignUnit { path: PathBuf },
+}
+
+/// Every read of a config by install and check goes through here (the source, the account's
+/// link, the stateFile that locates the status file), so the account's file can be read the
+/// safe way (as the account, non-blocking, size-capped) by changing this one function.
+pub fn read_config(
+    path: &std::path::Path,
+    home: &std::path::Path,
+    who: crate::safefs::FsIdentity,
+) -> Result<Config, ConfigError> {
+    config::load(path, home, who)
+}

@@ -1,0 +1,208 @@
+//! The two unit files: the template `guard-user@.service` (the same for every account, in the
+//! unit directory or shipped by the package) and the per-account drop-in
+//! `guard-user@<account>.service.d/home.conf` that makes the instance run exactly what
+//! `install` was told. Both are pure text built from validated values ([`super::escape`]).
+use super::escape::{split_exec_line, AccountName, Executable, UnitPath, UnitValueError};
+
+/// The unit template's file name.
+pub const UNIT_NAME: &str = "guard-user@.service";
+/// The drop-in's file name inside `guard-user@<account>.service.d/`.
+pub const DROPIN_NAME: &str = "home.conf";
+/// The first line of every unit file `install` writes: how `install` recognises its own
+/// files (e.g. a source install's unit shadowing the packaged one).
+pub const HEADER: &str = "# Written by guard-user";
+
+/// `guard-user@<account>.service`.
+pub fn instance_name(user: &AccountName) -> String {
+    format!("guard-user@{user}.service")
+}
+
+/// The unit template this build installs, running `bin`. The instance's command line comes
+/// from its drop-in; the template's own `ExecStart=` only serves an instance started without
+/// one. `tests::the_template_pins_its_directives` lists every directive: change both together.
+pub fn unit_text(bin: &Executable) -> String {
+    // The package ships guard-user(8); a source install has no man page (and `systemd-analyze
+    // verify` fails on a man: link that does not resolve).
+    let docs = if bin.as_str() == "/usr/bin/guard-user" {
+        format!("man:guard-user(8) file://{bin}")
+    } else {
+        format!("file://{bin}")
+    };
+    format!(
+        r#"{HEADER} (install, or the package); `guard-user check` reports any edit as drift.
+# One instance per guarded account: guard-user@<account>.service. The per-instance drop-in
+# guard-user@<account>.service.d/{DROPIN_NAME} sets the command line (--home, --config) and
+# makes the account's home writable.
+[Unit]
+Description=guard: ends process names that pile up for %i
+Documentation={docs}
+# Classic tracepoints (the setuid family) resolve their ids in tracefs. systemd mounts it here;
+# the unit does not get CAP_SYS_ADMIN to mount it itself. Without it the guard still runs and
+# logs a WARN (uid changes without exec are then caught by the periodic audit).
+Wants=sys-kernel-tracing.mount
+After=sys-kernel-tracing.mount network.target
+# No start-rate limit: a guard that gives up is worse than one that keeps retrying. (A [Unit]
+# setting: systemd ignores it in [Service], with a warning on every daemon-reload.)
+StartLimitIntervalSec=0
+
+[Service]
+# The daemon says READY=1 once its start-up table is built and its first tick is done, and
+# WATCHDOG=1 every 30 s while both its tick loop and its event pump make progress: a guard
+# that hangs (or is stopped) is killed and restarted within a minute. A hung tick also ends the
+# daemon by itself (exit 70) at ten times its deadline.
+Type=notify
+NotifyAccess=main
+WatchdogSec=60s
+ExecStart={bin} run --user %i
+# SIGHUP: reopen the log (logrotate), re-read the config, tick at once (RELOAD reason=sighup).
+ExecReload=/bin/kill -HUP $MAINPID
+Restart=always
+RestartSec=5s
+# The daemon stops within 3 s; a watchdog abort of a stopped or wedged one ends in SIGKILL 10 s
+# later (TimeoutAbortSec follows TimeoutStopSec), so a restart never waits the default 90 s.
+TimeoutStopSec=10s
+# One daemon per (account, home): its lock lives here, root's 0700 directory, out of the
+# account's reach and writable under ProtectSystem=strict. Kept across restarts of one
+# instance, shared by all of them.
+RuntimeDirectory=guard-user
+RuntimeDirectoryMode=0700
+RuntimeDirectoryPreserve=yes
+
+# Least privilege: root's uid, but only these capabilities.
+#   CAP_BPF             load the BPF programs and create their maps
+#   CAP_PERFMON         attach the tp_btf programs and read the kernel's BTF. The classic
+#                       setuid-family tracepoints go through perf_event_open, which Debian and
+#                       Ubuntu kernels at their default kernel.perf_event_paranoid=3 allow only
+#                       with CAP_SYS_ADMIN: there the guard logs WARN setuid_untracked and the
+#                       periodic audit catches uid changes without exec.
+#   CAP_KILL            signal processes of another uid (the guarded account's)
+#   CAP_SETUID/SETGID   setfsuid/setfsgid: files in the home are written as the account (safefs)
+#   CAP_DAC_READ_SEARCH traverse a 0700 home and read /proc entries of other uids
+# Not CAP_SYS_ADMIN: tracefs comes from sys-kernel-tracing.mount (see [Unit]).
+# Not CAP_DAC_OVERRIDE/CAP_FOWNER/CAP_CHOWN: writes happen as the account, never as root.
+CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_KILL CAP_SETUID CAP_SETGID CAP_DAC_READ_SEARCH
+AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_KILL CAP_SETUID CAP_SETGID CAP_DAC_READ_SEARCH
+NoNewPrivileges=yes
+# BPF maps are charged to memlock on kernels before 5.11; systemd raises it before exec.
+LimitMEMLOCK=infinity
+
+# The file system is read-only except the account's home (the drop-in's ReadWritePaths=).
+# Trade-off: the whole home is writable (as the account's fsuid), because the log, state and
+# status files live in it by default. Nothing from the account's config reaches a unit file:
+# a stateFile outside the home stays read-only here and the daemon reports it as
+# `ERROR state_unwritable` while its in-memory clocks keep enforcing.
+ProtectSystem=strict
+ProtectHome=read-only
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+# Unix sockets for the journal, INET for the optional swarm Redis.
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+
+# The guard must outlive the pile it ends: small, bounded, and last in line for the OOM killer.
+MemoryMax=64M
+TasksMax=32
+OOMScoreAdjust=-900
+
+[Install]
+WantedBy=multi-user.target
+"#
+    )
+}
+
+/// What one instance runs: every value root gave `install` (or passwd did), none from the
+/// account's files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DropIn {
+    pub bin: Executable,
+    pub user: AccountName,
+    pub home: UnitPath,
+    /// `--config` when install was given it; otherwise the daemon uses `<home>/guard-config.json`.
+    pub config: Option<UnitPath>,
+}
+
+/// Why an installed drop-in is not one `install` wrote.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DropInError {
+    #[error("it is not in the format guard-user install writes")]
+    Foreign,
+    #[error("it was edited after guard-user install wrote it")]
+    Edited,
+    #[error("it names a value install would refuse today: {0}")]
+    Invalid(#[from] UnitValueError),
+}
+
+impl DropIn {
+    /// The argv the instance runs, as the daemon will see it.
+    pub fn argv(&self) -> Vec<String> {
+        let mut v = vec![
+            self.bin.as_str().to_string(),
+            "run".into(),
+            "--user".into(),
+            self.user.as_str().to_string(),
+            "--home".into(),
+            self.home.as_str().to_string(),
+        ];
+        if let Some(c) = &self.config {
+            v.extend(["--config".to_string(), c.as_str().to_string()]);
+        }
+        v
+    }
+
+    /// The drop-in's bytes. `ExecStart=` is reset first (a service other than `Type=oneshot` takes one).
+    pub fn text(&self) -> String {
+        let mut exec = format!("{} run --user {} --home {}", self.bin, self.user, self.home.exec_arg());
+        if let Some(c) = &self.config {
+            exec.push_str(&format!(" --config {}", c.exec_arg()));
+        }
+        format!(
+            "{HEADER} install for {user}, from the values root gave it\n\
+             # (--user, --home, --config; never the account's own files). `guard-user check` reports any\n\
+             # edit as drift; run `guard-user install` again to change it.\n\
+             [Service]\n\
+             ExecStart=\n\
+             ExecStart={exec}\n\
+             ReadWritePaths={rw}\n",
+            user = self.user,
+            rw = self.home.path_list_item(),
+        )
+    }
+
+    /// Reads back a drop-in [`DropIn::text`] wrote: the values install was told, validated
+    /// again. Anything else (a hand edit, a planted file) is an error, so `check` never trusts
+    /// more than it would write.
+    pub fn parse(text: &str) -> Result<DropIn, DropInError> {
+        let exec = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("ExecStart="))
+            .find(|v| !v.is_empty())
+            .ok_or(DropInError::Foreign)?;
+        let words = split_exec_line(exec).ok_or(DropInError::Foreign)?;
+        let w: Vec<&str> = words.iter().map(String::as_str).collect();
+        let (bin, user, home, config) = match w.as_slice() {
+            [bin, "run", "--user", user, "--home", home] => (bin, user, home, None),
+            [bin, "run", "--user", user, "--home", home, "--config", config] => (bin, user, home, Some(config)),
+            _ => return Err(DropInError::Foreign),
+        };
+        let fix = "run guard-user install again";
+        let dropin = DropIn {
+            bin: Executable::new(std::path::Path::new(bin))?,
+            user: AccountName::new(user)?,
+            home: UnitPath::new("the home", std::path::Path::new(home), fix)?,
+            config: config.map(|c| UnitPath::new("the config", std::path::Path::new(c), fix)).transpose()?,
+        };
+        if dropin.text() != text {
+            return Err(DropInError::Edited);
+        }
+        Ok(dropin)
+    }
+}

@@ -1,0 +1,277 @@
+//! The metrics file (docs/metrics.md): Prometheus text exposition format (version 0.0.4), as
+//! node_exporter's textfile collector reads it. [`render`] is pure; the daemon calls it after
+//! every tick and writes the result atomically to `--metrics-file PATH`.
+//!
+//! # What is in it
+//! Every family has `# HELP` and `# TYPE`, its name starts with `guard_`, and every sample carries
+//! `user="<account>"`: one guard runs per account, and the textfile collector merges all files of
+//! its directory into one scrape, where two guards' samples without it would collide (and the
+//! collector rejects duplicate series). See [`render`] for the families.
+//!
+//! # Names the account controls
+//! A process name (`comm`) is up to 15 arbitrary bytes, and a label value must be UTF-8. A name is
+//! first made text by [`escape_for_terminal`] (`\xNN` for bytes that are not UTF-8 and for control
+//! characters, `\\` for a backslash; one to one, so two different names never become one series)
+//! and that text is then escaped as the format requires for label values (`\\`, `\"`, `\n`). A
+//! parser therefore reads back the same text `status` shows.
+//!
+//! There is no `guard_up`: a file left behind by a dead guard would keep saying 1. Alert on
+//! `time() - guard_last_tick_timestamp_seconds > 2 * guard_tick_interval_seconds` instead (the
+//! stale rule of `status`), or on node_exporter's `node_textfile_mtime_seconds`.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::comm::Comm;
+use crate::status::escape_for_terminal;
+
+/// Names with the most live processes get a `guard_name_processes` sample; the rest only count in
+/// `guard_tracked_processes` and `guard_names`, so a pile of distinct names cannot blow up the
+/// number of series.
+pub const TOP_NAMES: usize = 100;
+
+/// What one tick knows; the daemon fills it. Counters are totals since the daemon started.
+#[derive(Clone, Debug, Default)]
+pub struct MetricsInput {
+    /// The guarded account's name (the `user` label on every sample).
+    pub user: String,
+    /// `crate::VERSION`.
+    pub version: String,
+    /// `ebpf` or `procfs`.
+    pub backend: String,
+    pub dry_run: bool,
+    /// Unix seconds.
+    pub started_at: f64,
+    /// Completion of the tick, unix seconds.
+    pub last_tick: f64,
+    /// How long the tick took, seconds.
+    pub tick_duration_secs: f64,
+    pub interval_secs: f64,
+    /// Live processes of the account (every name, excluded ones too).
+    pub tracked_processes: u64,
+    /// Live processes of every uid in the table.
+    pub machine_processes: u64,
+    /// Live processes of the account per name, in any order.
+    pub names: Vec<(Comm, u32)>,
+    /// Flagged names (at or over the threshold), in any order.
+    pub flagged: Vec<FlaggedName>,
+    /// From the config in force; `None` while it is invalid.
+    pub threshold: Option<u32>,
+    pub timeout_secs: Option<f64>,
+    /// The tick's config was invalid (it ended nothing).
+    pub config_error: bool,
+    pub ticks: u64,
+    /// `KILLED` lines.
+    pub kills: u64,
+    /// `DRY_RUN` lines.
+    pub dry_runs: u64,
+    /// `SKIPPED` lines.
+    pub skipped: u64,
+    /// Events the kernel dropped (ring buffer full).
+    pub lost_events: u64,
+    /// `RESYNC` lines.
+    pub resyncs: u64,
+    /// Process events applied to the table.
+    pub events: u64,
+    /// Ticks whose config was invalid.
+    pub config_errors: u64,
+    /// Stream events the Redis mirror dropped (`Mirror::dropped`).
+    pub mirror_dropped: u64,
+    /// Names warned about (`WARNING`) whose enforcement is still ahead.
+    pub warned_names: u64,
+    /// Names enforced `repeatAfter` times within 24 h (`REPEAT`).
+    pub repeat_offenders: u64,
+    /// Processes in a stall-watch incident (`PEGGED`).
+    pub pegged_processes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlaggedName {
+    pub name: Comm,
+    /// Seconds since the name was flagged.
+    pub age_secs: f64,
+    /// Seconds left before enforcement (0 when due).
+    pub time_left_secs: f64,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Gauge,
+    Counter,
+}
+
+/// Builds the text one family at a time; every sample gets the `user` label first.
+struct Writer {
+    out: String,
+    user: String,
+}
+
+impl Writer {
+    fn family(&mut self, name: &str, kind: Kind, help: &str) {
+        let kind = match kind {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        };
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = write!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        let _ = write!(self.out, "{name}{{user=\"{}\"", self.user);
+        for (k, v) in labels {
+            let _ = write!(self.out, ",{k}=\"{}\"", label_value(v));
+        }
+        let _ = writeln!(self.out, "}} {}", number(value));
+    }
+
+    fn one(&mut self, name: &str, kind: Kind, help: &str, value: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+}
+
+/// A label value as the format requires: backslash, double quote and newline escaped.
+pub fn label_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A sample value: Go's float syntax, which the format uses (`NaN`, `+Inf`, `-Inf`).
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        v.to_string()
+    }
+}
+
+fn bool01(b: bool) -> f64 {
+    if b {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The metrics file for one tick. Families, in this order:
+/// `guard_build_info{version}`, `guard_backend_info{backend}`, `guard_dry_run`,
+/// `guard_start_time_seconds`, `guard_last_tick_timestamp_seconds`, `guard_tick_duration_seconds`,
+/// `guard_tick_interval_seconds`, `guard_ticks_total`, `guard_config_error`,
+/// `guard_config_errors_total`, `guard_threshold`, `guard_timeout_seconds`,
+/// `guard_tracked_processes`, `guard_machine_processes`, `guard_names`,
+/// `guard_name_processes{name}` (the [`TOP_NAMES`] largest, most first), `guard_flagged_names`,
+/// `guard_warned_names`, `guard_repeat_offenders`, `guard_pegged_processes`,
+/// `guard_flagged_age_seconds{name}`, `guard_flagged_time_left_seconds{name}`,
+/// `guard_kills_total`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
+/// `guard_lost_events_total`, `guard_resyncs_total`, `guard_mirror_dropped_total`.
+pub fn render(m: &MetricsInput) -> String {
+    use Kind::{Counter, Gauge};
+    let mut w = Writer { out: String::new(), user: label_value(&escape_for_terminal(m.user.as_bytes())) };
+    let text = |s: &str| escape_for_terminal(s.as_bytes());
+
+    w.family("guard_build_info", Gauge, "Always 1; the version of the running guard-user.");
+    w.sample("guard_build_info", &[("version", &text(&m.version))], 1.0);
+    w.family("guard_backend_info", Gauge, "Always 1; the event source in use (ebpf or procfs).");
+    w.sample("guard_backend_info", &[("backend", &text(&m.backend))], 1.0);
+    w.one("guard_dry_run", Gauge, "1 when the guard only logs DRY_RUN instead of ending processes.", bool01(m.dry_run));
+    w.one("guard_start_time_seconds", Gauge, "When the daemon started, unix seconds.", m.started_at);
+    w.one("guard_last_tick_timestamp_seconds", Gauge, "When the last tick completed, unix seconds.", m.last_tick);
+    w.one("guard_tick_duration_seconds", Gauge, "How long the last tick took.", m.tick_duration_secs);
+    w.one("guard_tick_interval_seconds", Gauge, "Time between ticks.", m.interval_secs);
+    w.one("guard_ticks_total", Counter, "Ticks completed since the daemon started.", m.ticks as f64);
+    w.one(
+        "guard_config_error",
+        Gauge,
+        "1 when the last tick's config was invalid, so that tick ended nothing.",
+        bool01(m.config_error),
+    );
+    w.one("guard_config_errors_total", Counter, "Ticks whose config was invalid.", m.config_errors as f64);
+    w.family("guard_threshold", Gauge, "Live processes of one name that flag the name (config threshold).");
+    if let Some(t) = m.threshold {
+        w.sample("guard_threshold", &[], t.into());
+    }
+    w.family("guard_timeout_seconds", Gauge, "How long a flagged name may stay before it is ended (config timeout).");
+    if let Some(t) = m.timeout_secs {
+        w.sample("guard_timeout_seconds", &[], t);
+    }
+    w.one("guard_tracked_processes", Gauge, "Live processes of the guarded account.", m.tracked_processes as f64);
+    w.one("guard_machine_processes", Gauge, "Live processes of every user on the machine.", m.machine_processes as f64);
+
+    let mut names: BTreeMap<&[u8], u64> = BTreeMap::new();
+    for (name, count) in &m.names {
+        *names.entry(name.as_bytes()).or_default() += u64::from(*count);
+    }
+    w.one("guard_names", Gauge, "Distinct names among the guarded account's live processes.", names.len() as f64);
+    let mut top: Vec<(&[u8], u64)> = names.into_iter().collect();
+    // Most processes first; equal counts by name, so the cut at TOP_NAMES is stable.
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    top.truncate(TOP_NAMES);
+    w.family(
+        "guard_name_processes",
+        Gauge,
+        "Live processes of the guarded account per name (the 100 names with the most).",
+    );
+    for (name, count) in &top {
+        w.sample("guard_name_processes", &[("name", &escape_for_terminal(name))], *count as f64);
+    }
+
+    let mut flagged: BTreeMap<&[u8], &FlaggedName> = BTreeMap::new();
+    for f in &m.flagged {
+        flagged.entry(f.name.as_bytes()).or_insert(f);
+    }
+    w.one("guard_flagged_names", Gauge, "Names at or over the threshold.", flagged.len() as f64);
+    w.one(
+        "guard_warned_names",
+        Gauge,
+        "Flagged names warned about (WARNING) whose enforcement is still ahead.",
+        m.warned_names as f64,
+    );
+    w.one(
+        "guard_repeat_offenders",
+        Gauge,
+        "Names enforced repeatAfter times within 24 h (REPEAT): a respawn loop killing will not fix.",
+        m.repeat_offenders as f64,
+    );
+    w.one(
+        "guard_pegged_processes",
+        Gauge,
+        "Processes of the account pegged at peggedCpu for peggedFor (PEGGED; report only).",
+        m.pegged_processes as f64,
+    );
+    w.family("guard_flagged_age_seconds", Gauge, "Seconds since the name was flagged.");
+    for (name, f) in &flagged {
+        w.sample("guard_flagged_age_seconds", &[("name", &escape_for_terminal(name))], f.age_secs);
+    }
+    w.family("guard_flagged_time_left_seconds", Gauge, "Seconds before the flagged name's processes are ended.");
+    for (name, f) in &flagged {
+        w.sample("guard_flagged_time_left_seconds", &[("name", &escape_for_terminal(name))], f.time_left_secs);
+    }
+
+    w.one("guard_kills_total", Counter, "Processes ended (KILLED lines).", m.kills as f64);
+    w.one("guard_dry_runs_total", Counter, "Processes a dry run would have ended (DRY_RUN lines).", m.dry_runs as f64);
+    w.one("guard_skipped_total", Counter, "Processes left alone at enforcement (SKIPPED lines).", m.skipped as f64);
+    w.one("guard_events_total", Counter, "Process events applied to the live table.", m.events as f64);
+    w.one(
+        "guard_lost_events_total",
+        Counter,
+        "Process events the kernel dropped (ring buffer full).",
+        m.lost_events as f64,
+    );
+    w.one("guard_resyncs_total", Counter, "Rebuilds of the live table from /proc (RESYNC lines).", m.resyncs as f64);
+    w.one(
+        "guard_mirror_dropped_total",
+        Counter,
+        "Events the swarm Redis mirror dropped (queue full while Redis was away, or rejected).",
+        m.mirror_dropped as f64,
+    );
+    w.out
+}

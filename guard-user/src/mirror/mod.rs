@@ -1,0 +1,29 @@
+//! The swarm Redis mirror (docs/operations.md): one heartbeat key per guarded account and a shared event
+//! stream, written by a background task so that Redis is never on the tick's path. The guard
+//! never depends on it.
+//!
+//! # Layout
+//! - [`endpoint`]: which Redis (the docs/operations.md environment precedence, decided once for the daemon,
+//!   `status --fleet` and `check`) and how to print it without its password.
+//! - [`wire`]: the format: heartbeat key and JSON, stream fields, the write commands.
+//! - [`worker`]: [`Mirror`], the daemon's fire-and-forget handle, and the bounded background task
+//!   behind it (queue, backoff, one warning per outage).
+//! - [`query`]: the read side: one heartbeat for `check`, every heartbeat for `status --fleet`.
+//! - [`call`]: one bounded Redis call and its [`MirrorError`], shared by the worker and the queries.
+//!
+//! Presentation (the fleet table) lives with its command, in `cmd/fleet.rs`.
+//!
+//! Secrets: an [`Endpoint`]'s password never leaves this module. Its `Display` and `Debug`, every
+//! warn line and every [`MirrorError`] carry [`Endpoint::redacted`], and error texts from the
+//! client library are scrubbed of the password before they are stored.
+pub mod call;
+pub mod endpoint;
+pub mod query;
+pub mod wire;
+pub mod worker;
+
+pub use call::{MirrorError, CALL_TIMEOUT};
+pub use endpoint::{Endpoint, DEFAULT_URL};
+pub use query::{check_lines, fleet, read_heartbeat, FLEET_TIMEOUT};
+pub use wire::{heartbeat_key, Heartbeat, StreamEvent, STREAM_KEY, STREAM_MAXLEN};
+pub use worker::{Mirror, BACKOFF_INITIAL, BACKOFF_MAX, EVENT_QUEUE_CAPACITY};

@@ -1,0 +1,156 @@
+//! What the guard writes to the swarm Redis (docs/operations.md): the heartbeat key and its JSON, the event
+//! stream and its fields. The one file to read to know the format, and the only one that builds
+//! the write commands, so tests can check them without a server.
+//!
+//! - Heartbeat: `SET agentihooks:host-guard:<host>:<user> <json> EX <ttl>` with the JSON of
+//!   [`Heartbeat`]; `last_tick` is unix seconds (UTC), which every consumer can compare without
+//!   parsing dates. A TTL below a second is rounded up to one.
+//! - Events: `XADD agentihooks:host-guard:events MAXLEN ~ 10000 * host <h> user <u> event <e>
+//!   [pid <p>] name <n> [reason <r>] [count <c>] [elapsed <e>] ts <unix seconds>`. Fields with no
+//!   value (`None`, or an empty reason) are omitted rather than written empty, so a reader can
+//!   tell "no pid" from "pid 0".
+//!
+//! Values the account controls (process names, in the stream and in the heartbeat's `flagged`)
+//! need no escaping here: each stream value is its own length-prefixed argument of the Redis
+//! protocol, which is binary-safe, so a name holding spaces, newlines or protocol text stays one
+//! field; in the heartbeat, serde_json escapes it as a JSON string.
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The stream every guard appends its FLAGGED-first / KILLED / DRY_RUN / SKIPPED events to.
+pub const STREAM_KEY: &str = "agentihooks:host-guard:events";
+/// Approximate length the stream is trimmed to (`MAXLEN ~`).
+pub const STREAM_MAXLEN: u64 = 10_000;
+/// Every key of ours starts with it: the heartbeats and [`STREAM_KEY`].
+pub const KEY_PREFIX: &str = "agentihooks:host-guard:";
+
+/// The heartbeat key of one guarded account.
+pub fn heartbeat_key(host: &str, user: &str) -> String {
+    format!("{KEY_PREFIX}{host}:{user}")
+}
+
+/// What one guard publishes every tick (docs/operations.md). Missing fields read as their defaults, so a
+/// heartbeat from an older or newer guard still parses.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(default)]
+pub struct Heartbeat {
+    pub host: String,
+    pub user: String,
+    pub home: String,
+    pub pid: u32,
+    pub version: String,
+    /// `ebpf` or `procfs`.
+    pub backend: String,
+    pub dry_run: bool,
+    /// Completion of the last tick, unix seconds (UTC).
+    pub last_tick: u64,
+    /// Names at or over the threshold at that tick.
+    pub flagged: Vec<String>,
+    /// KILLED lines since the daemon started.
+    pub kills: u64,
+    pub lost_events: u64,
+    pub resyncs: u64,
+    /// The tick interval, so a reader can judge how stale `last_tick` is.
+    pub interval_secs: u64,
+}
+
+/// One stream entry; mirrors a FLAGGED (first tick only), KILLED, DRY_RUN or SKIPPED log line,
+/// or a `warning`, `repeat` or `pegged` one (WARNING, REPEAT, PEGGED lines).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamEvent {
+    /// `FLAGGED`, `KILLED`, `DRY_RUN`, `SKIPPED`, `warning`, `repeat` or `pegged`.
+    pub event: String,
+    pub pid: Option<u32>,
+    pub name: String,
+    /// `ghost_detected`, `excluded_command`, `identity_changed`; empty for FLAGGED.
+    pub reason: String,
+    pub count: Option<u64>,
+    /// As in the log line, e.g. `1.5h`.
+    pub elapsed: Option<String>,
+    /// Unix seconds.
+    pub ts: i64,
+    /// The line's other fields (`due_in`, `ends`, `skips`, `enforcements_24h`, `cpu`, …), in order.
+    pub extra: Vec<(String, String)>,
+}
+
+/// `SET <key> <json> EX <ttl>`: the heartbeat, gone by itself `ttl` after the last write so a
+/// guard that stopped (or a Redis that moved) strands nothing.
+pub fn set_heartbeat(key: &str, hb: &Heartbeat, ttl: Duration) -> redis::Cmd {
+    let json = serde_json::to_string(hb).expect("a heartbeat always serializes");
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(json).arg("EX").arg(ttl_secs(ttl));
+    cmd
+}
+
+/// Whole seconds for `EX`, rounded up, at least one (`EX 0` is an error in Redis).
+fn ttl_secs(ttl: Duration) -> u64 {
+    ttl.as_secs_f64().ceil().max(1.0) as u64
+}
+
+/// `XADD` of one event of `host`/`user`, trimming the stream to about [`STREAM_MAXLEN`].
+pub fn xadd(host: &str, user: &str, ev: &StreamEvent) -> redis::Cmd {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(STREAM_KEY).arg("MAXLEN").arg("~").arg(STREAM_MAXLEN).arg("*");
+    cmd.arg("host").arg(host).arg("user").arg(user).arg("event").arg(&ev.event);
+    if let Some(pid) = ev.pid {
+        cmd.arg("pid").arg(pid);
+    }
+    cmd.arg("name").arg(&ev.name);
+    if !ev.reason.is_empty() {
+        cmd.arg("reason").arg(&ev.reason);
+    }
+    if let Some(count) = ev.count {
+        cmd.arg("count").arg(count);
+    }
+    if let Some(elapsed) = &ev.elapsed {
+        cmd.arg("elapsed").arg(elapsed);
+    }
+    for (k, v) in &ev.extra {
+        cmd.arg(k).arg(v);
+    }
+    cmd.arg("ts").arg(ev.ts);
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                redis::Arg::Cursor => b"<cursor>".to_vec(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hostile_name_is_one_stream_field() {
+        let name = "a b\r\nname x\n*3\r\n$4\r\nPING =\"";
+        let ev = StreamEvent {
+            event: "KILLED".into(),
+            pid: Some(7),
+            name: name.into(),
+            reason: "ghost_detected".into(),
+            count: Some(31),
+            elapsed: Some("1.0h".into()),
+            ts: 1,
+            extra: Vec::new(),
+        };
+        let a = args(&xadd("box1", "alice", &ev));
+        let at = a.iter().position(|x| x == b"name").expect("a name field");
+        assert_eq!(a[at + 1], name.as_bytes(), "the name is one argument, byte for byte");
+        let fields: Vec<&[u8]> = a[6..].iter().step_by(2).map(Vec::as_slice).collect();
+        assert_eq!(fields, [&b"host"[..], b"user", b"event", b"pid", b"name", b"reason", b"count", b"elapsed", b"ts"]);
+    }
+
+    #[test]
+    fn heartbeat_ttl_is_whole_seconds_and_at_least_one() {
+        let a = args(&set_heartbeat("k", &Heartbeat::default(), Duration::from_millis(1500)));
+        assert_eq!(a[3..], [b"EX".to_vec(), b"2".to_vec()]);
+        let a = args(&set_heartbeat("k", &Heartbeat::default(), Duration::ZERO));
+        assert_eq!(a[4], b"1");
+    }
+}

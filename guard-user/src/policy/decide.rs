@@ -1,0 +1,258 @@
+//! `decide`: one tick's whole plan, from what the daemon gathered (docs/architecture.md).
+//!
+//! Pure: no kernel, no files, no clock. The daemon gathers a [`TickInput`] (the account's view
+//! of the live table from the pump, the config, the flag clocks it holds, "now", and a verdict
+//! for the command line of every process that could be ended), calls [`decide`], applies the
+//! plan's effects (state file, signals, log, stream, status), then asks [`after_signals`] for
+//! the lines the signal outcomes produce and [`complete`] for `TICK_COMPLETE`. Every rule of a
+//! tick lives in this module or its parent; the apply step decides nothing.
+use std::collections::{BTreeMap, HashMap};
+
+use super::{
+    hours_one_decimal,
+    incidents::{self, Incidents},
+    line::Line,
+    minutes_ago, plan, FlagClocks,
+};
+use crate::{
+    comm::Comm,
+    config::Config,
+    enforcer::Outcome,
+    event::{ProcId, ProcState},
+    status::NameStatus,
+};
+
+/// The account's slice of the live table, as the pump hands it to a tick.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AccountView {
+    /// Live processes of the account per name.
+    pub counts: Vec<(Comm, u32)>,
+    /// The processes of every name whose count reached the pump's `min_count`, sorted by pid:
+    /// the ones a tick may classify and end.
+    pub members: BTreeMap<Comm, Vec<ProcState>>,
+    /// Every process the table tracks, all accounts (for status).
+    pub tracked_total: u64,
+}
+
+impl AccountView {
+    /// The account's live processes.
+    pub fn tracked_account(&self) -> u64 {
+        self.counts.iter().map(|(_, n)| u64::from(*n)).sum()
+    }
+}
+
+/// What the command line of one process says about ending it (docs/architecture.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmdVerdict {
+    /// Gone (no command line to read): not signalled.
+    Gone,
+    /// Matches `excludeCommands[index]`: left alone.
+    Excluded { index: usize },
+    /// The bounded matcher could not decide in time: protected, never ended.
+    Budget,
+    /// Matches no pattern: ended when its name is enforced.
+    End,
+}
+
+/// Everything a tick decides on.
+#[derive(Clone, Copy, Debug)]
+pub struct TickInput<'a> {
+    pub view: &'a AccountView,
+    pub config: &'a Config,
+    /// The flag clocks in memory (the authority; the state file is their persistence).
+    pub clocks: &'a FlagClocks,
+    /// Unix seconds.
+    pub now: f64,
+    /// Verdicts for the processes of names at/over the threshold; a process without one is
+    /// treated as gone.
+    pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
+    /// Warnings given and enforcements counted so far.
+    pub incidents: &'a Incidents,
+}
+
+/// One process to signal (or, in dry run, to verify).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    pub proc: ProcState,
+    /// The name's count this tick (for the `KILLED`/`DRY_RUN` line).
+    pub count: u32,
+    /// `elapsed=` of the line: hours since flagged, one decimal.
+    pub elapsed: String,
+}
+
+/// What one tick does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TickPlan {
+    /// The clocks to hold (and persist when they changed).
+    pub clocks: FlagClocks,
+    /// Lines before any signal: `FLAGGED` per flagged name, `SKIPPED` per protected process of
+    /// an enforced name.
+    pub lines: Vec<Line>,
+    /// Every process to end, across every due name: signalled together (docs/architecture.md: all SIGTERMs,
+    /// one wait, then the SIGKILLs).
+    pub targets: Vec<Target>,
+    /// Status rows: flagged names and names at or over half the threshold.
+    pub status: Vec<NameStatus>,
+    /// Names at/over the threshold (`TICK_COMPLETE flagged=`).
+    pub flagged: usize,
+    /// The earliest enforcement deadline of a name not enforced now, or the earliest warning
+    /// still to give (unix seconds).
+    pub next_deadline: Option<f64>,
+    /// The incidents after this tick's warnings (enforcements are counted by [`after_signals`]).
+    pub incidents: Incidents,
+    /// Status text for each name warned about and not yet enforced.
+    pub warnings: Vec<String>,
+}
+
+/// docs/architecture.md steps 3–6 and the per-process half of step 5, for one tick.
+pub fn decide(input: &TickInput) -> TickPlan {
+    let TickInput { view, config, clocks, now, verdicts, incidents: before } = *input;
+    let names = plan(&view.counts, config, clocks, now);
+    let mut inc = before.clone();
+    incidents::prune(&mut inc, &names.clocks, now);
+    let mut warnings = Vec::new();
+    let mut next_deadline = names.next_deadline(config);
+    let mut lines = Vec::new();
+    let mut targets = Vec::new();
+    let mut status = Vec::new();
+    for v in &names.names {
+        let elapsed = v.elapsed_secs(now);
+        let ago = if v.newly_flagged { "now".to_string() } else { format!("{}m_ago", minutes_ago(elapsed)) };
+        lines.push(Line::new("FLAGGED").with("name", v.name).with("count", v.count).with("first_flagged", ago));
+        let hours = format!("{}h", hours_one_decimal(elapsed));
+        let (mut skip, mut end) = (0u32, 0u32);
+        for p in view.members.get(&v.name).map(Vec::as_slice).unwrap_or_default() {
+            let reason = match verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone) {
+                CmdVerdict::End => {
+                    end += 1;
+                    if v.enforce {
+                        targets.push(Target { proc: *p, count: v.count, elapsed: hours.clone() });
+                    }
+                    continue;
+                }
+                CmdVerdict::Gone => "identity_changed",
+                CmdVerdict::Excluded { .. } => {
+                    skip += 1;
+                    "excluded_command"
+                }
+                CmdVerdict::Budget => {
+                    skip += 1;
+                    "match_budget"
+                }
+            };
+            // SKIPPED is an enforcement's line: a flagged name waiting for its timeout skips nothing yet.
+            if v.enforce {
+                lines.push(skipped(p.id.pid, v.name, reason));
+            }
+        }
+        if let Some(at) = incidents::warning_due(v, config, &inc).filter(|at| *at > now) {
+            next_deadline = Some(next_deadline.map_or(at, |d| d.min(at)));
+        }
+        if let Some(w) = incidents::warning(v, config, now, end, skip, &mut inc) {
+            lines.push(w);
+        }
+        if !v.enforce && inc.warned.get(&v.name) == Some(&v.first_flagged) {
+            let due = incidents::minutes_up(v.deadline(config) - now);
+            warnings.push(format!("{}: enforcement due in {due}m: ends {end}, skips {skip}", v.name));
+        }
+        status.push(NameStatus {
+            name: v.name.to_string(),
+            count: v.count,
+            threshold: config.threshold,
+            flagged_since: Some(v.first_flagged),
+            time_left_secs: Some((v.deadline(config) - now).max(0.0)),
+            would_skip: Some(skip),
+            would_end: Some(end),
+        });
+    }
+    // `status` also shows names on their way: at or over half the threshold, not excluded.
+    let half = config.threshold.div_ceil(2);
+    for (name, count) in &view.counts {
+        if *count >= half && *count < config.threshold && !config.is_excluded(name) {
+            status.push(NameStatus {
+                name: name.to_string(),
+                count: *count,
+                threshold: config.threshold,
+                ..Default::default()
+            });
+        }
+    }
+    status.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
+    TickPlan {
+        next_deadline,
+        flagged: names.names.len(),
+        clocks: names.clocks,
+        lines,
+        targets,
+        status,
+        incidents: inc,
+        warnings,
+    }
+}
+
+fn skipped(pid: u32, name: Comm, reason: &str) -> Line {
+    Line::new("SKIPPED").with("pid", pid).with("name", name).with("reason", reason)
+}
+
+/// What the signals of a tick add to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AfterSignals {
+    /// `KILLED`/`DRY_RUN`/`SKIPPED` in target order, then any `REPEAT`.
+    pub lines: Vec<Line>,
+    /// `KILLED` lines.
+    pub kills: u64,
+    /// The incidents with this tick's enforcements counted.
+    pub incidents: Incidents,
+}
+
+/// The lines the signal outcomes produce (`outcomes[i]` belongs to `plan.targets[i]`), and the
+/// enforcements they add to the repeat bookkeeping.
+pub fn after_signals(plan: &TickPlan, outcomes: &[Outcome], config: &Config, now: f64) -> AfterSignals {
+    let mut lines = Vec::with_capacity(outcomes.len());
+    let mut kills = 0;
+    let mut kills_by_name: BTreeMap<Comm, u32> = BTreeMap::new();
+    for (t, outcome) in plan.targets.iter().zip(outcomes) {
+        let ended = |event| {
+            Line::new(event)
+                .with("pid", t.proc.id.pid)
+                .with("name", t.proc.comm)
+                .with("reason", "ghost_detected")
+                .with("count", t.count)
+                .with("elapsed", t.elapsed.as_str())
+        };
+        lines.push(match outcome {
+            // Gone after SIGTERM, or sent SIGKILL as itself (see enforcer's doc).
+            Outcome::Ended { .. } => {
+                kills += 1;
+                *kills_by_name.entry(t.proc.comm).or_default() += 1;
+                ended("KILLED")
+            }
+            Outcome::Verified => ended("DRY_RUN"),
+            // Not signalled, or it changed identity after SIGTERM and was left alone.
+            Outcome::Refused(_) | Outcome::Survived => skipped(t.proc.id.pid, t.proc.comm, "identity_changed"),
+        });
+    }
+    let mut incidents = plan.incidents.clone();
+    lines.extend(incidents::record_enforcements(&kills_by_name, config, now, &mut incidents));
+    AfterSignals { lines, kills, incidents }
+}
+
+/// `TICK_COMPLETE`, closing every tick (docs/architecture.md step 7).
+pub fn complete(flagged: usize, kills: u64, errors: u32) -> Line {
+    Line::new("TICK_COMPLETE").with("flagged", flagged).with("kills", kills).with("errors", errors)
+}
+
+/// The Redis stream event a line becomes, if any (docs/operations.md: FLAGGED the first time, KILLED,
+/// DRY_RUN, SKIPPED; and `warning`, `repeat`, `pegged` for the foresight lines).
+pub fn stream_kind(line: &Line) -> Option<&'static str> {
+    match line.event {
+        "FLAGGED" if line.get("first_flagged") == Some(b"now") => Some("FLAGGED"),
+        "KILLED" => Some("KILLED"),
+        "DRY_RUN" => Some("DRY_RUN"),
+        "SKIPPED" => Some("SKIPPED"),
+        "WARNING" => Some("warning"),
+        "REPEAT" => Some("repeat"),
+        "PEGGED" => Some("pegged"),
+        _ => None,
+    }
+}

@@ -1,0 +1,100 @@
+//! The policy: pure functions of (table view, config, flag clocks, now) → what a tick does.
+//!
+//! No kernel, no files, no clock: the daemon passes everything in, tests call it directly.
+//! [`plan`] is docs/architecture.md steps 3–6 for names; [`decide::decide`] builds a whole tick on it (the
+//! per-process half of step 5, the lines, the status rows); [`line`] is a log line as data.
+use crate::{comm::Comm, config::Config, pattern::Pattern};
+
+pub mod decide;
+pub mod incidents;
+pub mod line;
+pub mod stall;
+#[cfg(test)]
+mod tests;
+
+pub use decide::{after_signals, complete, decide, AccountView, AfterSignals, CmdVerdict, TickInput, TickPlan};
+pub use incidents::Incidents;
+
+/// Flag clocks: name → when it first reached the threshold (unix seconds, ms precision),
+/// keyed by the name's bytes. This is what the state file holds.
+pub use crate::state::FlagClocks;
+
+/// What the tick does about one name at/over the threshold.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NameVerdict {
+    pub name: Comm,
+    pub count: u32,
+    /// Unix seconds when the name was first flagged.
+    pub first_flagged: f64,
+    /// First tick at/over the threshold: logged `first_flagged=now`.
+    pub newly_flagged: bool,
+    /// Flagged for at least `timeout`: end its processes (but the excluded ones).
+    pub enforce: bool,
+}
+
+impl NameVerdict {
+    /// Seconds since the name was flagged (never negative, even if the clock stepped back).
+    pub fn elapsed_secs(&self, now: f64) -> f64 {
+        (now - self.first_flagged).max(0.0)
+    }
+
+    /// When enforcement is due (unix seconds).
+    pub fn deadline(&self, config: &Config) -> f64 {
+        self.first_flagged + config.timeout.as_secs_f64()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// Every non-excluded name at/over the threshold, sorted by name.
+    pub names: Vec<NameVerdict>,
+    /// The flag clocks to store: exactly the names in `names` (dropped and excluded names are
+    /// gone, so their clock restarts when they come back).
+    pub clocks: FlagClocks,
+}
+
+impl Plan {
+    /// The earliest enforcement deadline among names not enforced this tick (for the deadline timer).
+    pub fn next_deadline(&self, config: &Config) -> Option<f64> {
+        self.names.iter().filter(|v| !v.enforce).map(|v| v.deadline(config)).reduce(f64::min)
+    }
+}
+
+/// docs/architecture.md steps 3–6.
+pub fn plan(counts: &[(Comm, u32)], config: &Config, clocks: &FlagClocks, now: f64) -> Plan {
+    let mut names: Vec<NameVerdict> = counts
+        .iter()
+        .filter(|(name, count)| *count >= config.threshold && !config.is_excluded(name))
+        .map(|&(name, count)| {
+            let (first_flagged, newly_flagged) = match clocks.get(&name) {
+                // A clock in the future (the wall clock stepped back) counts from now.
+                Some(&t) if t.is_finite() && t <= now => (t, false),
+                Some(_) => (now, false),
+                None => (now, true),
+            };
+            let enforce = now - first_flagged >= config.timeout.as_secs_f64();
+            NameVerdict { name, count, first_flagged, newly_flagged, enforce }
+        })
+        .collect();
+    names.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    let clocks = names.iter().map(|v| (v.name, v.first_flagged)).collect();
+    Plan { names, clocks }
+}
+
+/// The verdict of compiled `excludeCommands` patterns on one command line, matched in-process.
+pub fn classify(cmdline: &[u8], patterns: &[Pattern]) -> CmdVerdict {
+    match patterns.iter().position(|p| p.is_match(cmdline)) {
+        Some(index) => CmdVerdict::Excluded { index },
+        None => CmdVerdict::End,
+    }
+}
+
+/// `first_flagged=<m>m_ago`: whole minutes, rounded down.
+pub fn minutes_ago(elapsed_secs: f64) -> u64 {
+    (elapsed_secs / 60.0).floor() as u64
+}
+
+/// `elapsed=<h>h`: hours with one decimal.
+pub fn hours_one_decimal(elapsed_secs: f64) -> String {
+    format!("{:.1}", elapsed_secs / 3600.0)
+}

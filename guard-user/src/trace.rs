@@ -1,0 +1,325 @@
+//! Recorded process traces: what `guard-user record` writes from a real kernel, and a
+//! [`TraceSource`] that replays one through the whole daemon (pump, table, tick, effects) on
+//! tokio's clock, so a paused runtime replays a day in milliseconds without root or a kernel.
+//!
+//! # Format (`guard-trace` version 1)
+//! JSON lines. The first is the header `{"guard_trace":1,"uid":<account>,"note":"…"}`; every
+//! other line is one record at `t` seconds from the start:
+//! - `{"t":0,"scan":[<proc>…]}`: the whole table as /proc showed it then (the truth a rebuild
+//!   reads);
+//! - `{"t":0.1,"ev":"fork"|"exec"|"rename"|"setuid",<proc>,"parent":<pid>}` and
+//!   `{"t":…,"ev":"exit","pid":…,"start":…}`: one event, delivered to the daemon — or, with
+//!   `"lost":true`, one that happened but the ring could not deliver (it counts as lost and only a
+//!   rebuild sees it);
+//! - `{"t":…,"cmdline":"text","pid":…}`: a process's command line from then on.
+//!
+//! A `<proc>` is `"pid":…,"start":<clock ticks>,"euid":…,"comm":"name"`; a name or command line
+//! that is not UTF-8 is written as `"comm_bytes":[…]` / `"cmdline_bytes":[…]` instead.
+use std::{
+    collections::HashMap,
+    io::{self, BufRead, Write},
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use serde_json::{json, Map, Value};
+
+use crate::{
+    comm::Comm,
+    daemon::source::{EventSource, Scanner},
+    event::{Event, ProcId, ProcState},
+    table::ProcessTable,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("{path} line {line}: {what}")]
+    Format { path: String, line: usize, what: String },
+}
+
+/// One record of a trace.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    Scan(Vec<ProcState>),
+    Event { event: Event, lost: bool },
+    Cmdline { pid: u32, text: Vec<u8> },
+}
+
+/// A parsed trace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    pub uid: u32,
+    pub note: String,
+    /// (seconds from the start, record), in time order.
+    pub records: Vec<(f64, Record)>,
+}
+
+fn put_bytes(m: &mut Map<String, Value>, key: &str, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => m.insert(key.into(), json!(s)),
+        Err(_) => m.insert(format!("{key}_bytes"), json!(bytes)),
+    };
+}
+
+fn get_bytes(m: &Map<String, Value>, key: &str) -> Option<Vec<u8>> {
+    if let Some(s) = m.get(key).and_then(Value::as_str) {
+        return Some(s.as_bytes().to_vec());
+    }
+    m.get(&format!("{key}_bytes"))?.as_array()?.iter().map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok())).collect()
+}
+
+fn proc_json(p: &ProcState) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("pid".into(), json!(p.id.pid));
+    m.insert("start".into(), json!(p.id.start_ticks));
+    m.insert("euid".into(), json!(p.euid));
+    put_bytes(&mut m, "comm", p.comm.as_bytes());
+    m
+}
+
+fn proc_from(m: &Map<String, Value>) -> Option<ProcState> {
+    let n = |k: &str| m.get(k).and_then(Value::as_u64);
+    Some(ProcState {
+        id: ProcId { pid: u32::try_from(n("pid")?).ok()?, start_ticks: n("start")? },
+        euid: u32::try_from(n("euid")?).ok()?,
+        comm: Comm::new(&get_bytes(m, "comm")?),
+    })
+}
+
+impl Record {
+    /// One line of the format (without its newline).
+    pub fn to_line(&self, t: f64) -> String {
+        let mut m = Map::new();
+        m.insert("t".into(), json!((t * 1e6).round() / 1e6));
+        match self {
+            Record::Scan(procs) => {
+                m.insert("scan".into(), Value::Array(procs.iter().map(|p| Value::Object(proc_json(p))).collect()));
+            }
+            Record::Event { event, lost } => {
+                let (kind, state, parent) = match *event {
+                    Event::Fork { child, parent_pid } => ("fork", Some(child), Some(parent_pid)),
+                    Event::Exec(s) => ("exec", Some(s), None),
+                    Event::Rename(s) => ("rename", Some(s), None),
+                    Event::Setuid(s) => ("setuid", Some(s), None),
+                    Event::Exit(_) => ("exit", None, None),
+                };
+                m.insert("ev".into(), json!(kind));
+                match state {
+                    Some(s) => m.extend(proc_json(&s)),
+                    None => {
+                        m.insert("pid".into(), json!(event.id().pid));
+                        m.insert("start".into(), json!(event.id().start_ticks));
+                    }
+                }
+                if let Some(p) = parent {
+                    m.insert("parent".into(), json!(p));
+                }
+                if *lost {
+                    m.insert("lost".into(), json!(true));
+                }
+            }
+            Record::Cmdline { pid, text } => {
+                m.insert("pid".into(), json!(pid));
+                put_bytes(&mut m, "cmdline", text);
+            }
+        }
+        Value::Object(m).to_string()
+    }
+
+    fn from_json(m: &Map<String, Value>) -> Result<(f64, Record), String> {
+        let t = m.get("t").and_then(Value::as_f64).filter(|t| t.is_finite() && *t >= 0.0).ok_or("no valid \"t\"")?;
+        if let Some(scan) = m.get("scan") {
+            let procs = scan
+                .as_array()
+                .ok_or("\"scan\" is not an array")?
+                .iter()
+                .map(|p| p.as_object().and_then(proc_from).ok_or("a scanned process is incomplete"))
+                .collect::<Result<_, _>>()?;
+            return Ok((t, Record::Scan(procs)));
+        }
+        if let Some(kind) = m.get("ev").and_then(Value::as_str) {
+            let lost = m.get("lost").and_then(Value::as_bool).unwrap_or(false);
+            let state = || proc_from(m).ok_or("the event's process is incomplete");
+            let event = match kind {
+                "fork" => Event::Fork {
+                    child: state()?,
+                    parent_pid: m.get("parent").and_then(Value::as_u64).unwrap_or(0) as u32,
+                },
+                "exec" => Event::Exec(state()?),
+                "rename" => Event::Rename(state()?),
+                "setuid" => Event::Setuid(state()?),
+                "exit" => {
+                    let n = |k: &str| m.get(k).and_then(Value::as_u64).ok_or("an exit needs pid and start");
+                    Event::Exit(ProcId { pid: n("pid")? as u32, start_ticks: n("start")? })
+                }
+                other => return Err(format!("unknown event {other:?}")),
+            };
+            return Ok((t, Record::Event { event, lost }));
+        }
+        if m.contains_key("cmdline") || m.contains_key("cmdline_bytes") {
+            let pid = m.get("pid").and_then(Value::as_u64).ok_or("a cmdline needs a pid")? as u32;
+            return Ok((t, Record::Cmdline { pid, text: get_bytes(m, "cmdline").ok_or("bad cmdline")? }));
+        }
+        Err("not a scan, an event or a cmdline".into())
+    }
+}
+
+impl Trace {
+    pub fn parse(path: &str, reader: impl BufRead) -> Result<Trace, TraceError> {
+        let mut trace = Trace::default();
+        for (i, line) in reader.lines().enumerate() {
+            let line = line.map_err(|source| TraceError::Io { path: path.into(), source })?;
+            let bad = |what: String| TraceError::Format { path: path.into(), line: i + 1, what };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+            let m = v.as_object().ok_or_else(|| bad("not an object".into()))?;
+            if i == 0 {
+                if m.get("guard_trace").and_then(Value::as_u64) != Some(1) {
+                    return Err(bad("the first line must be the header {\"guard_trace\":1,…}".into()));
+                }
+                trace.uid = m.get("uid").and_then(Value::as_u64).unwrap_or(0) as u32;
+                trace.note = m.get("note").and_then(Value::as_str).unwrap_or_default().into();
+                continue;
+            }
+            trace.records.push(Record::from_json(m).map_err(bad)?);
+        }
+        trace.records.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(trace)
+    }
+
+    pub fn open(path: &Path) -> Result<Trace, TraceError> {
+        let name = path.display().to_string();
+        let f = std::fs::File::open(path).map_err(|source| TraceError::Io { path: name.clone(), source })?;
+        Trace::parse(&name, io::BufReader::new(f))
+    }
+
+    pub fn write(&self, mut out: impl Write) -> io::Result<()> {
+        writeln!(out, "{}", json!({"guard_trace": 1, "uid": self.uid, "note": self.note}))?;
+        for (t, r) in &self.records {
+            writeln!(out, "{}", r.to_line(*t))?;
+        }
+        Ok(())
+    }
+
+    /// The truth after the records up to index `upto` (exclusive): the last scan before it, with
+    /// every event after that scan applied, delivered or not.
+    pub fn truth(&self, upto: usize) -> Vec<ProcState> {
+        let records = &self.records[..upto.min(self.records.len())];
+        let from = records.iter().rposition(|(_, r)| matches!(r, Record::Scan(_)));
+        let mut table = match from.map(|i| &records[i].1) {
+            Some(Record::Scan(procs)) => ProcessTable::from_snapshot(procs.iter().copied(), None),
+            _ => ProcessTable::new(None),
+        };
+        for (_, r) in &records[from.map_or(0, |i| i + 1)..] {
+            if let Record::Event { event, .. } = r {
+                table.apply(event);
+            }
+        }
+        table.processes()
+    }
+}
+
+/// Replays a [`Trace`] on tokio's clock: records become due at `start + t`.
+pub struct TraceSource {
+    trace: Arc<Trace>,
+    start: tokio::time::Instant,
+    /// Records handed out so far; shared with the scanner, which reads the truth up to it.
+    cursor: Arc<Mutex<usize>>,
+    lost: u64,
+    /// Command lines as of the cursor, for the replay's process reader.
+    cmdlines: Arc<Mutex<HashMap<u32, Vec<u8>>>>,
+}
+
+impl TraceSource {
+    /// `cmdlines` is filled as `cmdline` records come due (pass the map a
+    /// [`crate::daemon::recording::FakeProcs`] reads).
+    pub fn new(trace: Trace, cmdlines: Arc<Mutex<HashMap<u32, Vec<u8>>>>) -> TraceSource {
+        TraceSource {
+            trace: Arc::new(trace),
+            start: tokio::time::Instant::now(),
+            cursor: Arc::new(Mutex::new(0)),
+            lost: 0,
+            cmdlines,
+        }
+    }
+
+    fn cursor(&self) -> usize {
+        *self.cursor.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn due(&self, i: usize) -> Option<tokio::time::Instant> {
+        self.trace.records.get(i).map(|(t, _)| self.start + std::time::Duration::from_secs_f64(*t))
+    }
+
+    /// Advances over records due by now: command lines and scans take effect at once.
+    fn advance_silent(&self) {
+        let now = tokio::time::Instant::now();
+        let mut cursor = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some((_, r)) = self.trace.records.get(*cursor) {
+            if self.due(*cursor).is_some_and(|at| at > now) {
+                break;
+            }
+            match r {
+                Record::Cmdline { pid, text } => {
+                    self.cmdlines.lock().unwrap_or_else(|p| p.into_inner()).insert(*pid, text.clone());
+                }
+                Record::Scan(_) => {}
+                Record::Event { .. } => break,
+            }
+            *cursor += 1;
+        }
+    }
+}
+
+impl EventSource for TraceSource {
+    fn backend(&self) -> &'static str {
+        "trace"
+    }
+
+    async fn wait(&mut self) -> io::Result<()> {
+        match self.due(self.cursor()) {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, max: usize, out: &mut Vec<Event>) -> usize {
+        let now = tokio::time::Instant::now();
+        let mut n = 0;
+        loop {
+            self.advance_silent();
+            let i = self.cursor();
+            let Some((_, Record::Event { event, lost })) = self.trace.records.get(i) else { break };
+            if n >= max || self.due(i).is_some_and(|at| at > now) {
+                break;
+            }
+            if *lost {
+                self.lost += 1;
+            } else {
+                out.push(*event);
+                n += 1;
+            }
+            *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        }
+        n
+    }
+
+    fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    fn scanner(&self) -> Scanner {
+        let (trace, cursor) = (self.trace.clone(), self.cursor.clone());
+        Arc::new(move || {
+            let upto = *cursor.lock().unwrap_or_else(|p| p.into_inner());
+            // A scan that starts before any record was handed out sees the first scan.
+            let upto = if upto == 0 { 1 } else { upto };
+            Ok(trace.truth(upto))
+        })
+    }
+}

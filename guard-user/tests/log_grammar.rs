@@ -1,0 +1,275 @@
+//! The log's grammar (docs/log.md) read back by a strict parser written here from the grammar, not
+//! from the writer's code: hostile values go through the real `Logger` into a real file, and
+//! every line must parse to exactly the event, keys and value bytes that were logged.
+//!
+//! ```text
+//! line   = timestamp " " event *(" " key "=" value) "\n"
+//! event  = word *(" " word)          ; words hold no "=" (EVENT, or `WARN what`, `ERROR what`)
+//! value  = bare / quoted
+//! bare   = 1*(char / escape)         ; char: printable, not space, `"`, `=` or `\`
+//! quoted = DQUOTE *(char / " " / "=" / escape / `\"`) DQUOTE
+//! escape = `\\` / `\n` / `\t` / `\r` / `\x` 2lowerhex
+//! ```
+use std::{ffi::OsStr, os::unix::ffi::OsStrExt, path::Path};
+
+use guard::{
+    comm::Comm,
+    log::{format_body, syslog_priority, LogValue, Logger},
+    safefs::FsIdentity,
+};
+
+#[derive(Debug, PartialEq)]
+struct Line {
+    event: String,
+    fields: Vec<(String, Vec<u8>)>,
+}
+
+fn hex(c: u8) -> Result<u8, String> {
+    match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        _ => Err(format!("bad hex digit {:?}", c as char)),
+    }
+}
+
+/// Parses one line (without its newline) strictly; any deviation is an error.
+fn parse(line: &str) -> Result<Line, String> {
+    let b = line.as_bytes();
+    if b.len() < 20 || b[19] != b' ' {
+        return Err("no timestamp".into());
+    }
+    for (i, &c) in b[..19].iter().enumerate() {
+        let ok = match i {
+            4 | 7 => c == b'-',
+            10 => c == b' ',
+            13 | 16 => c == b':',
+            _ => c.is_ascii_digit(),
+        };
+        if !ok {
+            return Err(format!("bad timestamp at {i}"));
+        }
+    }
+    let rest = &line[20..];
+    let mut words = Vec::new();
+    let mut i = 0;
+    let r = rest.as_bytes();
+    // Event words: up to the first word holding `=`.
+    loop {
+        let end = rest[i..].find(' ').map(|n| i + n).unwrap_or(rest.len());
+        let word = &rest[i..end];
+        if word.contains('=') {
+            break;
+        }
+        if word.is_empty() || !word.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'.') {
+            return Err(format!("bad event word {word:?}"));
+        }
+        words.push(word.to_string());
+        if end == rest.len() {
+            return Ok(Line { event: words.join(" "), fields: Vec::new() });
+        }
+        i = end + 1;
+    }
+    let mut fields = Vec::new();
+    while i < r.len() {
+        let eq = rest[i..].find('=').ok_or("a key without =")? + i;
+        let key = &rest[i..eq];
+        if key.is_empty() || !key.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'.') {
+            return Err(format!("bad key {key:?}"));
+        }
+        i = eq + 1;
+        let quoted = r.get(i) == Some(&b'"');
+        if quoted {
+            i += 1;
+        }
+        let mut value = Vec::new();
+        loop {
+            let Some(&c) = r.get(i) else {
+                if quoted {
+                    return Err("unterminated quote".into());
+                }
+                break;
+            };
+            match c {
+                b'"' if quoted => {
+                    i += 1;
+                    break;
+                }
+                b' ' if !quoted => break,
+                b'"' | b'=' if !quoted => return Err(format!("{:?} in a bare value", c as char)),
+                b'\\' => {
+                    let e = *r.get(i + 1).ok_or("a trailing backslash")?;
+                    i += 2;
+                    match e {
+                        b'\\' => value.push(b'\\'),
+                        b'"' if quoted => value.push(b'"'),
+                        b'n' => value.push(b'\n'),
+                        b't' => value.push(b'\t'),
+                        b'r' => value.push(b'\r'),
+                        b'x' => {
+                            let (h, l) = (*r.get(i).ok_or("short \\x")?, *r.get(i + 1).ok_or("short \\x")?);
+                            value.push(hex(h)? << 4 | hex(l)?);
+                            i += 2;
+                        }
+                        other => return Err(format!("unknown escape \\{}", other as char)),
+                    }
+                }
+                c if c < 0x20 || c == 0x7f => return Err(format!("raw control byte {c:#x}")),
+                c => {
+                    value.push(c);
+                    i += 1;
+                }
+            }
+        }
+        if !quoted && value.is_empty() {
+            return Err(format!("empty bare value for {key}"));
+        }
+        fields.push((key.to_string(), value));
+        match r.get(i) {
+            None => break,
+            Some(b' ') => i += 1,
+            Some(c) => return Err(format!("{:?} after a value", *c as char)),
+        }
+        if i == r.len() {
+            return Err("trailing space".into());
+        }
+    }
+    // Characters a viewer would take as a line break or hide must not appear unescaped.
+    if line.contains(['\u{85}', '\u{2028}', '\u{2029}', '\u{202e}']) {
+        return Err("an unescaped line separator or bidi control".into());
+    }
+    Ok(Line { event: words.join(" "), fields })
+}
+
+/// Hostile values, as bytes.
+fn hostile() -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    v.extend(
+        [
+            &b"\n2026-01-01 00:00:00 KILLED pid=1"[..],
+            b"x KILLED pid=1",
+            b"a=b c",
+            b"",
+            b"\"",
+            b"\"\"",
+            b"a\"b",
+            b"\"a b\"",
+            b"\\",
+            b"\\\\",
+            b"\\x41",
+            b"\\\"",
+            b"trailing\\",
+            b"q\xff",
+            b"q\xfe",
+            b"\xc3",
+            b"\xed\xa0\x80",
+            b"\r\n",
+            b"\x1b[2J\x1b[31mred",
+            b"name=x",
+            b"=",
+            b" ",
+            b"pid=1 ",
+        ]
+        .iter()
+        .map(|s| s.to_vec()),
+    );
+    for s in ["a\u{2028}b", "a\u{2029}b", "\u{85}", "\u{9b}31m", "\u{202e}gnp.exe", "\u{feff}", "café ✓", "\u{a0}"] {
+        v.push(s.as_bytes().to_vec());
+    }
+    // Pseudo-random byte strings (xorshift, fixed seed).
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..5_000 {
+        let mut s = Vec::new();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        for _ in 0..x % 40 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Bias towards the interesting bytes.
+            s.push(match x % 4 {
+                0 => b" =\"\\\n\r\t"[(x >> 8) as usize % 7],
+                1 => (x >> 16) as u8 | 0x80,
+                _ => (x >> 24) as u8,
+            });
+        }
+        v.push(s);
+    }
+    v
+}
+
+#[test]
+fn every_hostile_value_round_trips_through_a_real_log_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("guard-daemon.log");
+    let log = Logger::new(path.clone(), FsIdentity::current(), u64::MAX, false);
+    let values = hostile();
+    for v in &values {
+        let as_path = Path::new(OsStr::from_bytes(v));
+        let comm = Comm::new(v);
+        let text = String::from_utf8_lossy(v).into_owned();
+        log.line("FLAGGED", &[("name", &comm), ("count", &3u32), ("path", &as_path), ("text", &text)]);
+    }
+    let written = std::fs::read(&path).unwrap();
+    let written = String::from_utf8(written).expect("the log is UTF-8");
+    let lines: Vec<&str> = written.split_terminator('\n').collect();
+    assert_eq!(lines.len(), values.len(), "one line per event");
+    for (line, v) in lines.iter().zip(&values) {
+        let parsed = parse(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert_eq!(parsed.event, "FLAGGED");
+        let keys: Vec<&str> = parsed.fields.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["name", "count", "path", "text"], "{line}");
+        assert_eq!(parsed.fields[0].1, Comm::new(v).as_bytes(), "{line}");
+        assert_eq!(parsed.fields[1].1, b"3");
+        assert_eq!(&parsed.fields[2].1, v, "{line}");
+        assert_eq!(parsed.fields[3].1, String::from_utf8_lossy(v).as_bytes(), "{line}");
+        assert_eq!(syslog_priority(&line[20..]), 6, "a value cannot change the priority: {line}");
+    }
+}
+
+#[test]
+fn a_comm_holding_every_byte_is_logged_and_read_back_exactly() {
+    for chunk in (0..=255u8).collect::<Vec<_>>().chunks(15) {
+        let name = Comm::new(chunk);
+        let body = format_body("KILLED", &[("pid", &7u32), ("name", &name), ("reason", &"ghost_detected")]);
+        let line = format!("2026-01-01 00:00:00 {body}");
+        let parsed = parse(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert_eq!(parsed.fields[1], ("name".to_string(), chunk.to_vec()));
+        // The name's Display (status JSON, Redis, state keys) decodes to the same bytes.
+        assert_eq!(Comm::from_escaped(&name.to_string()), Some(name));
+    }
+}
+
+#[test]
+fn the_parser_rejects_forgeries_it_would_otherwise_accept() {
+    // The parser is strict: the forms the writer never produces are errors, so the round trip
+    // above proves the writer produced none of them.
+    for bad in [
+        "2026-01-01 00:00:00 KILLED pid=1 name=x KILLED pid=2",
+        "2026-01-01 00:00:00 FLAGGED name=a=b",
+        "2026-01-01 00:00:00 FLAGGED name=\"a",
+        "2026-01-01 00:00:00 FLAGGED name=a\\q",
+        "2026-01-01 00:00:00 FLAGGED name=a\u{2028}b",
+        "2026-01-01 00:00:00 FLAGGED name=",
+        "2026-01-01 00:00:00 FLAGGED name=a ",
+    ] {
+        let parsed = parse(bad);
+        let duplicate_key = parsed.as_ref().is_ok_and(|l| {
+            let mut keys: Vec<&str> = l.fields.iter().map(|(k, _)| k.as_str()).collect();
+            keys.sort();
+            keys.windows(2).any(|w| w[0] == w[1])
+        });
+        assert!(parsed.is_err() || duplicate_key, "{bad:?} parsed as {parsed:?}");
+    }
+}
+
+/// Values of every `LogValue` kind the daemon logs write through the same escape.
+#[test]
+fn shown_values_escape_like_strings() {
+    let e = std::io::Error::other("bad\nthing");
+    let body = format_body("WARN redis_unreachable", &[("error", &guard::log::Shown(&e))]);
+    let parsed = parse(&format!("2026-01-01 00:00:00 {body}")).unwrap();
+    assert_eq!(parsed.event, "WARN redis_unreachable");
+    assert_eq!(parsed.fields[0].1, b"bad\nthing");
+    let _: &dyn LogValue = &1.5f64;
+}

@@ -1,0 +1,137 @@
+//! `guard-user record` against the real kernel, and its trace replayed through the daemon
+//! without a kernel: the replay must reach the verdicts the real processes call for. With
+//! `GUARD_RECORD_FIXTURES=<dir>` the recording is also kept there (how guard-user/tests/fixtures'
+//! recorded traces were made; see DEVELOPERS.md).
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use guard::{
+    account::Account,
+    daemon::{
+        recording::{Recorder, RecordingNotifier},
+        run_with, Backend, Control, DaemonOptions,
+    },
+    trace::{Trace, TraceSource},
+};
+use integration_tests::*;
+
+/// Records `TEST_USER` for `seconds` while `workload` runs; returns the trace (kept as
+/// `<GUARD_RECORD_FIXTURES>/<keep_as>` when that is set).
+fn record(seconds: u32, keep_as: &str, workload: impl FnOnce()) -> Trace {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rec.trace");
+    let mut rec = Command::new(guard_bin())
+        .args(["record", "--user", TEST_USER, "--seconds", &format!("{seconds}s"), "--out"])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(rec.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "recording");
+    workload();
+    assert!(rec.wait().unwrap().success());
+    let trace = Trace::open(&out).unwrap();
+    if let Some(keep) = std::env::var_os("GUARD_RECORD_FIXTURES") {
+        let name = std::path::Path::new(&keep).join(keep_as);
+        std::fs::copy(&out, &name).unwrap();
+        eprintln!("kept {}", name.display());
+    }
+    trace
+}
+
+/// Replays `trace` under `config` for `secs` (virtual), returning the log bodies and signals.
+fn replay(trace: Trace, config: &str, secs: u64) -> (Vec<String>, Vec<(bool, Vec<u32>)>) {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(home.path().join("guard-config.json"), config).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let opts = DaemonOptions {
+        account: Account { name: TEST_USER.into(), uid: TEST_UID, gid: TEST_UID, home: home.path().into() },
+        config_path: home.path().join("guard-config.json"),
+        home: home.path().into(),
+        dry_run: false,
+        interval: Duration::from_secs(60),
+        backend: Backend::Auto,
+        audit_interval: Duration::from_secs(600),
+        ring_bytes: None,
+        deadline_timer: true,
+        metrics_file: None,
+    };
+    let rec = Recorder::default();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+    rt.block_on(async {
+        let source = TraceSource::new(trace, rec.procs.0.clone());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            let _ = tx.send(Control::Stop).await;
+        });
+        run_with(opts, source, rec.effects(1_800_000_000.0), &mut RecordingNotifier::default(), &mut rx).await
+    });
+    let calls = rec.signals.calls.lock().unwrap().clone();
+    (rec.log.bodies(), calls)
+}
+
+#[test]
+fn a_recorded_pile_replays_to_the_verdicts_its_processes_call_for() {
+    let Some(_g) = setup("record and replay") else { return };
+    let home = Home::new();
+    let exe = home.probe_named("agentihooks");
+    let other = home.probe_named("helper");
+    let mut probes: Vec<Probe> = Vec::new();
+    let trace = record(4, "recorded-pile.trace", || {
+        for i in 0..4 {
+            // The fourth renames itself once started (prctl): the kernel reports it (task_rename).
+            let args: &[&str] = if i == 3 { &["watch", "x", "rename", "renamed"] } else { &["watch"] };
+            probes.push(Probe::spawn(&exe, args, TEST_UID));
+        }
+        probes.push(Probe::spawn(&exe, &["select-profile", "coder"], TEST_UID));
+        probes.push(Probe::spawn(&exe, &["swarm", "tick"], TEST_UID));
+        probes.push(Probe::spawn(&other, &["threads", "6"], TEST_UID));
+        probes.push(Probe::spawn(&other, &["forks", "1"], TEST_UID));
+        probes.push(Probe::spawn(&exe, &["watch"], OTHER_UID));
+        // One of the pile exits.
+        drop(probes.remove(2));
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    assert!(trace.records.len() > 10, "{} records", trace.records.len());
+    // Replay: agentihooks = 2 of the watch pile + the wrapper + swarm tick = 4 ≥ 4, ended at once.
+    let (log, signals) = replay(trace, r#"{"threshold": 4, "timeout": "0s", "excludes": []}"#, 90);
+    // After the exit: [0] [1] the watch pile, [2] renamed, [3] wrapper, [4] swarm tick,
+    // [5] threads, [6] forks, [7] another uid.
+    let wrapper = probes[3].pid();
+    let tick = probes[4].pid();
+    assert!(log.contains(&"FLAGGED name=agentihooks count=4 first_flagged=now".to_string()), "{log:#?}");
+    assert!(log.contains(&format!("SKIPPED pid={wrapper} name=agentihooks reason=excluded_command")), "{log:#?}");
+    assert!(log.contains(&format!("SKIPPED pid={tick} name=agentihooks reason=excluded_command")), "{log:#?}");
+    let ended: Vec<u32> = signals.iter().flat_map(|(_, p)| p.clone()).collect();
+    let mut want = vec![probes[0].pid(), probes[1].pid()];
+    want.sort_unstable();
+    assert_eq!(ended, want, "{log:#?}");
+    // helper: 1 threaded process (once) + the forker and its child = 3, below 4.
+    assert!(!log.iter().any(|l| l.contains("name=helper")), "{log:#?}");
+    assert!(!log.iter().any(|l| l.contains(&format!("pid={} ", probes[7].pid()))), "another uid: {log:#?}");
+    assert!(!log.iter().any(|l| l.contains(&format!("pid={} ", probes[2].pid()))), "the renamed one: {log:#?}");
+}
+
+#[test]
+fn a_recorded_fork_storm_replays_without_ghosts() {
+    let Some(_g) = setup("record a storm") else { return };
+    let home = Home::new();
+    let exe = home.probe_named("steady");
+    let mut steady: Vec<Probe> = Vec::new();
+    let trace = record(3, "recorded-storm.trace", || {
+        steady.extend((0..3).map(|_| Probe::spawn(&exe, &[], TEST_UID)));
+        fork_storm(2, 250, TEST_UID);
+    });
+    let events = trace.records.iter().filter(|(_, r)| matches!(r, guard::trace::Record::Event { .. })).count();
+    assert!(events >= 1000, "{events} events");
+    let (log, signals) = replay(trace, r#"{"threshold": 3, "timeout": "1h", "excludes": []}"#, 90);
+    let flagged: Vec<&String> = log.iter().filter(|l| l.starts_with("FLAGGED")).collect();
+    assert_eq!(flagged, ["FLAGGED name=steady count=3 first_flagged=now"], "{log:#?}");
+    assert!(signals.is_empty());
+}

@@ -1,0 +1,189 @@
+#!/bin/bash
+# Runs in the guest of `cargo xtask vm --systemd` as guard-vm-systemd.service: installs guard-user
+# for a test account under the real systemd, lets it end a pile of probes, checks, creates drift
+# and checks again. Every command and its output goes to the serial console, prefixed `sg| `.
+exec >/dev/ttyS0 2>&1
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+U=guardtest1 UID_=4201 H=/home/guardtest1
+SRC=/opt/guard/guard-config.json GU=/opt/guard/guard-user
+UNIT=guard-user@guardtest1.service PROBE=ghost-sleeper PROBES=6
+LOG=$H/guard-daemon.log
+
+say() { printf 'sg| %s\n' "$*"; }
+# run CMD...: prints `$ CMD`, its output and `[exit N]`; leaves the exit code in RC, the output in OUT.
+run() {
+    say "\$ $*"
+    "$@" >/tmp/sg.out 2>&1
+    RC=$?
+    OUT=$(cat /tmp/sg.out)
+    sed 's/^/sg|   /' /tmp/sg.out
+    say "[exit $RC]"
+}
+has() { [[ $OUT == *"$1"* ]] || fail "expected \"$1\" in the output of the last command"; }
+diagnostics() {
+    say "--- diagnostics"
+    run systemctl --no-pager status "$UNIT"
+    run journalctl -b --no-pager -o short-monotonic -u "$UNIT"
+    run cat "$LOG"
+    run systemctl --no-pager --failed
+}
+fail() {
+    diagnostics
+    echo "systemd-guest: failure $*"
+    systemctl --no-block poweroff
+    exit 1
+}
+# wait_for SECONDS WHAT CMD...: polls CMD every second.
+wait_for() {
+    local limit=$1 what=$2 start=$SECONDS
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS - start >= limit)) && fail "$what not within ${limit}s"
+        sleep 1
+    done
+    say "($what after $((SECONDS - start))s)"
+}
+ticked() { systemctl is-active -q "$UNIT" && grep -q TICK_COMPLETE "$LOG"; }
+probes_gone() { grep -q "KILLED .*name=$PROBE" "$LOG" && ! pgrep -u $UID_ -x $PROBE; }
+ticks() { grep -c TICK_COMPLETE "$LOG" 2>/dev/null; }
+ticked_again() { (($(ticks) > TICKS)) && systemctl is-active -q "$UNIT"; }
+
+echo "systemd-guest: start (kernel $(uname -r), $(systemctl --version | head -n1), state $(systemctl is-system-running))"
+run grep -E ' (tracefs|bpf|debugfs|cgroup2) ' /proc/mounts
+run cat /proc/sys/kernel/perf_event_paranoid
+
+say "=== install"
+run groupadd --gid $UID_ $U
+run useradd --create-home --uid $UID_ --gid $UID_ --shell /bin/bash $U
+((RC == 0)) || fail "useradd exited $RC"
+run "$GU" install --user $U --config-source "$SRC"
+((RC == 0)) || fail "install exited $RC"
+has "[OK] Host guard installed for $U in $H from $SRC"
+wait_for 120 "$UNIT active with a completed tick" ticked
+run systemctl --no-pager status "$UNIT"
+systemctl is-active -q "$UNIT" || fail "$UNIT is not active"
+run systemd-analyze verify /etc/systemd/system/guard-user@.service
+run cat "$LOG"
+
+say "=== $PROBES $PROBE probes as $U (threshold 3, timeout 5s, a tick every 60s)"
+run install -m 0755 /bin/sleep /usr/local/bin/$PROBE
+for _ in $(seq $PROBES); do
+    # A subshell, so the probes are reparented to PID 1 (reaped there) rather than left as our zombies.
+    (setpriv --reuid=$UID_ --regid=$UID_ --clear-groups /usr/local/bin/$PROBE 3600 </dev/null >/dev/null 2>&1 &)
+done
+sleep 1
+run pgrep -u $UID_ -a -x $PROBE
+(($(pgrep -u $UID_ -c -x $PROBE) == PROBES)) || fail "not all $PROBES probes started"
+wait_for 400 "the guard's KILLED lines and no probe left" probes_gone
+run grep -E "FLAGGED|KILLED|STARTED|WARN|ERROR" "$LOG"
+run pgrep -u $UID_ -a -x $PROBE
+
+say "=== check"
+run "$GU" check --user $U --config-source "$SRC"
+((RC == 0)) || fail "check exited $RC after install"
+has "[OK] Host guard in sync with $SRC"
+
+say "=== drift"
+run systemctl disable --now "$UNIT"
+run ln -sfn /opt/guard/other-config.json "$H/guard-config.json"
+run sed -i 's/^MemoryMax=.*/MemoryMax=1G/' /etc/systemd/system/guard-user@.service
+run touch "$H/guard-daemon.sh"
+run "$GU" check --user $U --config-source "$SRC"
+((RC == 1)) || fail "check exited $RC with drift (expected 1)"
+has "$H/guard-config.json is not a link to $SRC"
+has "$H/guard-daemon.sh is still present"
+has "/etc/systemd/system/guard-user@.service is missing or differs from this build"
+has "$UNIT is not enabled"
+has "$UNIT is not active"
+
+say "=== repair"
+TICKS=$(ticks)
+run "$GU" install --user $U --config-source "$SRC"
+((RC == 0)) || fail "install exited $RC when repairing"
+wait_for 120 "$UNIT active with a new tick" ticked_again
+run "$GU" check --user $U --config-source "$SRC"
+((RC == 0)) || fail "check exited $RC after the repair"
+has "[OK] Host guard in sync with $SRC"
+run journalctl -b --no-pager -o cat -u "$UNIT"
+
+say "=== Type=notify: status text, reload, and the watchdog restarting a stopped daemon"
+run systemctl show -p Type -p NotifyAccess -p WatchdogUSec -p StatusText -p ExecReload "$UNIT"
+[[ $(systemctl show -p Type --value "$UNIT") == notify ]] || fail "the unit is not Type=notify"
+[[ $(systemctl show -p StatusText --value "$UNIT") == tracking* ]] || fail "no STATUS= text from the daemon"
+run systemctl reload "$UNIT"
+((RC == 0)) || fail "systemctl reload exited $RC"
+wait_for 30 "a RELOAD line" grep -q "RELOAD reason=sighup" "$LOG"
+systemctl is-active -q "$UNIT" || fail "reload stopped the guard"
+PID0=$(systemctl show -p MainPID --value "$UNIT")
+N0=$(systemctl show -p NRestarts --value "$UNIT")
+restarted() {
+    (($(systemctl show -p NRestarts --value "$UNIT") > N0)) && systemctl is-active -q "$UNIT" &&
+        [[ $(systemctl show -p MainPID --value "$UNIT") != "$PID0" ]]
+}
+run kill -STOP "$PID0"
+wait_for 150 "the watchdog to kill and restart the stopped daemon" restarted
+TICKS=$(ticks)
+run systemctl show -p MainPID -p NRestarts -p Result "$UNIT"
+say "--- the journal of the watchdog restart"
+journalctl -b --no-pager -o short-monotonic -u "$UNIT" | grep -iE "watchdog|killing|main process exited|failed with result|scheduled restart|started|stopped" | tail -n 12 | sed 's/^/sg|   /'
+journalctl -b --no-pager -o cat -u "$UNIT" | grep -q -i "watchdog timeout" || fail "no watchdog timeout in the journal"
+wait_for 120 "$UNIT ticking again after the restart" ticked_again
+
+say "=== a hostile stateFile (newlines that would be unit directives) is refused, and nothing is written"
+BAD=$H/bad-config.json
+printf '%s\n' '{"threshold": 3, "stateFile": "\n[Service]\nExecStartPre=+/bin/sh -c \"touch /pwned\"\n"}' >"$BAD"
+chown $U:$U "$BAD"
+run "$GU" install --user $U --config-source "$BAD"
+((RC != 0)) || fail "install accepted a stateFile with newlines"
+has "config_malformed stateFile"
+grep -q ExecStartPre "/etc/systemd/system/$UNIT.d/home.conf" && fail "the config reached the drop-in"
+
+say "=== install --home and --config root chose (spaces, %, \$, quotes, a backslash), from a hostile config"
+# The account's checkout holds a config whose stateFile tries to become unit directives and to
+# widen ReadWritePaths; install must write only what root gave it, escaped so that systemd
+# hands the daemon exactly these bytes.
+HH=$'/srv/guard home %i %% $HOME ${X} "dq" \'sq\' \\b ;'
+HC="$HH/my cfg %n \$USER.json"
+HSRC=$H/checkout/guard-config.json
+run mkdir -p "$HH" "$H/checkout"
+run chown $U:$U "$HH" "$H/checkout"
+cat >"$HSRC" <<'JSON'
+{"threshold": 3, "timeout": "5s",
+ "stateFile": "/etc/guard state %i $HOME.json",
+ "excludes": ["/etc/guard-x.json", "/ /etc"]}
+JSON
+chown $U:$U "$HSRC"
+run cat "$HSRC"
+run "$GU" install --user $U --home "$HH" --config "$HC" --config-source "$HSRC"
+((RC == 0)) || fail "install --home exited $RC"
+run cat "/etc/systemd/system/$UNIT.d/home.conf"
+grep -q ExecStartPre "/etc/systemd/system/$UNIT.d/home.conf" && fail "the config reached the drop-in"
+run systemd-analyze verify "$UNIT"
+((RC == 0)) || fail "systemd-analyze verify exited $RC"
+[[ $OUT == *home.conf* ]] && fail "systemd-analyze complained about the drop-in"
+run systemctl show -p ExecStart -p ExecStartPre -p ReadWritePaths -p DropInPaths "$UNIT"
+[[ $(systemctl show -p ExecStartPre --value "$UNIT") == "" ]] || fail "an ExecStartPre= reached the unit"
+# systemctl shows each path shell-quoted: exactly one, the home.
+eval "set -- $(systemctl show -p ReadWritePaths --value "$UNIT")"
+(($# == 1)) && [[ $1 == "$HH" ]] || fail "ReadWritePaths is not the home: $*"
+LOG="$HH/guard-daemon.log"
+wait_for 120 "$UNIT active with a completed tick in the new home" ticked
+PID=$(systemctl show -p MainPID --value "$UNIT")
+run systemctl show -p MainPID "$UNIT"
+# The daemon's argv, one argument per line, against the one root asked for.
+tr '\0' '\n' <"/proc/$PID/cmdline" >/tmp/sg.argv
+printf '%s\n' /usr/local/bin/guard-user run --user $U --home "$HH" --config "$HC" >/tmp/sg.want
+run diff /tmp/sg.want /tmp/sg.argv
+((RC == 0)) || fail "the daemon does not run what install was told"
+run grep -E "STARTED|ERROR|WARN" "$LOG"
+[[ -e /pwned ]] && fail "the hostile stateFile ran a command"
+run "$GU" check --user $U --config-source "$HSRC"
+((RC == 0)) || fail "check exited $RC after install --home (it must learn the home from the drop-in)"
+has "[OK] Host guard in sync with $HSRC"
+run sed -i 's/^ReadWritePaths=.*/ReadWritePaths=\/etc/' "/etc/systemd/system/$UNIT.d/home.conf"
+run "$GU" check --user $U --config-source "$HSRC"
+((RC == 1)) || fail "check exited $RC with an edited drop-in (expected 1)"
+has "/etc/systemd/system/$UNIT.d/home.conf is missing or differs from this build"
+
+echo "systemd-guest: success"
+systemctl --no-block poweroff
