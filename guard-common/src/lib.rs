@@ -145,6 +145,40 @@ pub const TASK_MARK_END: u32 = 0;
 /// process, so user space does not trust it.
 pub const TASK_MARK_BROKEN: u32 = 1;
 
+/// The stall watch's CPU accounting (`sched_stat_runtime` in guard-ebpf): CPU time one process
+/// of the watched account used since user space last drained the map it is in. 32 bytes, no
+/// padding. Identity and name are read when the entry is created (the process's first run in
+/// the interval), so an idle process never costs anything.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuRun {
+    /// CPU ns of all the group's threads in this interval (`sched_stat_runtime`'s deltas).
+    pub ns: u64,
+    /// The group leader's `start_boottime` in ns (the process's identity with its tgid).
+    pub start_boottime_ns: u64,
+    /// The group leader's comm, NUL padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// What user space tells the accounting program (`CPU_CTL[0]`). 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuCtl {
+    /// Non-zero: account `uid`'s processes; 0: the program returns at once (stall watch off).
+    pub enabled: u32,
+    /// The watched account (effective uid, `real_cred->euid`).
+    pub uid: u32,
+    /// Bit 0 picks the map the program adds to (`CPU_RUN_A` when 0, `CPU_RUN_B` when 1); user
+    /// space flips it, then drains the other one.
+    pub generation: u32,
+    pub _pad: u32,
+}
+
+/// Entries of each of the two accounting maps: processes of the account that may run in one
+/// interval. One that cannot get an entry is counted in `CPU_LOST` and user space does not
+/// trust that sample.
+pub const CPU_RUN_ENTRIES: u32 = 16_384;
+
 /// `EXIT_DEAD` from include/linux/sched.h (`task_struct::exit_state`): being released.
 pub const EXIT_DEAD: u32 = 0x10;
 /// `EXIT_ZOMBIE` from include/linux/sched.h: exited, not yet reaped.
@@ -168,4 +202,6 @@ mod pod {
     unsafe impl aya::Pod for super::RawEvent {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::TaskRecord {}
+    unsafe impl aya::Pod for super::CpuRun {}
+    unsafe impl aya::Pod for super::CpuCtl {}
 }

@@ -11,6 +11,7 @@
 //! | `task_rename` | tp_btf `task_rename(task, comm)` | RENAME of a group leader (not the rename exec does itself) |
 //! | `sys_exit_setuid` | tracepoint `syscalls/sys_exit_set{,re,res}uid` | SETUID of a group leader |
 //! | `task_iter` | iterator `iter/task` (Linux ≥ 5.8) | one [`TaskRecord`] per task to the reader of the iterator fd (start-up, resync, audit, CPU samples) |
+//! | `sched_stat_runtime` | tp_btf `sched_stat_runtime(task, runtime)` | no record: adds the runtime to the task's process in `CPU_RUN_A`/`_B` (the stall watch's samples), for the watched account only |
 //!
 //! Structure offsets are not compiled in: user space reads them from the running kernel's BTF
 //! (/sys/kernel/btf/vmlinux) and stores them in `OFFSETS`. A record that cannot be reserved
@@ -25,19 +26,23 @@
 //! BTF pointers.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: core's atomic types offer no fetch_add on the BPF target (it has no
+// compare-and-swap), but the kernel's verifier takes an atomic add whose result is unused.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 use aya_ebpf::{
     bindings::seq_file,
     cty::c_void,
     helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write},
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
 use guard_common::{
-    kind, KernelOffsets, RawEvent, TaskRecord, COMM_LEN, DEFAULT_RING_BYTES, LOST_INDEX, PF_KTHREAD, TASK_MARK_BROKEN,
-    TASK_MARK_END,
+    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, TaskRecord, COMM_LEN, CPU_RUN_ENTRIES, DEFAULT_RING_BYTES,
+    PF_KTHREAD, TASK_MARK_BROKEN, TASK_MARK_END,
 };
 
 #[map]
@@ -48,6 +53,22 @@ static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static OFFSETS: Array<KernelOffsets> = Array::with_max_entries(1, 0);
+
+/// The stall watch's per-process CPU time, two maps so user space drains one while the program
+/// adds to the other (`CpuCtl::generation`). Preallocated (tracing programs may only update
+/// preallocated hash maps).
+#[map]
+static CPU_RUN_A: HashMap<u32, CpuRun> = HashMap::with_max_entries(CPU_RUN_ENTRIES, 0);
+
+#[map]
+static CPU_RUN_B: HashMap<u32, CpuRun> = HashMap::with_max_entries(CPU_RUN_ENTRIES, 0);
+
+#[map]
+static CPU_CTL: Array<CpuCtl> = Array::with_max_entries(1, 0);
+
+/// Accounting updates that found no entry and could not make one (per CPU).
+#[map]
+static CPU_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 type Res = Result<(), i64>;
 
@@ -72,7 +93,12 @@ fn arg(ctx: &BtfTracePointContext, n: usize) -> Result<u64, i64> {
 }
 
 fn count_lost() {
-    if let Some(p) = LOST.get_ptr_mut(LOST_INDEX) {
+    count_in(&LOST)
+}
+
+#[inline(always)]
+fn count_in(counter: &PerCpuArray<u64>) {
+    if let Some(p) = counter.get_ptr_mut(0) {
         // Per-CPU slot, so no other CPU writes it; and every attach point fires in process
         // context with preemption off, so our programs never interrupt each other on one CPU:
         // a plain add is race-free.
@@ -244,6 +270,69 @@ fn try_setuid() -> Res {
         return Ok(());
     }
     emit(o, kind::SETUID, task, 0, None)
+}
+
+/// The stall watch's accounting: the scheduler reports every stretch of CPU a task used
+/// (`update_curr()`: at each switch and scheduler tick, so a lone spinner too, every tick);
+/// for a process of the watched account it is added to that process's entry in this
+/// interval's map. Its cost follows the scheduler's activity, never the number of idle
+/// processes, and it returns at once while the stall watch is off.
+#[btf_tracepoint(function = "sched_stat_runtime")]
+pub fn sched_stat_runtime(ctx: BtfTracePointContext) -> i32 {
+    if let Err(code) = try_runtime(&ctx) {
+        if code != 0 {
+            count_in(&CPU_LOST);
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn try_runtime(ctx: &BtfTracePointContext) -> Res {
+    let ctl = match CPU_CTL.get(0) {
+        Some(c) if c.enabled != 0 => *c,
+        _ => return Ok(()),
+    };
+    let o = offsets()?;
+    let task = arg(ctx, 0)?;
+    let ns = arg(ctx, 1)?;
+    let cred: u64 = read(task, o.task_cred)?;
+    if read::<u32>(cred, o.cred_euid)? != ctl.uid {
+        return Ok(());
+    }
+    let tgid: u32 = read(task, o.task_tgid)?;
+    let map = if ctl.generation & 1 == 0 { &CPU_RUN_A } else { &CPU_RUN_B };
+    if add_runtime(map, tgid, ns) {
+        return Ok(());
+    }
+    let leader: u64 = read(task, o.task_group_leader)?;
+    let run = CpuRun { ns, start_boottime_ns: read(leader, o.task_start_boottime)?, comm: read(leader, o.task_comm)? };
+    // BPF_NOEXIST: another CPU may have created the entry since; then add to it.
+    if map.insert(tgid, run, 1).is_ok() || add_runtime(map, tgid, ns) {
+        Ok(())
+    } else {
+        Err(1)
+    }
+}
+
+/// Adds `ns` to `tgid`'s entry if it has one. The add is atomic (threads of one process run on
+/// several CPUs at once); its result is unused, which keeps it the plain `lock add` every
+/// kernel's verifier takes (a fetching add needs Linux 5.12).
+#[inline(always)]
+fn add_runtime(map: &HashMap<u32, CpuRun>, tgid: u32, ns: u64) -> bool {
+    match map.get_ptr_mut(tgid) {
+        Some(run) => {
+            // SAFETY: `run` points at a live, 8-aligned map value; `ns` is its first field.
+            unsafe {
+                core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                    run as *mut u64,
+                    ns,
+                )
+            };
+            true
+        }
+        None => false,
+    }
 }
 
 /// The task iterator (`iter/task`, kernel/bpf/task_iter.c): the kernel calls it once per task

@@ -1,10 +1,12 @@
 //! `cargo xtask bench`'s probe for the cost of one snapshot of the machine's processes: the BPF
-//! task iterator, the /proc scan, and the stall watch's CPU sample of one account. Not shipped;
-//! xtask builds it with `cargo build --release --example snapshot_cost`.
+//! task iterator, the /proc scan, and the stall watch's CPU sample of one account, both ways
+//! (the scheduler accounting the daemon uses, and the task iterator's pass, its fallback). Not
+//! shipped; xtask builds it with `cargo build --release --example snapshot_cost`.
 //!
 //! Usage: `snapshot_cost <uid> <reps>` (as root). Prints one JSON object per repetition:
 //! `{"iter_cpu_ms":…,"iter_wall_ms":…,"procfs_cpu_ms":…,"procfs_wall_ms":…,"sample_cpu_ms":…,
-//! "sample_wall_ms":…,"processes":…,"sampled":…}`. CPU is this process's (the /proc scan runs
+//! "sample_wall_ms":…,"rt_sample_cpu_ms":…,"rt_sample_wall_ms":…,"processes":…,"sampled":…,
+//! "rt_sampled":…}`. CPU is this process's (the /proc scan runs
 //! on up to 4 threads; the iterator's kernel work is charged to the reading thread).
 use std::time::Instant;
 
@@ -31,7 +33,9 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let uid: u32 = args.next().and_then(|a| a.parse().ok()).expect("usage: snapshot_cost <uid> <reps>");
     let reps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
-    let src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10) }).expect("loading the BPF programs");
+    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10) }).expect("loading the BPF programs");
+    let mut rt = src.take_cpu_runtime().expect("offered once").expect("the CPU accounting program loads");
+    let _ = rt.sample(uid).expect("starting the accounting");
     let it = src.task_iter().unwrap_or_else(|| panic!("no task iterator: {:?}", src.task_iter_problem()));
     // Warm both paths once (page cache of /proc's dentries, the iterator's first allocation).
     let _ = it.snapshot().expect("iterator snapshot");
@@ -40,11 +44,14 @@ fn main() {
         let (ic, iw, snap) = measure(|| it.snapshot().expect("iterator snapshot"));
         let (pc, pw, _) = measure(|| procfs::snapshot().expect("/proc snapshot"));
         let (sc, sw, sample) = measure(|| it.cpu_sample(uid).expect("CPU sample"));
+        let (rc, rw, rt_sample) = measure(|| rt.sample(uid).expect("CPU sample (accounting)"));
         println!(
             "{{\"iter_cpu_ms\":{ic:.3},\"iter_wall_ms\":{iw:.3},\"procfs_cpu_ms\":{pc:.3},\"procfs_wall_ms\":{pw:.3},\
-             \"sample_cpu_ms\":{sc:.3},\"sample_wall_ms\":{sw:.3},\"processes\":{},\"sampled\":{}}}",
+             \"sample_cpu_ms\":{sc:.3},\"sample_wall_ms\":{sw:.3},\"rt_sample_cpu_ms\":{rc:.3},\
+             \"rt_sample_wall_ms\":{rw:.3},\"processes\":{},\"sampled\":{},\"rt_sampled\":{}}}",
             snap.len(),
-            sample.len()
+            sample.len(),
+            rt_sample.len()
         );
     }
 }

@@ -161,6 +161,11 @@ impl Btf {
         id.checked_sub(1).and_then(|i| self.types.get(i as usize))
     }
 
+    /// Whether the kernel has the tracepoint `name` (its `btf_trace_<name>` prototype).
+    pub fn has_tracepoint(&self, name: &str) -> bool {
+        self.find(&format!("btf_trace_{name}"), KIND_TYPEDEF).is_some()
+    }
+
     fn find(&self, name: &str, kind: u32) -> Option<u32> {
         // Prefer a complete definition: a struct may also appear as an empty forward copy.
         let mut found = None;

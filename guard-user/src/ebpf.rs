@@ -30,6 +30,7 @@ use crate::{
     event::{DecodeError, Event},
 };
 
+pub mod cpu_runtime;
 pub mod task_iter;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
@@ -162,7 +163,12 @@ fn ensure_tracefs() -> Result<(), EbpfError> {
 fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
     let kernel_btf = Btf::from_file(Path::new(VMLINUX))?;
     let offsets = kernel_btf.kernel_offsets()?;
-    let stub = kernel_btf.aya_stub(&ATTACHED_TRACEPOINTS, &["task"])?;
+    // The stall watch's accounting is optional: without its tracepoint the samples fall back.
+    let mut tracepoints = ATTACHED_TRACEPOINTS.to_vec();
+    if kernel_btf.has_tracepoint(cpu_runtime::TRACEPOINT) {
+        tracepoints.push(cpu_runtime::TRACEPOINT);
+    }
+    let stub = kernel_btf.aya_stub(&tracepoints, &["task"])?;
     Ok((offsets, stub))
 }
 
@@ -205,6 +211,8 @@ pub struct EbpfSource {
     setuid_problem: Option<EbpfError>,
     /// The task iterator for snapshots, or why there is none (then /proc is read instead).
     task_iter: Result<task_iter::TaskIter, task_iter::TaskIterError>,
+    /// The stall watch's CPU accounting until the daemon takes it, or why there is none.
+    cpu_runtime: Option<Result<cpu_runtime::RuntimeCpu, cpu_runtime::RuntimeError>>,
     /// Owns the programs and their links.
     _ebpf: Ebpf,
 }
@@ -278,6 +286,8 @@ impl EbpfSource {
         crate::startup_phase("setuid tracepoints");
         let task_iter = task_iter::TaskIter::load(&mut ebpf, &aya_btf);
         crate::startup_phase("task iterator");
+        let cpu_runtime = Some(cpu_runtime::RuntimeCpu::load(&mut ebpf, &aya_btf));
+        crate::startup_phase("CPU accounting");
 
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(EbpfError::Map { name: "EVENTS" })?)
             .map_err(|_| EbpfError::Map { name: "EVENTS" })?;
@@ -290,7 +300,7 @@ impl EbpfSource {
         offsets.ready = 1;
         offs.set(0, offsets, 0)
             .map_err(|e| EbpfError::Load { detail: format!("writing OFFSETS: {}", describe(&e)) })?;
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, task_iter, _ebpf: ebpf })
+        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, task_iter, cpu_runtime, _ebpf: ebpf })
     }
 
     /// Whether uid changes without exec are reported (the syscall tracepoints attached).
@@ -308,6 +318,11 @@ impl EbpfSource {
     /// task); `None` when it could not load (see [`Self::task_iter_problem`]).
     pub fn task_iter(&self) -> Option<&task_iter::TaskIter> {
         self.task_iter.as_ref().ok()
+    }
+
+    /// The stall watch's CPU accounting (once; later calls get `None`), or why it did not load.
+    pub fn take_cpu_runtime(&mut self) -> Option<Result<cpu_runtime::RuntimeCpu, cpu_runtime::RuntimeError>> {
+        self.cpu_runtime.take()
     }
 
     /// Why there is no task iterator, for `WARN task_iter_fallback reason=<token>`.

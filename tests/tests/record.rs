@@ -79,6 +79,9 @@ fn replay(trace: Trace, config: &str, secs: u64) -> (Vec<String>, Vec<(bool, Vec
 #[test]
 fn a_recorded_pile_replays_to_the_verdicts_its_processes_call_for() {
     let Some(_g) = setup("record and replay") else { return };
+    if !ebpf_available("record and replay") {
+        return;
+    }
     let home = Home::new();
     let exe = home.probe_named("agentihooks");
     let other = home.probe_named("helper");
@@ -121,6 +124,9 @@ fn a_recorded_pile_replays_to_the_verdicts_its_processes_call_for() {
 #[test]
 fn a_recorded_fork_storm_replays_without_ghosts() {
     let Some(_g) = setup("record a storm") else { return };
+    if !ebpf_available("record a storm") {
+        return;
+    }
     let home = Home::new();
     let exe = home.probe_named("steady");
     let mut steady: Vec<Probe> = Vec::new();

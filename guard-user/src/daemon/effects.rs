@@ -95,6 +95,8 @@ pub fn sandboxed_matcher() -> Matcher {
 /// The stall watch's sample (docs/configuration.md): the account's live processes with their group CPU time.
 pub trait CpuSampler: Send {
     fn sample(&mut self, euid: u32) -> std::io::Result<Vec<(ProcState, u64)>>;
+    /// The stall watch is off: stop whatever costs anything between samples.
+    fn pause(&mut self) {}
 }
 
 /// One /proc pass per sample (the fallback; see [`procfs::cpu_sample`]).
@@ -113,6 +115,20 @@ pub struct IterCpu(pub crate::ebpf::task_iter::TaskIter);
 impl CpuSampler for IterCpu {
     fn sample(&mut self, euid: u32) -> std::io::Result<Vec<(ProcState, u64)>> {
         Ok(self.0.cpu_sample(euid)?.into_iter().map(|s| (s.state, s.cpu_ns)).collect())
+    }
+}
+
+/// The scheduler's accounting through BPF (see `ebpf::cpu_runtime`): only the processes that
+/// ran since the previous sample, so idle ones cost nothing.
+pub struct RuntimeCpu(pub crate::ebpf::cpu_runtime::RuntimeCpu);
+
+impl CpuSampler for RuntimeCpu {
+    fn sample(&mut self, euid: u32) -> std::io::Result<Vec<(ProcState, u64)>> {
+        self.0.sample(euid)
+    }
+
+    fn pause(&mut self) {
+        self.0.pause()
     }
 }
 

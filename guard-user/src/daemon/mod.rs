@@ -142,7 +142,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
             EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes }).map_err(|e| (e.reason(), e.to_string())),
         ),
     };
-    let source = match loaded {
+    let mut source = match loaded {
         None => None,
         Some(Ok(s)) => Some(s),
         Some(Err((reason, detail))) if opts.backend == Backend::Auto => {
@@ -178,8 +178,19 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Arc::new(move |w: String| warn_log.raw(&format!("WARN {w}"))),
     );
     let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());
-    if let Some(it) = source.as_ref().and_then(|s| s.task_iter()).filter(|_| !crate::ebpf::task_iter::forced_procfs()) {
-        fx.cpu = Box::new(effects::IterCpu(it.clone()));
+    // CPU samples: the scheduler's accounting (cost follows the busy processes), else one pass
+    // of the task iterator, else /proc (the fallbacks visit every process).
+    let forced_procfs = crate::ebpf::task_iter::forced_procfs();
+    match source.as_mut().and_then(|s| s.take_cpu_runtime()) {
+        Some(Ok(rt)) if !forced_procfs => fx.cpu = Box::new(effects::RuntimeCpu(rt)),
+        other => {
+            if let Some(Err(e)) = other {
+                tracing::warn!("the stall watch samples with a pass over every process instead: {e}");
+            }
+            if let Some(it) = source.as_ref().and_then(|s| s.task_iter()).filter(|_| !forced_procfs) {
+                fx.cpu = Box::new(effects::IterCpu(it.clone()));
+            }
+        }
     }
     let (tx, mut control) = mpsc::channel(8);
     if let Err(e) = forward_signals(tx) {

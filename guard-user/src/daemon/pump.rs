@@ -152,6 +152,8 @@ impl<S: EventSource> Pump<S> {
                         // The procfs backend: a fresh scan per snapshot, answered when it lands
                         // (the loop keeps serving pings meanwhile).
                         req @ Request::Snapshot { .. } if rescans => {
+                            self.snapshots += 1;
+                            super::fault::hang_if("hang_pump", self.snapshots);
                             waiting.push(req);
                             if self.scan.is_none() {
                                 self.start_scan();

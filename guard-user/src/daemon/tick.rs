@@ -272,6 +272,7 @@ impl Ticker {
     fn watch_stalls(&mut self, config: &Config, now: f64) {
         let Some(cfg) = config.stall_watch.as_ref() else {
             self.stall = StallState::default();
+            self.fx.cpu.pause();
             return;
         };
         match self.fx.cpu.sample(self.opts.account.uid) {

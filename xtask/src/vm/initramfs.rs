@@ -6,8 +6,8 @@
 //! - [`HOST_TOOLS`] (bash, sleep, true and a few coreutils) and the optional tools, with the
 //!   shared libraries `ldd` names for them (some tests use bash as an oracle), `/bin/sh` → bash;
 //!   `/bin`, `/sbin`, `/lib`, `/lib64` → `usr/…`;
-//! - `/etc/passwd` and `/etc/group` with root and the test accounts guardtest1 (4201) and
-//!   guardtest2 (4202), whose homes exist and belong to them;
+//! - `/etc/passwd` and `/etc/group` with root, nobody (65534) and the test accounts guardtest1
+//!   (4201) and guardtest2 (4202), whose homes exist and belong to them;
 //! - the workspace's `config/` at its host path, and its package directories (empty), so test
 //!   paths built from `env!("CARGO_MANIFEST_DIR")` resolve;
 //! - `/dev/console`, so the kernel can give vm-init its stdout before devtmpfs is mounted;
@@ -34,7 +34,7 @@ const HOST_TOOLS: &[&str] = &["bash", "sleep", "true", "cat", "env", "id", "grep
 const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli"];
 /// Workspace directories tests read through `env!("CARGO_MANIFEST_DIR")`; copied to the same
 /// absolute path in the guest.
-const FIXTURE_DIRS: &[&str] = &["config"];
+const FIXTURE_DIRS: &[&str] = &["config", "guard-user/tests/fixtures"];
 /// Test accounts (name, uid); their gid equals the uid. Must match tests/src/lib.rs.
 pub const TEST_ACCOUNTS: &[(&str, u32)] = &[("guardtest1", 4201), ("guardtest2", 4202)];
 
@@ -138,6 +138,9 @@ pub fn write(path: &Path, payload: &Payload) -> anyhow::Result<u64> {
     }
     for (name, binary) in &payload.bins {
         image.host_file(&format!("usr/bin/{name}"), 0o755, binary);
+        // Tests built by cargo find their package's binaries at `env!("CARGO_BIN_EXE_<name>")`,
+        // the static build's host path (the pattern worker is `guard-user __pattern-worker`).
+        image.add(binary.to_string_lossy().trim_start_matches('/'), Node::Symlink(format!("/usr/bin/{name}")));
     }
     add_host_tools(&mut image)?;
     image.add("usr/bin/sh", Node::Symlink("bash".into()));
@@ -166,6 +169,9 @@ fn add_accounts(image: &mut Image) {
         group.push_str(&format!("{name}:x:{uid}:\n"));
         image.mkdir(&format!("home/{name}"), Owner { mode: 0o755, uid, gid: uid });
     }
+    // Debian's unprivileged account (the pattern worker's uid; some tests guard it).
+    passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+    group.push_str("nogroup:x:65534:\n");
     image.text("etc/passwd", 0o644, passwd);
     image.text("etc/group", 0o644, group);
     image.text("etc/nsswitch.conf", 0o644, "passwd: files\ngroup: files\nshadow: files\nhosts: files\n".into());

@@ -1,0 +1,108 @@
+//! The stall watch's CPU accounting (`sched_stat_runtime` in BPF) on the running kernel: a
+//! sample holds the account's processes that ran and none of its idle ones, another account's
+//! spinner never, and the CPU it reports agrees with the task iterator's group CPU time.
+//!
+//! Needs root and /sys/kernel/btf/vmlinux; without them the test prints why and passes.
+use std::{
+    os::unix::process::CommandExt as _,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use guard::ebpf::{EbpfOptions, EbpfSource};
+
+/// The account whose processes are sampled, and another one (uids no other test uses).
+const UID: u32 = 4244;
+const OTHER_UID: u32 = 4245;
+const IDLE: usize = 300;
+
+struct Kids(Vec<Child>);
+
+impl Drop for Kids {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(uid: u32, script: &str) -> Child {
+    Command::new("sh")
+        .args(["-c", script])
+        .uid(uid)
+        .gid(uid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (run `cargo xtask test` as root)".into());
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Some("no /sys/kernel/btf/vmlinux (a kernel without BTF)".into());
+    }
+    None
+}
+
+#[test]
+fn a_sample_holds_the_busy_processes_of_the_account_and_none_of_its_idle_ones() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped cpu_runtime: {why}");
+        return;
+    }
+    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10) }).expect("loading the BPF programs");
+    let mut rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
+    assert!(src.take_cpu_runtime().is_none(), "taken twice");
+    let it = src.task_iter().expect("the task iterator loads").clone();
+
+    let mut kids = Kids((0..IDLE).map(|_| spawn(UID, "exec sleep 120")).collect());
+    std::thread::sleep(Duration::from_millis(1500)); // all asleep
+    let idle: Vec<u32> = kids.0.iter().map(Child::id).collect();
+    assert!(rt.sample(UID).unwrap().is_empty(), "the first sample starts the accounting");
+
+    let spinner = spawn(UID, "while :; do :; done");
+    let other = spawn(OTHER_UID, "while :; do :; done");
+    let (spin, other_pid) = (spinner.id(), other.id());
+    kids.0.extend([spinner, other]);
+    std::thread::sleep(Duration::from_millis(1000));
+
+    let group_cpu =
+        |pid: u32| it.cpu_sample(UID).unwrap().into_iter().find(|s| s.state.id.pid == pid).map(|s| s.cpu_ns).unwrap();
+    let s1 = rt.sample(UID).unwrap();
+    let c1 = group_cpu(spin);
+    std::thread::sleep(Duration::from_millis(1500));
+    let s2 = rt.sample(UID).unwrap();
+    let c2 = group_cpu(spin);
+
+    for s in [&s1, &s2] {
+        let pids: Vec<u32> = s.iter().map(|(p, _)| p.id.pid).collect();
+        assert!(pids.contains(&spin), "the spinner is missing: {pids:?}");
+        assert!(!pids.contains(&other_pid), "another account's spinner is in: {pids:?}");
+        assert!(!pids.iter().any(|p| idle.contains(p)), "an idle process is in: {pids:?}");
+        assert!(s.iter().all(|(p, _)| p.euid == UID));
+        assert!(s.len() < 10, "{} processes ran", s.len());
+    }
+    let total = |s: &[(guard::event::ProcState, u64)]| s.iter().find(|(p, _)| p.id.pid == spin).unwrap().1;
+    let (t1, t2) = (total(&s1), total(&s2));
+    let (ours, iters) = ((t2 - t1) as f64 / 1e9, (c2 - c1) as f64 / 1e9);
+    eprintln!("spinner over the last interval: {ours:.3} s by the accounting, {iters:.3} s by the task iterator");
+    assert!(ours >= 0.5, "a spinner on a 2-core machine used {ours:.3} s of 1.5 s");
+    assert!((ours - iters).abs() <= 0.1 * iters + 0.02, "accounting {ours:.3} s vs task iterator {iters:.3} s");
+    let name = s2.iter().find(|(p, _)| p.id.pid == spin).unwrap().0.comm;
+    assert_eq!(name.to_string(), "sh");
+
+    // Paused, the program stops adding; the next sample starts afresh.
+    rt.pause();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(rt.sample(UID).unwrap().is_empty());
+    std::thread::sleep(Duration::from_millis(500));
+    let s3 = rt.sample(UID).unwrap();
+    assert!(s3.iter().any(|(p, _)| p.id.pid == spin), "{s3:?}");
+    assert!(total(&s3) < t2, "the totals restarted after the pause");
+}
