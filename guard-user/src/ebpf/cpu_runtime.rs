@@ -17,8 +17,9 @@
 //! and the stall watch skips that tick rather than see a busy process as calm.
 //!
 //! Between the flip and the drain a program already running on another CPU may still add to
-//! the old map: what it adds after the drain read that entry stays there and is picked up two
-//! samples later (counted late, never twice).
+//! the old map: an add that lands between the drain's read and delete of an entry is lost, one
+//! that lands after the delete makes a new entry there, picked up two samples later. Either way
+//! it is microseconds of CPU, and nothing is counted twice.
 use std::{collections::HashMap as StdHashMap, io};
 
 use aya::{

@@ -92,7 +92,8 @@ impl Bench<'_> {
     fn start_up(&mut self, mode: &str) -> anyhow::Result<(f64, f64, u64)> {
         self.runs += 1;
         let home = self.home(&format!("snapshot-{mode}-{}", self.runs), NEVER)?;
-        let env = [("GUARD_SNAPSHOT", mode)];
+        // The start-up phases land in the home's .stderr file next to it (the profile behind the figure).
+        let env = [("GUARD_SNAPSHOT", mode), ("GUARD_TRACE_STARTUP", "1")];
         let mut d = procs::Daemon::start_env(&self.binary, &self.opts.user, &home, "ebpf", true, "1s", &[], &env)?;
         let first = wait_for_file(&d.status_path(), Duration::from_secs(30))?;
         let boot = first.duration_since(d.spawned_at).as_secs_f64() * 1e3;
