@@ -16,7 +16,7 @@ use crate::{
     pattern::{Limits, MatchOutcome, Matcher, PatternSetError},
     policy::line::Line,
     procfs,
-    safefs::{atomic_write, FsIdentity},
+    safefs::{atomic_replace, FsIdentity},
     state::{self, State, StateError},
     status::Status,
 };
@@ -196,7 +196,7 @@ impl StatusSink for StatusFile {
     fn write(&mut self, path: &Path, status: &Status) {
         let mut bytes = serde_json::to_vec_pretty(status).expect("a status serializes");
         bytes.push(b'\n');
-        if let Err(e) = atomic_write(path, &bytes, self.who) {
+        if let Err(e) = atomic_replace(path, &bytes, self.who) {
             tracing::warn!("cannot write the status file: {e}");
         }
     }
@@ -213,7 +213,7 @@ impl Signaller for Enforcer {
 }
 
 /// The metrics file: a path root was given on its command line, replaced atomically (temp file,
-/// fsync, rename) as node_exporter's textfile collector expects, mode 0644.
+/// rename) as node_exporter's textfile collector expects, mode 0644.
 pub struct MetricsFile {
     pub path: std::path::PathBuf,
 }
@@ -221,7 +221,7 @@ pub struct MetricsFile {
 impl MetricsSink for MetricsFile {
     fn write(&mut self, text: &str) {
         let root = FsIdentity { uid: 0, gid: 0 };
-        if let Err(e) = atomic_write(&self.path, text.as_bytes(), root) {
+        if let Err(e) = atomic_replace(&self.path, text.as_bytes(), root) {
             tracing::warn!("cannot write the metrics file: {e}");
         }
     }

@@ -50,6 +50,14 @@ pub fn atomic_write(path: &Path, bytes: &[u8], who: FsIdentity) -> Result<(), Sa
     atomic_write_mode(path, bytes, 0o644, who)
 }
 
+/// [`atomic_write`] without the fsyncs, for files the daemon rewrites from memory every tick
+/// (status, metrics): readers still see the old file or the new one, whole; after a power loss
+/// the next tick writes it again. Two fsyncs per tick would only cost I/O (and ~10 ms before the
+/// first status, measured at start-up).
+pub fn atomic_replace(path: &Path, bytes: &[u8], who: FsIdentity) -> Result<(), SafeFsError> {
+    write_then_rename(path, bytes, 0o644, who, false)
+}
+
 /// Appends one record with a single `write` (O_APPEND), rotating `path` to `path.1` first
 /// when it has reached `max_bytes`.
 pub fn append_rotating(path: &Path, record: &[u8], max_bytes: u64, who: FsIdentity) -> Result<(), SafeFsError> {
@@ -162,6 +170,10 @@ impl FsIdentity {
 /// (so the umask cannot narrow it and the target never exists with another mode), fsync, rename
 /// over `path` (a planted link there is replaced, never followed), fsync the directory.
 pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32, who: FsIdentity) -> Result<(), SafeFsError> {
+    write_then_rename(path, bytes, mode, who, true)
+}
+
+fn write_then_rename(path: &Path, bytes: &[u8], mode: u32, who: FsIdentity, sync: bool) -> Result<(), SafeFsError> {
     use std::os::unix::fs::PermissionsExt;
     let scope = who.scope();
     if !scope.is_as_account() {
@@ -184,10 +196,14 @@ pub fn atomic_write_mode(path: &Path, bytes: &[u8], mode: u32, who: FsIdentity) 
             .map_err(io_err(&tmp))?;
         f.write_all(bytes).map_err(io_err(&tmp))?;
         f.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
+        if sync {
+            f.sync_all().map_err(io_err(&tmp))?;
+        }
         fs::rename(&tmp, path).map_err(io_err(path))?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
+        if sync {
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
         }
         Ok(())
     })();
