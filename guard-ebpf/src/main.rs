@@ -295,11 +295,11 @@ fn try_runtime(ctx: &BtfTracePointContext) -> Res {
     };
     let o = offsets()?;
     let task = arg(ctx, 0)?;
-    let ns = arg(ctx, 1)?;
     let cred: u64 = read(task, o.task_cred)?;
     if read::<u32>(cred, o.cred_euid)? != ctl.uid {
         return Ok(());
     }
+    let ns = arg(ctx, 1)?;
     let tgid: u32 = read(task, o.task_tgid)?;
     let map = if ctl.generation & 1 == 0 { &CPU_RUN_A } else { &CPU_RUN_B };
     if add_runtime(map, tgid, ns) {
