@@ -56,7 +56,7 @@ pub enum TaskIterError {
 
 impl TaskIterError {
     /// The token for `WARN task_iter_fallback reason=<token>` (one word, documented in
-    /// DEVELOPERS.md): the daemon then reads /proc for its snapshots.
+    /// docs/dev/kernel.md): the daemon then reads /proc for its snapshots.
     pub fn reason(&self) -> &'static str {
         match self {
             TaskIterError::NoProgram => "no_program",
