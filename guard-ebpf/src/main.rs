@@ -305,6 +305,10 @@ fn try_runtime(ctx: &BtfTracePointContext) -> Res {
     if add_runtime(map, tgid, ns) {
         return Ok(());
     }
+    // A new entry: the task iterator's rule, kernel threads never count (they run as uid 0).
+    if read::<u32>(task, o.task_flags)? & PF_KTHREAD != 0 {
+        return Ok(());
+    }
     let leader: u64 = read(task, o.task_group_leader)?;
     let run = CpuRun { ns, start_boottime_ns: read(leader, o.task_start_boottime)?, comm: read(leader, o.task_comm)? };
     // BPF_NOEXIST: another CPU may have created the entry since; then add to it.

@@ -152,3 +152,25 @@ fn more_processes_than_the_map_holds_make_one_sample_an_error_then_it_recovers()
     assert!(next.iter().any(|(p, _)| p.id.pid == spinner.0[0].id()), "{next:?}");
     assert!(next.len() < 10, "{} processes in a quiet interval", next.len());
 }
+
+/// Watching root: kernel threads (uid 0, children of kthreadd) never appear, as in the task
+/// iterator's view.
+#[test]
+fn kernel_threads_are_never_sampled_even_for_root() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped cpu_runtime kthreads: {why}");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10) }).expect("loading the BPF programs");
+    let mut rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
+    assert!(rt.sample(0).unwrap().is_empty());
+    std::thread::sleep(Duration::from_millis(1000));
+    let s = rt.sample(0).unwrap();
+    assert!(s.iter().any(|(p, _)| p.id.pid == std::process::id()), "this test itself ran: {s:?}");
+    for (p, _) in &s {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", p.id.pid)) else { continue };
+        let ppid: u32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(p.id.pid != 2 && ppid != 2, "a kernel thread was sampled: {p:?}");
+    }
+}
