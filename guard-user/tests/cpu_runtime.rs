@@ -135,7 +135,11 @@ fn more_processes_than_the_map_holds_make_one_sample_an_error_then_it_recovers()
     let mut rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
     assert!(rt.sample(STORM_UID).unwrap().is_empty());
     let mut storm = Command::new("bash")
-        .args(["-c", &format!("for ((i = 0; i < {n}; i++)); do ( : ) & done; wait")])
+        // Two loops, so a guest's two vCPUs share the forking (TCG forks slowly).
+        .args([
+            "-c",
+            &format!("f() {{ for ((i = 0; i < {h}; i++)); do ( : ) & done; wait; }}; f & f; wait", h = n / 2 + 1),
+        ])
         .uid(STORM_UID)
         .gid(STORM_UID)
         .stdin(Stdio::null())
