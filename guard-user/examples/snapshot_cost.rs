@@ -33,7 +33,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let uid: u32 = args.next().and_then(|a| a.parse().ok()).expect("usage: snapshot_cost <uid> <reps>");
     let reps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
-    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10) }).expect("loading the BPF programs");
+    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() })
+        .expect("loading the BPF programs");
     let mut rt = src.take_cpu_runtime().expect("offered once").expect("the CPU accounting program loads");
     let _ = rt.sample(uid).expect("starting the accounting");
     let it = src.task_iter().unwrap_or_else(|| panic!("no task iterator: {:?}", src.task_iter_problem()));

@@ -49,9 +49,13 @@ const ATTACHED_TRACEPOINTS: [&str; 4] =
 /// variants exist only for 32-bit ABIs, which raise no syscall tracepoints on x86_64.
 const SETUID_SYSCALLS: [&str; 3] = ["sys_exit_setuid", "sys_exit_setreuid", "sys_exit_setresuid"];
 
+#[derive(Clone, Copy, Debug, Default)]
 pub struct EbpfOptions {
     /// Ring buffer bytes (a power of two ≥ the page size); None = `DEFAULT_RING_BYTES` (256 KiB).
     pub ring_bytes: Option<u32>,
+    /// Entries of each CPU accounting map; None = `CPU_RUN_ENTRIES`. Tests shrink it to reach
+    /// the overflow with a few hundred processes.
+    pub cpu_run_entries: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -250,14 +254,20 @@ impl EbpfSource {
         crate::startup_phase("btf parsed (offsets, stub; aya's loader in parallel)");
         let _ = aya::features();
         crate::startup_phase("aya features probed");
-        let mut ebpf = loader.map_max_entries("EVENTS", ring_bytes).load(OBJECT).map_err(|e| {
-            let detail = describe(&e);
-            if is_permission(&e) {
-                EbpfError::Permission { what: "creating BPF maps".into(), detail }
-            } else {
-                EbpfError::Load { detail }
-            }
-        })?;
+        let cpu_run_entries = opts.cpu_run_entries.unwrap_or(guard_common::CPU_RUN_ENTRIES).max(1);
+        let mut ebpf = loader
+            .map_max_entries("EVENTS", ring_bytes)
+            .map_max_entries("CPU_RUN_A", cpu_run_entries)
+            .map_max_entries("CPU_RUN_B", cpu_run_entries)
+            .load(OBJECT)
+            .map_err(|e| {
+                let detail = describe(&e);
+                if is_permission(&e) {
+                    EbpfError::Permission { what: "creating BPF maps".into(), detail }
+                } else {
+                    EbpfError::Load { detail }
+                }
+            })?;
         crate::startup_phase("object loaded (maps created)");
 
         // sched_process_exit gained `group_dead` in 6.16; each variant reads its own signature.
@@ -286,7 +296,7 @@ impl EbpfSource {
         crate::startup_phase("setuid tracepoints");
         let task_iter = task_iter::TaskIter::load(&mut ebpf, &aya_btf);
         crate::startup_phase("task iterator");
-        let cpu_runtime = Some(cpu_runtime::RuntimeCpu::load(&mut ebpf, &aya_btf));
+        let cpu_runtime = Some(cpu_runtime::RuntimeCpu::load(&mut ebpf, &aya_btf, cpu_run_entries));
         crate::startup_phase("CPU accounting");
 
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").ok_or(EbpfError::Map { name: "EVENTS" })?)

@@ -149,7 +149,7 @@ fn helper_unprivileged_load() {
         assert_eq!(libc::setresgid(65534, 65534, 65534), 0);
         assert_eq!(libc::setresuid(65534, 65534, 65534), 0);
     }
-    match EbpfSource::load(&EbpfOptions { ring_bytes: None }) {
+    match EbpfSource::load(&EbpfOptions { ring_bytes: None, ..Default::default() }) {
         Ok(_) => say("loaded"),
         Err(e) => say(e.reason()),
     }
@@ -236,7 +236,7 @@ fn load(ring_bytes: Option<u32>) -> Option<EbpfSource> {
         eprintln!("skipped: no {} (kernel without CONFIG_DEBUG_INFO_BTF)", guard::btf::VMLINUX);
         return None;
     }
-    match EbpfSource::load(&EbpfOptions { ring_bytes }) {
+    match EbpfSource::load(&EbpfOptions { ring_bytes, ..Default::default() }) {
         Ok(s) => Some(s),
         Err(e @ guard::ebpf::EbpfError::NoObject) => {
             eprintln!("skipped: {e}");
@@ -467,7 +467,8 @@ async fn a_full_ring_counts_lost_records() {
 #[test]
 fn ring_sizes_that_are_not_a_power_of_two_of_at_least_a_page_are_refused() {
     for bytes in [0, 1000, 2048, 3 << 12] {
-        let e = EbpfSource::load(&EbpfOptions { ring_bytes: Some(bytes) }).err().expect("refused");
+        let e =
+            EbpfSource::load(&EbpfOptions { ring_bytes: Some(bytes), ..Default::default() }).err().expect("refused");
         assert_eq!(e.reason(), "bad_ring_size", "{bytes}: {e}");
     }
 }

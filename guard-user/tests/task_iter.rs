@@ -182,7 +182,7 @@ fn load() -> Option<EbpfSource> {
         eprintln!("skipped: no {} (kernel without CONFIG_DEBUG_INFO_BTF)", guard::btf::VMLINUX);
         return None;
     }
-    match EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10) }) {
+    match EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() }) {
         Ok(s) => {
             if let Some(e) = s.task_iter_problem() {
                 panic!("the task iterator did not load on a kernel with BTF: {e} (reason={})", e.reason());

@@ -21,7 +21,8 @@ use crate::{
 pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let (account, _, _) = super::run::resolve_account(&args.account)?;
     let seconds = crate::duration::parse_duration(&args.seconds).context("--seconds")?;
-    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: None }).context("loading the BPF programs")?;
+    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: None, ..Default::default() })
+        .context("loading the BPF programs")?;
     let uid = account.uid;
     let began = Instant::now();
     let t = || began.elapsed().as_secs_f64();

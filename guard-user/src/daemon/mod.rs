@@ -139,7 +139,8 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
             "loading BPF programs needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run guard-user as root".to_string(),
         ))),
         Backend::Ebpf | Backend::Auto => Some(
-            EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes }).map_err(|e| (e.reason(), e.to_string())),
+            EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes, ..Default::default() })
+                .map_err(|e| (e.reason(), e.to_string())),
         ),
     };
     let mut source = match loaded {

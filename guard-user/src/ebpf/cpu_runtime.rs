@@ -13,7 +13,7 @@
 //! stall watch compares between samples; a process that did not run in an interval is left out
 //! of that sample, which the stall watch reads as calm (and its track ends, as for one that
 //! exited). A sample during which the program could not make an entry (more than
-//! [`CPU_RUN_ENTRIES`] processes ran, or a failed kernel read) is not trusted: it is an error,
+//! `CPU_RUN_ENTRIES` processes ran, or a failed kernel read) is not trusted: it is an error,
 //! and the stall watch skips that tick rather than see a busy process as calm.
 //!
 //! Between the flip and the drain a program already running on another CPU may still add to
@@ -27,7 +27,7 @@ use aya::{
     programs::BtfTracePoint,
     Btf as AyaBtf, Ebpf,
 };
-use guard_common::{CpuCtl, CpuRun, CPU_RUN_ENTRIES};
+use guard_common::{CpuCtl, CpuRun};
 
 use crate::{
     comm::Comm,
@@ -58,12 +58,14 @@ pub struct RuntimeCpu {
     last_lost: u64,
     /// Running CPU total per process that ran in the previous interval (tgid → (start ns, ns)).
     totals: StdHashMap<u32, (u64, u64)>,
+    /// Entries of each map (for the overflow's message).
+    entries: u32,
 }
 
 impl RuntimeCpu {
     /// Loads and attaches the accounting program (disabled: `CPU_CTL` is zero) and takes its
     /// maps out of `ebpf`, which keeps the program attached.
-    pub fn load(ebpf: &mut Ebpf, btf: &AyaBtf) -> Result<RuntimeCpu, RuntimeError> {
+    pub fn load(ebpf: &mut Ebpf, btf: &AyaBtf, entries: u32) -> Result<RuntimeCpu, RuntimeError> {
         let prog: &mut BtfTracePoint = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| RuntimeError::Program("not in the object".into()))?
@@ -83,6 +85,7 @@ impl RuntimeCpu {
             current: CpuCtl::default(),
             last_lost: 0,
             totals: StdHashMap::new(),
+            entries,
         })
     }
 
@@ -154,8 +157,9 @@ impl RuntimeCpu {
                 self.totals.insert(k, v);
             }
             return Err(io::Error::other(format!(
-                "{missed} CPU accounting update(s) had no map entry this interval (more than {CPU_RUN_ENTRIES} \
-                 processes ran, or a kernel read failed): this sample is skipped"
+                "{missed} CPU accounting update(s) had no map entry this interval (more than {} processes \
+                 ran, or a kernel read failed): this sample is skipped",
+                self.entries
             )));
         }
         self.totals = totals;
