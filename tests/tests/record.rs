@@ -130,10 +130,16 @@ fn a_recorded_fork_storm_replays_without_ghosts() {
     let home = Home::new();
     let exe = home.probe_named("steady");
     let mut steady: Vec<Probe> = Vec::new();
-    let trace = record(3, "recorded-storm.trace", || {
+    // 10 s: the storm must end inside the recording, or its last live processes are in the trace
+    // (a TCG guest once needed over 3 s for it).
+    let mut storm_took = Duration::ZERO;
+    let trace = record(10, "recorded-storm.trace", || {
         steady.extend((0..3).map(|_| Probe::spawn(&exe, &[], TEST_UID)));
+        let t = std::time::Instant::now();
         fork_storm(2, 250, TEST_UID);
+        storm_took = t.elapsed();
     });
+    assert!(storm_took < Duration::from_secs(9), "the storm took {storm_took:?}, longer than the recording");
     let events = trace.records.iter().filter(|(_, r)| matches!(r, guard::trace::Record::Event { .. })).count();
     assert!(events >= 1000, "{events} events");
     let (log, signals) = replay(trace, r#"{"threshold": 3, "timeout": "1h", "excludes": []}"#, 90);
