@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use guard::ebpf::{EbpfOptions, EbpfSource};
+use guard::ebpf::{cpu_runtime::RuntimeCpu, EbpfOptions, EbpfSource};
 
 /// The account whose processes are sampled, and another one (uids no other test uses).
 const UID: u32 = 4244;
@@ -44,27 +44,36 @@ fn spawn(uid: u32, script: &str) -> Child {
         .unwrap()
 }
 
-fn skip_reason() -> Option<String> {
+/// The BPF programs (accounting maps of `entries`, default when `None`) and the accounting taken
+/// out of them; `None`, with the reason printed, where they cannot load: not root, a kernel
+/// without BTF, a build without the BPF object (plain `cargo test`; `cargo xtask test` has it).
+fn load(test: &str, entries: Option<u32>) -> Option<(EbpfSource, RuntimeCpu)> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (run `cargo xtask test` as root)".into());
+        eprintln!("skipped {test}: needs root (run `cargo xtask test` as root)");
+        return None;
     }
-    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        return Some("no /sys/kernel/btf/vmlinux (a kernel without BTF)".into());
+    if !std::path::Path::new(guard::btf::VMLINUX).exists() {
+        eprintln!("skipped {test}: no {} (a kernel without BTF)", guard::btf::VMLINUX);
+        return None;
     }
-    None
+    let opts = EbpfOptions { ring_bytes: Some(64 << 10), cpu_run_entries: entries };
+    let mut src = match EbpfSource::load(&opts) {
+        Ok(src) => src,
+        Err(e @ guard::ebpf::EbpfError::NoObject) => {
+            eprintln!("skipped {test}: {e}");
+            return None;
+        }
+        Err(e) => panic!("loading the BPF programs: {e}"),
+    };
+    let rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
+    Some((src, rt))
 }
 
 #[test]
 fn a_sample_holds_the_busy_processes_of_the_account_and_none_of_its_idle_ones() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped cpu_runtime: {why}");
-        return;
-    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() })
-        .expect("loading the BPF programs");
-    let mut rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
+    let Some((mut src, mut rt)) = load("cpu_runtime", None) else { return };
     assert!(src.take_cpu_runtime().is_none(), "taken twice");
     let it = src.task_iter().expect("the task iterator loads").clone();
 
@@ -119,10 +128,6 @@ fn a_sample_holds_the_busy_processes_of_the_account_and_none_of_its_idle_ones() 
 /// the next interval is sampled as usual.
 #[test]
 fn more_processes_than_the_map_holds_make_one_sample_an_error_then_it_recovers() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped cpu_runtime overflow: {why}");
-        return;
-    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pid_max: u64 =
         std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
@@ -135,9 +140,7 @@ fn more_processes_than_the_map_holds_make_one_sample_an_error_then_it_recovers()
         eprintln!("skipped cpu_runtime overflow: pid_max {pid_max} would reuse pids among the {n} processes");
         return;
     }
-    let opts = EbpfOptions { ring_bytes: Some(64 << 10), cpu_run_entries: Some(entries) };
-    let mut src = EbpfSource::load(&opts).expect("loading the BPF programs");
-    let mut rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
+    let Some((_src, mut rt)) = load("cpu_runtime overflow", Some(entries)) else { return };
     assert!(rt.sample(STORM_UID).unwrap().is_empty());
     let mut storm = Command::new("bash")
         .args(["-c", &format!("for ((i = 0; i < {n}; i++)); do ( : ) & done; wait")])
@@ -163,14 +166,8 @@ fn more_processes_than_the_map_holds_make_one_sample_an_error_then_it_recovers()
 /// iterator's view.
 #[test]
 fn kernel_threads_are_never_sampled_even_for_root() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped cpu_runtime kthreads: {why}");
-        return;
-    }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() })
-        .expect("loading the BPF programs");
-    let mut rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
+    let Some((_src, mut rt)) = load("cpu_runtime kthreads", None) else { return };
     assert!(rt.sample(0).unwrap().is_empty());
     std::thread::sleep(Duration::from_millis(1000));
     let s = rt.sample(0).unwrap();
