@@ -141,6 +141,25 @@ impl Home {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+
+    /// Polls the status file until `pred` holds or `timeout` passes; returns the last status read.
+    /// The daemon writes the status at the end of a tick, after that tick's log lines, so a test
+    /// that saw a line in the log waits here for the tick that wrote it to finish.
+    pub fn wait_status(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&guard::status::Status) -> bool,
+    ) -> Option<guard::status::Status> {
+        let path = self.path().join("guard-status.json");
+        let end = Instant::now() + timeout;
+        loop {
+            let st = guard::status::read(&path, guard::safefs::FsIdentity::current()).ok();
+            if st.as_ref().is_some_and(&pred) || Instant::now() > end {
+                return st;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Default for Home {
