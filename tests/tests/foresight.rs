@@ -42,14 +42,15 @@ fn a_pile_that_keeps_respawning_is_reported_as_a_repeat_offender() {
         }
     }
     let log = home.wait_log(Duration::from_secs(10), |l| l.contains("REPEAT"));
-    let status: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(home.path().join("guard-status.json")).unwrap()).unwrap();
+    // The tick that logged REPEAT writes the status after its log lines.
+    let status =
+        home.wait_status(Duration::from_secs(10), |s| s.repeat_offenders.iter().any(|o| o.name == "respawner"));
     d.stop();
     let repeats = lines(&log, "REPEAT");
     assert_eq!(repeats.len(), 1, "once a day:\n{log}");
     assert!(repeats[0].ends_with("REPEAT name=respawner enforcements_24h=3 kills_24h=6"), "{log}");
-    let offenders = status["repeat_offenders"].as_array().cloned().unwrap_or_default();
-    assert!(offenders.iter().any(|o| o["name"] == "respawner"), "{status}");
+    let offenders = status.map(|s| s.repeat_offenders).unwrap_or_default();
+    assert!(offenders.iter().any(|o| o.name == "respawner"), "{offenders:?}");
     // The counts survive a restart: the state file holds them.
     let state = std::fs::read_to_string(home.path().join("guard-daemon-state.json")).unwrap();
     assert!(state.contains("\"repeats\"") && state.contains("respawner"), "{state}");

@@ -308,7 +308,10 @@ fn kill_9_at_random_points_keeps_the_state_whole_and_the_log_untorn() {
     let _pile: Vec<Probe> = (0..3).map(|_| Probe::spawn(&crashy, &[], TEST_UID)).collect();
     let _pair: Vec<Probe> = (0..2).map(|_| Probe::spawn(&flicker, &[], TEST_UID)).collect();
     let daemon = Daemon::start(&home, &[]);
-    home.wait_log(WAIT, |l| l.contains("FLAGGED name=crashy count=3 first_flagged=now"));
+    // The state is saved after the tick's FLAGGED line, before its TICK_COMPLETE.
+    home.wait_log(WAIT, |l| {
+        l.find("FLAGGED name=crashy count=3 first_flagged=now").is_some_and(|i| l[i..].contains("TICK_COMPLETE"))
+    });
     let first = home.state().expect("state after the first flag")["flagged"]["crashy"].as_f64().unwrap();
     daemon.stop();
 
