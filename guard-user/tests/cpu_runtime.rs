@@ -3,6 +3,8 @@
 //! spinner never, and the CPU it reports agrees with the task iterator's group CPU time.
 //!
 //! Needs root and /sys/kernel/btf/vmlinux; without them the test prints why and passes.
+mod ebpf_harness;
+
 use std::{
     os::unix::process::CommandExt as _,
     process::{Child, Command, Stdio},
@@ -48,24 +50,8 @@ fn spawn(uid: u32, script: &str) -> Child {
 /// out of them; `None`, with the reason printed, where they cannot load: not root, a kernel
 /// without BTF, a build without the BPF object (plain `cargo test`; `cargo xtask test` has it).
 fn load(test: &str, entries: Option<u32>) -> Option<(EbpfSource, RuntimeCpu)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped {test}: needs root (run `cargo xtask test` as root)");
-        return None;
-    }
-    if !std::path::Path::new(guard::btf::VMLINUX).exists() {
-        eprintln!("skipped {test}: no {} (a kernel without BTF)", guard::btf::VMLINUX);
-        return None;
-    }
     let opts = EbpfOptions { ring_bytes: Some(64 << 10), cpu_run_entries: entries };
-    let mut src = match EbpfSource::load(&opts) {
-        Ok(src) => src,
-        Err(e @ guard::ebpf::EbpfError::NoObject) => {
-            eprintln!("skipped {test}: {e}");
-            return None;
-        }
-        Err(e) => panic!("loading the BPF programs: {e}"),
-    };
+    let mut src = ebpf_harness::load(test, &opts)?;
     let rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
     Some((src, rt))
 }

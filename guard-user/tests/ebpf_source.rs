@@ -5,6 +5,8 @@
 //! re-executed with `GUARD_EBPF_HELPER=<mode>`: a constructor runs the mode before libtest
 //! starts (so the helper is single-threaded until it makes its own threads) and exits.
 //! Every wait is bounded; [`Child`] kills and reaps its process on drop.
+mod ebpf_harness;
+
 use std::{
     io::{BufRead, BufReader, Write},
     os::unix::fs::PermissionsExt,
@@ -227,23 +229,7 @@ impl Drop for Child {
 
 /// The source, or None (with the reason printed) where this machine cannot run the test.
 fn load(ring_bytes: Option<u32>) -> Option<EbpfSource> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to load BPF programs");
-        return None;
-    }
-    if !std::path::Path::new(guard::btf::VMLINUX).exists() {
-        eprintln!("skipped: no {} (kernel without CONFIG_DEBUG_INFO_BTF)", guard::btf::VMLINUX);
-        return None;
-    }
-    match EbpfSource::load(&EbpfOptions { ring_bytes, ..Default::default() }) {
-        Ok(s) => Some(s),
-        Err(e @ guard::ebpf::EbpfError::NoObject) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-        Err(e) => panic!("EbpfSource::load: {e}"),
-    }
+    ebpf_harness::load("ebpf_source", &EbpfOptions { ring_bytes, ..Default::default() })
 }
 
 /// Drains events of `pid` into `seen` until `done(seen)` or the deadline; returns `done`.

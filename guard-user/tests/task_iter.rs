@@ -5,6 +5,8 @@
 //! Children that must make threads, become a zombie leader or change uid are this test binary
 //! re-executed with `GUARD_TASK_ITER_HELPER=<mode>`: a constructor runs the mode before libtest
 //! starts and exits. Every wait is bounded; [`Child`] kills and reaps its process on drop.
+mod ebpf_harness;
+
 use std::{
     collections::HashMap,
     io::{BufRead, BufReader, Write},
@@ -173,28 +175,11 @@ impl Drop for Child {
 /// The loaded source with its iterator, or None (with the reason printed) where this machine
 /// cannot run the test.
 fn load() -> Option<EbpfSource> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to load BPF programs");
-        return None;
+    let src = ebpf_harness::load("task_iter", &EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() })?;
+    if let Some(e) = src.task_iter_problem() {
+        panic!("the task iterator did not load on a kernel with BTF: {e} (reason={})", e.reason());
     }
-    if !std::path::Path::new(guard::btf::VMLINUX).exists() {
-        eprintln!("skipped: no {} (kernel without CONFIG_DEBUG_INFO_BTF)", guard::btf::VMLINUX);
-        return None;
-    }
-    match EbpfSource::load(&EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() }) {
-        Ok(s) => {
-            if let Some(e) = s.task_iter_problem() {
-                panic!("the task iterator did not load on a kernel with BTF: {e} (reason={})", e.reason());
-            }
-            Some(s)
-        }
-        Err(e @ guard::ebpf::EbpfError::NoObject) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-        Err(e) => panic!("EbpfSource::load: {e}"),
-    }
+    Some(src)
 }
 
 fn iter(src: &EbpfSource) -> &TaskIter {

@@ -3,7 +3,8 @@
 //! Builds the BPF object first and hands its path to the build through `GUARD_EBPF_OBJ`, so
 //! the kernel tests load what was just built. Those tests need root (BPF, signals to other
 //! uids) and skip without it; the Redis tests need a `redis-server` binary, which is installed
-//! with apt-get when missing and possible.
+//! with apt-get when missing and possible. The same tests in guests of other kernels are
+//! `cargo xtask vm`.
 use std::{ffi::OsString, process::Command};
 
 use crate::{build, build_ebpf, run::is_root};
@@ -25,8 +26,6 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         eprintln!("test: WARNING: not root — the kernel tests (BPF loading, signalling other uids) will skip; run `sudo -E cargo xtask test`");
     }
     ensure_redis_server(root);
-
-    // VM suite: `--vm` will call into `crate::vm` here, after the host tests (not wired yet).
 
     let mut cargo = build::host_cargo();
     cargo
