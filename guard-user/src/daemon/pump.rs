@@ -152,8 +152,7 @@ impl<S: EventSource> Pump<S> {
                         // The procfs backend: a fresh scan per snapshot, answered when it lands
                         // (the loop keeps serving pings meanwhile).
                         req @ Request::Snapshot { .. } if rescans => {
-                            self.snapshots += 1;
-                            super::fault::hang_if("hang_pump", self.snapshots);
+                            self.count_snapshot();
                             waiting.push(req);
                             if self.scan.is_none() {
                                 self.start_scan();
@@ -161,8 +160,7 @@ impl<S: EventSource> Pump<S> {
                         }
                         req if !self.rebuild.ready() => waiting.push(req),
                         Request::Snapshot { uid, min_count, reply } => {
-                            self.snapshots += 1;
-                            super::fault::hang_if("hang_pump", self.snapshots);
+                            self.count_snapshot();
                             self.drain_all();
                             let _ = reply.send(self.snapshot(uid, min_count));
                         }
@@ -247,6 +245,12 @@ impl<S: EventSource> Pump<S> {
     }
 
     /// Until the source is empty (bounded: see [`MAX_ROUNDS`]).
+    /// Counts a snapshot being answered; the test-only fault hook may hang the pump here.
+    fn count_snapshot(&mut self) {
+        self.snapshots += 1;
+        super::fault::hang_if("hang_pump", self.snapshots);
+    }
+
     fn drain_all(&mut self) {
         for _ in 0..MAX_ROUNDS {
             if self.drain_once() < BATCH {
