@@ -48,6 +48,20 @@ impl Redis {
     }
 }
 
+/// Calls `f` until it says done or `timeout` passes; returns its last value. The stream and the
+/// heartbeat are written by the mirror's worker after the tick's log lines, so a test that saw a
+/// line in the log polls Redis instead of guessing how long the worker takes.
+fn poll<T>(timeout: Duration, f: impl Fn() -> (bool, T)) -> T {
+    let end = Instant::now() + timeout;
+    loop {
+        let (done, v) = f();
+        if done || Instant::now() > end {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 impl Drop for Redis {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -70,13 +84,15 @@ fn a_real_kill_reaches_the_stream_and_the_heartbeat_and_a_dead_redis_never_stops
     for p in &mut pile {
         assert!(p.wait_dead(Duration::from_secs(5)));
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    let stream = redis.cli(&["XRANGE", "agentihooks:host-guard:events", "-", "+"]);
-    assert_eq!(stream.matches("KILLED").count(), 3, "{stream}");
-    assert!(stream.contains("FLAGGED") && stream.contains("ghost_detected"), "{stream}");
     let host = guard::daemon::hostname();
     let key = format!("agentihooks:host-guard:{host}:{TEST_USER}");
-    let hb = redis.cli(&["GET", &key]);
+    let (stream, hb) = poll(Duration::from_secs(10), || {
+        let stream = redis.cli(&["XRANGE", "agentihooks:host-guard:events", "-", "+"]);
+        let hb = redis.cli(&["GET", &key]);
+        (stream.matches("KILLED").count() >= 3 && hb.contains("\"kills\":3"), (stream, hb))
+    });
+    assert_eq!(stream.matches("KILLED").count(), 3, "{stream}");
+    assert!(stream.contains("FLAGGED") && stream.contains("ghost_detected"), "{stream}");
     assert!(hb.contains("\"kills\":3"), "{hb}");
     let ttl: i64 = redis.cli(&["TTL", &key]).trim().parse().unwrap();
     assert!(ttl > 0 && ttl <= 3, "ttl {ttl}");
@@ -149,10 +165,12 @@ fn a_hostile_process_name_reaches_the_stream_as_one_field() {
     for p in &mut pile {
         assert!(p.wait_dead(Duration::from_secs(5)));
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    let json = poll(Duration::from_secs(10), || {
+        let json = redis.cli(&["--json", "XRANGE", "agentihooks:host-guard:events", "-", "+"]);
+        (json.matches("\"KILLED\"").count() >= 3, json)
+    });
     daemon.stop();
     std::env::remove_var("AGENTIHOOKS_SWARM_REDIS_URL");
-    let json = redis.cli(&["--json", "XRANGE", "agentihooks:host-guard:events", "-", "+"]);
     let entries: Vec<(String, Vec<String>)> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
     let killed: Vec<&Vec<String>> = entries.iter().map(|(_, f)| f).filter(|f| f[5] == "KILLED").collect();
     assert_eq!(killed.len(), 3, "{json}");
