@@ -145,7 +145,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         let log = logs.join(format!("{}.log", kernel.name));
         let started = Instant::now();
         let cmdline = format!("{} {}", kernel.cmdline, opts.cmdline);
-        let outcome = qemu::boot(&qemu::Boot {
+        let boot = qemu::Boot {
             name: &kernel.name,
             qemu: &qemu,
             vmlinuz: &kernel.vmlinuz,
@@ -156,8 +156,22 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             boot_timeout: Duration::from_secs(opts.boot_timeout),
             timeout: Duration::from_secs(opts.timeout),
             log: &log,
-        })
-        .map_err(|err| format!("{err:#}"));
+        };
+        let mut outcome = qemu::boot(&boot).map_err(|err| format!("{err:#}"));
+        // A guest that never reached its init (no test ran) is booted once more: under TCG a
+        // 7.3 guest kernel once died at boot of an emulation fault (invalid opcode on a patched
+        // nop in hrtimer code) that the next boot did not repeat. A failing or hanging test
+        // suite is never retried.
+        if let Ok(qemu::Outcome { verdict: qemu::Verdict::Broken(why), boot_time: None, .. }) = &outcome {
+            let first = logs.join(format!("{}.first-boot.log", kernel.name));
+            println!(
+                "vm: kernel {} did not boot ({why}); booting it once more (first console log: {})",
+                kernel.name,
+                first.display()
+            );
+            fs::rename(&log, &first).with_context(|| format!("keeping {}", log.display()))?;
+            outcome = qemu::boot(&boot).map_err(|err| format!("{err:#}"));
+        }
         println!(
             "vm: kernel {} done in {:.1}s (console log: {})",
             kernel.name,
