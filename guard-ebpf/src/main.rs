@@ -16,6 +16,9 @@
 //! Structure offsets are not compiled in: user space reads them from the running kernel's BTF
 //! (/sys/kernel/btf/vmlinux) and stores them in `OFFSETS`. A record that cannot be reserved
 //! (ring buffer full) or read is counted in `LOST`, and user space rebuilds its table from /proc.
+//! A run the kernel skips (a program does not nest on one CPU; a preempted one blocks the next
+//! task's run there) never reaches us: the kernel counts it (`recursion_misses`), and user space
+//! adds those counts to `LOST`'s.
 //!
 //! Wake-ups are batched: a record is submitted without waking user space until the ring holds a
 //! sixteenth of its size; user space also drains on a short timer (`guard::ebpf::DRAIN_PERIOD`).
@@ -99,9 +102,10 @@ fn count_lost() {
 #[inline(always)]
 fn count_in(counter: &PerCpuArray<u64>) {
     if let Some(p) = counter.get_ptr_mut(0) {
-        // Per-CPU slot, so no other CPU writes it; and every attach point fires in process
-        // context with preemption off, so our programs never interrupt each other on one CPU:
-        // a plain add is race-free.
+        // Per-CPU slot, so no other CPU writes it. A kernel that can preempt a tracing program
+        // (they run with migration, not preemption, disabled) may let another of ours add on
+        // this CPU in between, so two adds can become one; the counter still moves, and that
+        // is all user space reads from it (it compares with the last value and rebuilds).
         unsafe { *p += 1 };
     }
 }

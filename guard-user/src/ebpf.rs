@@ -13,7 +13,10 @@
 use std::{
     os::fd::{AsFd, AsRawFd, RawFd},
     path::{Path, PathBuf},
-    sync::OnceLock,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        OnceLock,
+    },
     time::Duration,
 };
 
@@ -31,6 +34,7 @@ use crate::{
 };
 
 pub mod cpu_runtime;
+mod prog_info;
 pub mod task_iter;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
@@ -217,8 +221,11 @@ pub struct EbpfSource {
     task_iter: Result<task_iter::TaskIter, task_iter::TaskIterError>,
     /// The stall watch's CPU accounting until the daemon takes it, or why there is none.
     cpu_runtime: Option<Result<cpu_runtime::RuntimeCpu, cpu_runtime::RuntimeError>>,
+    /// The event programs, each with the most runs the kernel has skipped (see
+    /// [`prog_info`]): those are lost events too.
+    missed: Vec<(&'static str, AtomicU64)>,
     /// Owns the programs and their links.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
 }
 
 /// How often the ring is drained when the kernel has not woken us (its programs submit without
@@ -310,7 +317,12 @@ impl EbpfSource {
         offsets.ready = 1;
         offs.set(0, offsets, 0)
             .map_err(|e| EbpfError::Load { detail: format!("writing OFFSETS: {}", describe(&e)) })?;
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, task_iter, cpu_runtime, _ebpf: ebpf })
+        let mut event_programs = vec!["sched_process_fork", "sched_process_exec", exit_prog, "task_rename"];
+        if setuid_problem.is_none() {
+            event_programs.push(SETUID_PROGRAM);
+        }
+        let missed = event_programs.into_iter().map(|p| (p, AtomicU64::new(0))).collect();
+        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, task_iter, cpu_runtime, missed, ebpf })
     }
 
     /// Whether uid changes without exec are reported (the syscall tracepoints attached).
@@ -348,9 +360,22 @@ impl EbpfSource {
         }
     }
 
-    /// Records the kernel could not queue, summed over CPUs (monotonic).
+    /// Events lost, monotonic: records the programs could not queue or build (summed over
+    /// CPUs), plus the event programs' runs the kernel skipped ([`prog_info`]).
     pub fn lost(&self) -> u64 {
-        self.lost.get(&LOST_INDEX, 0).map(|v| v.iter().sum()).unwrap_or(0)
+        let ring: u64 = self.lost.get(&LOST_INDEX, 0).map(|v| v.iter().sum()).unwrap_or(0);
+        let missed: u64 = self
+            .missed
+            .iter()
+            .map(|(name, most)| {
+                let now = self.ebpf.program(name).and_then(|p| p.fd().ok()).and_then(prog_info::recursion_misses);
+                if let Some(n) = now {
+                    most.fetch_max(n, Ordering::Relaxed);
+                }
+                most.load(Ordering::Relaxed)
+            })
+            .sum();
+        ring + missed
     }
 
     /// Returns once records are waiting. Cancel-safe: it consumes nothing.
@@ -435,8 +460,10 @@ impl EbpfSource {
 }
 
 /// One program on the three syscall-exit tracepoints of the setuid family.
+const SETUID_PROGRAM: &str = "sys_exit_setuid";
+
 fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
-    const PROG: &str = "sys_exit_setuid";
+    const PROG: &str = SETUID_PROGRAM;
     let p: &mut TracePoint = ebpf
         .program_mut(PROG)
         .ok_or_else(|| EbpfError::Attach {
@@ -486,6 +513,23 @@ mod tests {
             let p: &mut BtfTracePoint = ebpf.program_mut(prog).unwrap().try_into().unwrap();
             p.load("sched_process_exit", &btf).unwrap_or_else(|e| panic!("{prog}: {}", describe(&e)));
         }
+    }
+
+    /// Every event program's skipped runs are readable (they are part of `lost()`).
+    #[test]
+    fn the_kernel_reports_each_event_programs_skipped_runs() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || OBJECT.is_empty() || !Path::new(VMLINUX).exists() {
+            eprintln!("skipped: needs root, the BPF object and {VMLINUX}");
+            return;
+        }
+        let src = EbpfSource::load(&EbpfOptions::default()).unwrap();
+        assert!(src.missed.len() >= 4, "{:?}", src.missed.iter().map(|(n, _)| n).collect::<Vec<_>>());
+        for (name, _) in &src.missed {
+            let fd = src.ebpf.program(name).unwrap().fd().unwrap();
+            assert!(prog_info::recursion_misses(fd).is_some(), "{name}");
+        }
+        let _ = src.lost();
     }
 
     #[test]

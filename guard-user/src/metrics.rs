@@ -66,7 +66,7 @@ pub struct MetricsInput {
     pub dry_runs: u64,
     /// `SKIPPED` lines.
     pub skipped: u64,
-    /// Events the kernel dropped (ring buffer full).
+    /// Events the kernel dropped (ring buffer full) or never ran our programs for.
     pub lost_events: u64,
     /// `RESYNC` lines.
     pub resyncs: u64,
@@ -263,7 +263,7 @@ pub fn render(m: &MetricsInput) -> String {
     w.one(
         "guard_lost_events_total",
         Counter,
-        "Process events the kernel dropped (ring buffer full).",
+        "Process events the kernel dropped (ring buffer full) or skipped (a program busy on that CPU).",
         m.lost_events as f64,
     );
     w.one("guard_resyncs_total", Counter, "Rebuilds of the live table from /proc (RESYNC lines).", m.resyncs as f64);

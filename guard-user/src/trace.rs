@@ -11,7 +11,9 @@
 //!   `{"t":…,"ev":"exit","pid":…,"start":…}`: one event, delivered to the daemon — or, with
 //!   `"lost":true`, one that happened but the ring could not deliver (it counts as lost and only a
 //!   rebuild sees it);
-//! - `{"t":…,"cmdline":"text","pid":…}`: a process's command line from then on.
+//! - `{"t":…,"cmdline":"text","pid":…}`: a process's command line from then on;
+//! - `{"t":…,"lost":N}`: N events the kernel could not deliver, whatever they were (a recording
+//!   follows it with a fresh scan, which a replay's rebuild reads).
 //!
 //! A `<proc>` is `"pid":…,"start":<clock ticks>,"euid":…,"comm":"name"`; a name or command line
 //! that is not UTF-8 is written as `"comm_bytes":[…]` / `"cmdline_bytes":[…]` instead.
@@ -43,8 +45,16 @@ pub enum TraceError {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     Scan(Vec<ProcState>),
-    Event { event: Event, lost: bool },
-    Cmdline { pid: u32, text: Vec<u8> },
+    Event {
+        event: Event,
+        lost: bool,
+    },
+    Cmdline {
+        pid: u32,
+        text: Vec<u8>,
+    },
+    /// Events that were lost, unknown which: they count as lost (a rebuild follows).
+    Lost(u64),
 }
 
 /// A parsed trace.
@@ -124,6 +134,9 @@ impl Record {
                 m.insert("pid".into(), json!(pid));
                 put_bytes(&mut m, "cmdline", text);
             }
+            Record::Lost(n) => {
+                m.insert("lost".into(), json!(n));
+            }
         }
         Value::Object(m).to_string()
     }
@@ -162,7 +175,10 @@ impl Record {
             let pid = m.get("pid").and_then(Value::as_u64).ok_or("a cmdline needs a pid")? as u32;
             return Ok((t, Record::Cmdline { pid, text: get_bytes(m, "cmdline").ok_or("bad cmdline")? }));
         }
-        Err("not a scan, an event or a cmdline".into())
+        if let Some(n) = m.get("lost").and_then(Value::as_u64) {
+            return Ok((t, Record::Lost(n)));
+        }
+        Err("not a scan, an event, a cmdline or a lost count".into())
     }
 }
 
@@ -268,7 +284,7 @@ impl TraceSource {
                     self.cmdlines.lock().unwrap_or_else(|p| p.into_inner()).insert(*pid, text.clone());
                 }
                 Record::Scan(_) => {}
-                Record::Event { .. } => break,
+                Record::Event { .. } | Record::Lost(_) => break,
             }
             *cursor += 1;
         }
@@ -294,15 +310,19 @@ impl EventSource for TraceSource {
         loop {
             self.advance_silent();
             let i = self.cursor();
-            let Some((_, Record::Event { event, lost })) = self.trace.records.get(i) else { break };
+            let Some((_, r)) = self.trace.records.get(i) else { break };
             if n >= max || self.due(i).is_some_and(|at| at > now) {
                 break;
             }
-            if *lost {
-                self.lost += 1;
-            } else {
-                out.push(*event);
-                n += 1;
+            match r {
+                Record::Event { event, lost: false } => {
+                    out.push(*event);
+                    n += 1;
+                }
+                Record::Event { lost: true, .. } => self.lost += 1,
+                Record::Lost(k) => self.lost += k,
+                // Passed over by advance_silent.
+                Record::Scan(_) | Record::Cmdline { .. } => {}
             }
             *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         }
@@ -321,5 +341,31 @@ impl EventSource for TraceSource {
             let upto = if upto == 0 { 1 } else { upto };
             Ok(trace.truth(upto))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_record_round_trips_through_its_line() {
+        let p = ProcState { id: ProcId { pid: 7, start_ticks: 70 }, euid: 1000, comm: Comm::new(b"a\xffb") };
+        let trace = Trace {
+            uid: 1000,
+            note: "n".into(),
+            records: vec![
+                (0.0, Record::Scan(vec![p])),
+                (0.5, Record::Event { event: Event::Fork { child: p, parent_pid: 1 }, lost: false }),
+                (0.5, Record::Event { event: Event::Exec(p), lost: true }),
+                (0.75, Record::Cmdline { pid: 7, text: b"x \xfe y".to_vec() }),
+                (1.0, Record::Lost(3)),
+                (1.0, Record::Event { event: Event::Exit(p.id), lost: false }),
+            ],
+        };
+        let mut out = Vec::new();
+        trace.write(&mut out).unwrap();
+        let back = Trace::parse("t", io::BufReader::new(&out[..])).unwrap();
+        assert_eq!(back, trace, "{}", String::from_utf8_lossy(&out));
     }
 }

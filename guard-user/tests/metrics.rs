@@ -120,7 +120,7 @@ guard_skipped_total{user="alice"} 2
 # HELP guard_events_total Process events applied to the live table.
 # TYPE guard_events_total counter
 guard_events_total{user="alice"} 98765
-# HELP guard_lost_events_total Process events the kernel dropped (ring buffer full).
+# HELP guard_lost_events_total Process events the kernel dropped (ring buffer full) or skipped (a program busy on that CPU).
 # TYPE guard_lost_events_total counter
 guard_lost_events_total{user="alice"} 0
 # HELP guard_resyncs_total Rebuilds of the live table from /proc (RESYNC lines).

@@ -343,6 +343,23 @@ fn a_fork_storm_recorded_from_the_kernel_leaves_no_ghosts() {
 }
 
 #[test]
+fn a_lost_count_in_a_recording_resyncs_to_the_scan_after_it() {
+    let r = replay(Setup {
+        fixture: "lost-count.trace",
+        config: r#"{"threshold": 2, "timeout": "1h", "excludes": []}"#,
+        run_for: Duration::from_secs(90),
+        ..Default::default()
+    });
+    assert!(r.log.contains(&"RESYNC reason=lost_events lost=3".to_string()), "{:#?}", r.log);
+    let flagged = r.lines("FLAGGED");
+    assert!(!flagged.iter().any(|l| l.contains("name=storm")), "{:#?}", r.log);
+    assert!(flagged.contains(&"FLAGGED name=steady count=2 first_flagged=1m_ago"), "{:#?}", r.log);
+    let status = r.rec.status.0.lock().unwrap().last().cloned().unwrap();
+    // The two steady and the fork after the scan.
+    assert_eq!(status.tracked_processes, 3, "{status:?}");
+}
+
+#[test]
 fn the_warning_comes_warn_before_ahead_once_per_incident() {
     let r = replay(Setup {
         fixture: "two-names.trace",

@@ -144,8 +144,51 @@ fn a_recorded_fork_storm_replays_without_ghosts() {
     // About 1,000 (a fork and an exit per child); a loaded guest's ring may drop a few, which the
     // trace records as lost and the replay resyncs: what matters is a storm, then no ghosts.
     assert!(events >= 500, "{events} events");
+    let left_live = live_at_the_end(&trace);
     let (log, signals) = replay(trace, r#"{"threshold": 3, "timeout": "1h", "excludes": []}"#, 90);
     let flagged: Vec<&String> = log.iter().filter(|l| l.starts_with("FLAGGED")).collect();
-    assert_eq!(flagged, ["FLAGGED name=steady count=3 first_flagged=now"], "{log:#?}");
+    assert_eq!(flagged, ["FLAGGED name=steady count=3 first_flagged=now"], "{log:#?}\n{left_live}");
     assert!(signals.is_empty());
+}
+
+/// For a failure message: the processes the trace leaves alive (scan, then every event by
+/// identity, as the table applies them), each with its records.
+fn live_at_the_end(trace: &Trace) -> String {
+    use guard::{event::Event, trace::Record};
+    let mut live: std::collections::BTreeMap<(u32, u64), String> = Default::default();
+    let mut history: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+    let mut lost = 0;
+    for (t, r) in &trace.records {
+        match r {
+            Record::Scan(procs) => {
+                live.clear();
+                for p in procs {
+                    live.insert((p.id.pid, p.id.start_ticks), format!("{:?}", p.comm));
+                }
+            }
+            Record::Event { event, lost } => {
+                let pid = match event {
+                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => {
+                        live.insert((s.id.pid, s.id.start_ticks), format!("{:?}", s.comm));
+                        s.id.pid
+                    }
+                    Event::Exit(id) => {
+                        live.remove(&(id.pid, id.start_ticks));
+                        id.pid
+                    }
+                };
+                history.entry(pid).or_default().push(format!("{t:.3}s {event:?} lost={lost}"));
+            }
+            Record::Cmdline { .. } => {}
+            Record::Lost(n) => lost += n,
+        }
+    }
+    let mut out = format!("{} processes alive at the end of the trace ({lost} events lost):\n", live.len());
+    for ((pid, start), comm) in &live {
+        out += &format!("  pid {pid} start {start} {comm}\n");
+        for h in history.get(pid).into_iter().flatten() {
+            out += &format!("    {h}\n");
+        }
+    }
+    out
 }

@@ -44,6 +44,7 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let lost_before = src.lost();
+    let mut lost_seen = lost_before;
     rt.block_on(async {
         let mut batch = Vec::new();
         while began.elapsed() < seconds {
@@ -52,30 +53,40 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
             batch.clear();
             EventSource::drain(&mut src, usize::MAX, &mut batch);
             for e in &batch {
-                let keep = match e {
-                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => {
-                        s.euid == uid || mine.contains(&s.id.pid)
+                let state = match e {
+                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => *s,
+                    Event::Exit(id) => {
+                        if mine.remove(&id.pid) {
+                            trace.records.push((t(), Record::Event { event: *e, lost: false }));
+                        }
+                        continue;
                     }
-                    Event::Exit(id) => mine.contains(&id.pid),
                 };
-                if !keep {
+                if state.euid != uid && !mine.contains(&state.id.pid) {
                     continue;
                 }
                 trace.records.push((t(), Record::Event { event: *e, lost: false }));
-                match e {
-                    Event::Exit(id) => {
-                        mine.remove(&id.pid);
+                if state.euid == uid {
+                    mine.insert(state.id.pid);
+                }
+                if matches!(e, Event::Exec(_) | Event::Fork { .. }) {
+                    if let Some(text) = procfs::cmdline(state.id.pid).filter(|t| !t.is_empty()) {
+                        trace.records.push((t(), Record::Cmdline { pid: state.id.pid, text }));
                     }
-                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => {
-                        if s.euid == uid {
-                            mine.insert(s.id.pid);
-                        }
-                        if matches!(e, Event::Exec(_) | Event::Fork { .. }) {
-                            if let Some(text) = procfs::cmdline(s.id.pid).filter(|t| !t.is_empty()) {
-                                trace.records.push((t(), Record::Cmdline { pid: s.id.pid, text }));
-                            }
-                        }
-                    }
+                }
+            }
+            let lost_now = src.lost();
+            if lost_now > lost_seen {
+                let at = t();
+                trace.records.push((at, Record::Lost(lost_now - lost_seen)));
+                lost_seen = lost_now;
+                // What the lost events did is unknown: from here on the truth is a fresh scan,
+                // which a replay's rebuild reads (as the daemon's reads /proc). It carries the
+                // loss's time, so the replay has it by the time the loss starts the rebuild.
+                if let Ok(procs) = procfs::snapshot() {
+                    let scan: Vec<_> = procs.into_iter().filter(|p| p.euid == uid).collect();
+                    mine = scan.iter().map(|p| p.id.pid).collect();
+                    trace.records.push((at, Record::Scan(scan)));
                 }
             }
         }
@@ -97,9 +108,11 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let lost = src.lost() - lost_before;
+    let lost = lost_seen - lost_before;
     if lost > 0 {
-        eprintln!("guard-user record: the kernel could not deliver {lost} events; the trace misses them");
+        eprintln!(
+            "guard-user record: the kernel could not deliver {lost} events; the trace marks where, each with a fresh scan after it"
+        );
     }
     let mut out = Vec::new();
     trace.write(&mut out)?;
