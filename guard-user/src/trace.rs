@@ -319,8 +319,8 @@ impl EventSource for TraceSource {
                     out.push(*event);
                     n += 1;
                 }
-                Record::Event { lost: true, .. } => self.lost += 1,
-                Record::Lost(k) => self.lost += k,
+                Record::Event { lost: true, .. } => self.lost = self.lost.saturating_add(1),
+                Record::Lost(k) => self.lost = self.lost.saturating_add(*k),
                 // Passed over by advance_silent.
                 Record::Scan(_) | Record::Cmdline { .. } => {}
             }
