@@ -132,14 +132,10 @@ impl Home {
 
     /// Polls the log until `pred` holds or `timeout` passes; returns the log.
     pub fn wait_log(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let end = Instant::now() + timeout;
-        loop {
+        poll(timeout, || {
             let log = self.log();
-            if pred(&log) || Instant::now() > end {
-                return log;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            (pred(&log), log)
+        })
     }
 
     /// Polls the status file until `pred` holds or `timeout` passes; returns the last status read.
@@ -151,14 +147,22 @@ impl Home {
         pred: impl Fn(&guard::status::Status) -> bool,
     ) -> Option<guard::status::Status> {
         let path = self.path().join("guard-status.json");
-        let end = Instant::now() + timeout;
-        loop {
+        poll(timeout, || {
             let st = guard::status::read(&path, guard::safefs::FsIdentity::current()).ok();
-            if st.as_ref().is_some_and(&pred) || Instant::now() > end {
-                return st;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            (st.as_ref().is_some_and(&pred), st)
+        })
+    }
+}
+
+/// Calls `f` every 50 ms until it says done or `timeout` passes; returns its last value.
+pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> (bool, T)) -> T {
+    let end = Instant::now() + timeout;
+    loop {
+        let (done, v) = f();
+        if done || Instant::now() > end {
+            return v;
         }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

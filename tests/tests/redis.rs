@@ -48,20 +48,6 @@ impl Redis {
     }
 }
 
-/// Calls `f` until it says done or `timeout` passes; returns its last value. The stream and the
-/// heartbeat are written by the mirror's worker after the tick's log lines, so a test that saw a
-/// line in the log polls Redis instead of guessing how long the worker takes.
-fn poll<T>(timeout: Duration, f: impl Fn() -> (bool, T)) -> T {
-    let end = Instant::now() + timeout;
-    loop {
-        let (done, v) = f();
-        if done || Instant::now() > end {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 impl Drop for Redis {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -86,6 +72,7 @@ fn a_real_kill_reaches_the_stream_and_the_heartbeat_and_a_dead_redis_never_stops
     }
     let host = guard::daemon::hostname();
     let key = format!("agentihooks:host-guard:{host}:{TEST_USER}");
+    // The mirror's worker writes the stream and the heartbeat after the tick's log lines.
     let (stream, hb) = poll(Duration::from_secs(10), || {
         let stream = redis.cli(&["XRANGE", "agentihooks:host-guard:events", "-", "+"]);
         let hb = redis.cli(&["GET", &key]);

@@ -27,7 +27,7 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let began = Instant::now();
     let t = || began.elapsed().as_secs_f64();
     let mut trace = Trace { uid, note: args.note.clone().unwrap_or_default(), records: Vec::new() };
-    let scan: Vec<_> = procfs::snapshot()?.into_iter().filter(|p| p.euid == uid).collect();
+    let scan = account_scan(uid)?;
     let mut mine: HashSet<u32> = scan.iter().map(|p| p.id.pid).collect();
     trace.records.push((t(), Record::Scan(scan.clone())));
     for p in &scan {
@@ -83,8 +83,7 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
                 // What the lost events did is unknown: from here on the truth is a fresh scan,
                 // which a replay's rebuild reads (as the daemon's reads /proc). It carries the
                 // loss's time, so the replay has it by the time the loss starts the rebuild.
-                if let Ok(procs) = procfs::snapshot() {
-                    let scan: Vec<_> = procs.into_iter().filter(|p| p.euid == uid).collect();
+                if let Ok(scan) = account_scan(uid) {
                     mine = scan.iter().map(|p| p.id.pid).collect();
                     trace.records.push((at, Record::Scan(scan)));
                 }
@@ -119,4 +118,9 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(&args.out, out).with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("guard-user record: {} records in {}", trace.records.len(), args.out.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The account's processes as /proc shows them now.
+fn account_scan(uid: u32) -> std::io::Result<Vec<crate::event::ProcState>> {
+    Ok(procfs::snapshot()?.into_iter().filter(|p| p.euid == uid).collect())
 }

@@ -244,13 +244,13 @@ impl<S: EventSource> Pump<S> {
         n
     }
 
-    /// Until the source is empty (bounded: see [`MAX_ROUNDS`]).
     /// Counts a snapshot being answered; the test-only fault hook may hang the pump here.
     fn count_snapshot(&mut self) {
         self.snapshots += 1;
         super::fault::hang_if("hang_pump", self.snapshots);
     }
 
+    /// Until the source is empty (bounded: see [`MAX_ROUNDS`]).
     fn drain_all(&mut self) {
         for _ in 0..MAX_ROUNDS {
             if self.drain_once() < BATCH {
