@@ -30,6 +30,8 @@ const TESTS_DIR: &str = "/tests";
 const TEST_ARGS_FILE: &str = "/etc/guard-vm/test-args";
 /// Extra `KEY=VALUE` environment lines for the test binaries.
 const TEST_ENV_FILE: &str = "/etc/guard-vm/env";
+/// One binary's own arguments (`<dir>/<binary name>`, one per line): the tests of it the guests run.
+const TEST_OWN_ARGS_DIR: &str = "/etc/guard-vm/args";
 
 /// The kernel command-line word that makes this guest one without BTF.
 const HIDE_BTF: &str = "guard.hide_btf";
@@ -211,10 +213,16 @@ fn run_tests() -> bool {
     let mut failed = Vec::new();
     for binary in &binaries {
         let name = binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        say(&format!("running {name}"));
+        let own_args = lines_of(&format!("{TEST_OWN_ARGS_DIR}/{name}"));
+        if own_args.is_empty() {
+            say(&format!("running {name}"));
+        } else {
+            say(&format!("running {name} {}", own_args.join(" ")));
+        }
         let started = Instant::now();
         let mut cmd = Command::new(binary);
         cmd.arg("--test-threads=1")
+            .args(&own_args)
             .args(&extra_args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")

@@ -185,7 +185,7 @@ impl Nightly {
     }
 }
 
-fn ensure_rust_src() -> anyhow::Result<()> {
+pub fn ensure_rust_src() -> anyhow::Result<()> {
     let listed = output_of(
         Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]),
         "rustup component list --toolchain nightly --installed",

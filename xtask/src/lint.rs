@@ -44,6 +44,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         return Ok(());
     }
     let ebpf = root.join("guard-ebpf");
+    // The BPF crate builds `core` from source (build-std), so even clippy needs the nightly's
+    // rust-src: a fresh machine has the toolchain without it.
+    build_ebpf::ensure_rust_src()?;
     if nightly_has("rustfmt") {
         step("guard-ebpf: cargo fmt --check", build_ebpf::ebpf_cargo().args(["fmt", "--check"]).current_dir(&ebpf))?;
     } else {

@@ -26,6 +26,7 @@ mod initramfs;
 mod kernels;
 mod payload;
 mod qemu;
+mod suite;
 mod systemd;
 
 #[derive(clap::Args, Debug)]
@@ -69,8 +70,12 @@ pub struct Options {
     /// Do not build the BPF object; embed whatever guard-ebpf/target already holds.
     #[arg(long)]
     pub skip_ebpf: bool,
-    /// Arguments for `cargo test --no-run` instead of `--workspace --exclude xtask --exclude vm-init`
-    /// (after `--`, e.g. `-- -p guard-user --lib`).
+    /// Every test binary, all of its tests, in every guest (the full matrix). By default the
+    /// guests run only the binaries that depend on the kernel (`vm/suite.rs`).
+    #[arg(long)]
+    pub all_tests: bool,
+    /// Arguments for `cargo test --no-run` instead of `--workspace` (after `--`, e.g.
+    /// `-- -p guard-user --lib`).
     #[arg(last = true)]
     pub cargo_args: Vec<OsString>,
 }
@@ -114,7 +119,18 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     } else {
         Some(build_ebpf::build(&build_ebpf::Options::default())?)
     };
-    let built = payload::build(&opts.cargo_args, ebpf_object.as_deref())?;
+    let selection = payload::Selection {
+        cargo_args: &opts.cargo_args,
+        all_tests: opts.all_tests,
+        own_filters: !opts.test_args.is_empty(),
+    };
+    let built = payload::build(&selection, ebpf_object.as_deref())?;
+    if !built.host_only.is_empty() {
+        println!(
+            "vm: left to the host (`cargo xtask test`; --all-tests runs them here too): {}",
+            built.host_only.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", ")
+        );
+    }
     let mut env = Vec::new();
     if opts.long {
         env.push(("GUARD_LONG_TESTS".to_string(), "1".to_string()));
@@ -125,8 +141,8 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         &initrd,
         &initramfs::Payload {
             init: built.init,
-            tests: built.tests.clone(),
-            bins: built.bins,
+            tests: &built.tests,
+            bins: &built.bins,
             test_args: opts.test_args.clone(),
             env,
         },
@@ -135,7 +151,12 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         "vm: {} ({} MiB): {}",
         initrd.display(),
         size >> 20,
-        built.tests.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", ")
+        built
+            .tests
+            .iter()
+            .map(|t| if t.args.is_empty() { t.name.clone() } else { format!("{} ({})", t.name, t.args.join(" ")) })
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     let logs = vm_dir.join("logs");

@@ -1,7 +1,8 @@
 //! The guest's whole root filesystem: one uncompressed newc cpio the kernel unpacks into RAM.
 //!
 //! Layout (merged-/usr like Debian, so paths `ldd` prints on the host resolve the same way):
-//! - `/init`: vm-init; `/tests/<package>.<target>`: the static test binaries;
+//! - `/init`: vm-init (static); `/tests/<package>.<target>`: the test binaries the guests run
+//!   (their own libtest arguments in `/etc/guard-vm/args/<name>`), with their libraries;
 //! - `/usr/bin/guard-user` (and `guard-probe` when built): what the tests start;
 //! - [`HOST_TOOLS`] (bash, sleep, true and a few coreutils) and the optional tools, with the
 //!   shared libraries `ldd` names for them (some tests use bash as an oracle), `/bin/sh` → bash;
@@ -22,7 +23,10 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use super::cpio::{CpioWriter, Owner};
+use super::{
+    cpio::{CpioWriter, Owner},
+    payload::{GuestBin, GuestTest},
+};
 use crate::build_ebpf::{self, which};
 
 /// Host programs copied in with their libraries: tests run bash, sleep and true by name; the
@@ -39,12 +43,12 @@ const FIXTURE_DIRS: &[&str] = &["config", "guard-user/tests/fixtures"];
 pub const TEST_ACCOUNTS: &[(&str, u32)] = &[("guardtest1", 4201), ("guardtest2", 4202)];
 
 /// What goes into the image besides the fixed layout.
-pub struct Payload {
+pub struct Payload<'a> {
     pub init: PathBuf,
-    /// `(file name under /tests, built binary)`.
-    pub tests: Vec<(String, PathBuf)>,
-    /// `(file name under /usr/bin, built binary)`.
-    pub bins: Vec<(String, PathBuf)>,
+    /// Under /tests, with their own arguments under /etc/guard-vm/args/.
+    pub tests: &'a [GuestTest],
+    /// Under /usr/bin.
+    pub bins: &'a [GuestBin],
     /// Appended to every test binary's command line.
     pub test_args: Vec<String>,
     /// Added to every test binary's environment.
@@ -133,15 +137,23 @@ pub fn write(path: &Path, payload: &Payload) -> anyhow::Result<u64> {
     image.add("dev/null", Node::CharDevice(Owner::root(0o666), 1, 3));
 
     image.host_file("init", 0o755, &payload.init);
-    for (name, binary) in &payload.tests {
-        image.host_file(&format!("tests/{name}"), 0o755, binary);
+    let mut libraries = Vec::new();
+    for test in payload.tests {
+        image.host_file(&format!("tests/{}", test.name), 0o755, &test.binary);
+        if !test.args.is_empty() {
+            let args = test.args.iter().map(|a| format!("{a}\n")).collect();
+            image.text(&format!("etc/guard-vm/args/{}", test.name), 0o644, args);
+        }
+        libraries.extend(shared_libraries(&test.binary)?);
     }
-    for (name, binary) in &payload.bins {
-        image.host_file(&format!("usr/bin/{name}"), 0o755, binary);
+    for bin in payload.bins {
+        image.host_file(&format!("usr/bin/{}", bin.name), 0o755, &bin.binary);
         // Tests built by cargo find their package's binaries at `env!("CARGO_BIN_EXE_<name>")`,
-        // the static build's host path (the pattern worker is `guard-user __pattern-worker`).
-        image.add(binary.to_string_lossy().trim_start_matches('/'), Node::Symlink(format!("/usr/bin/{name}")));
+        // the build's host path (the pattern worker is `guard-user __pattern-worker`).
+        image.add(bin.built.to_string_lossy().trim_start_matches('/'), Node::Symlink(format!("/usr/bin/{}", bin.name)));
+        libraries.extend(shared_libraries(&bin.binary)?);
     }
+    add_libraries(&mut image, libraries)?;
     add_host_tools(&mut image)?;
     image.add("usr/bin/sh", Node::Symlink("bash".into()));
     add_accounts(&mut image);
@@ -197,6 +209,11 @@ fn add_host_tools(image: &mut Image) -> anyhow::Result<()> {
             libraries.push(PathBuf::from(nss));
         }
     }
+    add_libraries(image, libraries)
+}
+
+/// Each shared library at its host path (the loader finds them where `ldd` did).
+fn add_libraries(image: &mut Image, libraries: Vec<PathBuf>) -> anyhow::Result<()> {
     for library in libraries {
         let real = fs::canonicalize(&library).with_context(|| format!("resolving {}", library.display()))?;
         image.host_file(&image_path(&library), 0o755, &real);

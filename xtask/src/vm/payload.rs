@@ -1,13 +1,20 @@
-//! Builds what runs in the guest: statically linked test binaries, guard-user, guard-probe (when
-//! the workspace has it) and vm-init.
+//! What runs in the guest: vm-init (static), and the host's own debug build of guard-user,
+//! guard-probe and the test binaries the guests run ([`super::suite`]), with their libraries.
 //!
-//! The guest has no libraries besides the few copied for bash, so everything is linked with
-//! `-C target-feature=+crt-static`. An explicit `--target` keeps that flag away from build
-//! scripts and proc-macros (they must stay dynamic to be loaded by the host), and a separate
-//! target directory (`target/vm/build`) keeps the host build's artifacts valid.
+//! The test binaries are the ones `cargo xtask test` builds and runs on the host (the same
+//! `cargo test --workspace` invocation, so after it nothing is rebuilt): the guests test exactly
+//! what the host tested. They are dynamically linked; the image carries the host's libraries
+//! for them (`ldd`), as it does for bash. Copies stripped of debug information go into the
+//! image (`target/vm/stripped`), which keeps it small. Dependencies are built at opt-level 1
+//! in the dev profile (the workspace's Cargo.toml): unoptimized, aya's parsing of the kernel's
+//! BTF took seconds per load under TCG, past the 5 s bounds of the BPF tests' helpers.
+//!
+//! vm-init alone is linked statically (`-C target-feature=+crt-static`, its own target
+//! directory `target/vm/build`): it is PID 1 and only needs the libc crate.
 use std::{
     collections::HashMap,
     ffi::OsString,
+    fs,
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -16,78 +23,179 @@ use std::{
 use anyhow::{bail, Context as _};
 use serde_json::Value;
 
+use super::suite::{self, Place};
 use crate::{build::host_cargo, build_ebpf};
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
-const RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=debuginfo";
-/// Dependencies (not workspace members) built optimized: under TCG an unoptimized aya parsing
-/// the kernel's BTF took seconds per load, longer than the tests' 5 s bounds on helper
-/// processes. The workspace's own code keeps the dev profile the host tests use.
-const DEPENDENCY_OPT_LEVEL: &str = r#"profile.dev.package."*".opt-level=1"#;
-/// Host-only crates whose tests make no sense in the guest.
-const HOST_ONLY: &[&str] = &["xtask", "vm-init"];
+const STATIC_RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=debuginfo";
 
-/// Where the static build's artifacts go.
+/// Where vm-init's static build goes.
 pub fn build_dir() -> PathBuf {
     build_ebpf::target_dir().join("vm/build")
 }
 
-pub struct Built {
-    pub init: PathBuf,
-    /// `(name under /tests, binary)`.
-    pub tests: Vec<(String, PathBuf)>,
-    /// `(name under /usr/bin, binary)`.
-    pub bins: Vec<(String, PathBuf)>,
+/// One test binary for the guest.
+pub struct GuestTest {
+    /// Its name under /tests.
+    pub name: String,
+    /// The stripped copy that goes into the image.
+    pub binary: PathBuf,
+    /// libtest arguments of its own (the filters of [`suite::Place::Guests::only`]).
+    pub args: Vec<String>,
 }
 
-/// `cargo_args` replace the default `--workspace --exclude xtask --exclude vm-init` of the
-/// test build (e.g. `-p guard-user --lib`).
-pub fn build(cargo_args: &[OsString], ebpf_object: Option<&Path>) -> anyhow::Result<Built> {
+/// A program the tests start.
+pub struct GuestBin {
+    /// Its name under /usr/bin.
+    pub name: String,
+    /// Where cargo built it: the tests find it there (`CARGO_BIN_EXE_<name>`), so that path
+    /// becomes a link in the image.
+    pub built: PathBuf,
+    /// The stripped copy that goes into the image.
+    pub binary: PathBuf,
+}
+
+pub struct Built {
+    pub init: PathBuf,
+    pub tests: Vec<GuestTest>,
+    pub bins: Vec<GuestBin>,
+    /// Test binaries left to the host, with the reason (printed once).
+    pub host_only: Vec<(String, &'static str)>,
+}
+
+/// What to build and pick.
+pub struct Selection<'a> {
+    /// Arguments for `cargo test --no-run` instead of `--workspace` (e.g. `-p guard-user --lib`);
+    /// the suite's choice still applies unless `all_tests`.
+    pub cargo_args: &'a [OsString],
+    /// Every test binary, with all of its tests, in every guest (the full matrix).
+    pub all_tests: bool,
+    /// The developer gave test filters of their own: the suite's filters would widen them.
+    pub own_filters: bool,
+}
+
+pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Result<Built> {
     let packages = workspace_packages()?;
-    let probe_package = packages.iter().find(|p| p.bins.iter().any(|b| b == "guard-probe")).map(|p| p.name.clone());
+    let init = static_init()?;
 
-    let mut bin_args: Vec<OsString> =
-        ["-p", "vm-init", "--bin", "vm-init", "-p", "guard-user", "--bin", "guard-user"].map(OsString::from).to_vec();
-    if let Some(package) = &probe_package {
-        bin_args.extend(["-p", package, "--bin", "guard-probe"].map(OsString::from));
-    } else {
-        println!("vm: no guard-probe binary in the workspace yet; GUARD_PROBE_BIN stays unset");
-    }
-    let bins =
-        static_cargo("build", &bin_args, ebpf_object, &packages, |artifact| artifact.kind == "bin" && !artifact.test)?;
-    let find_bin = |name: &str| {
-        bins.iter()
-            .find(|a| a.target == name)
-            .map(|a| a.executable.clone())
-            .with_context(|| format!("the static build produced no {name} binary"))
-    };
-    let init = find_bin("vm-init")?;
-    let mut guest_bins = vec![("guard-user".to_string(), find_bin("guard-user")?)];
-    if probe_package.is_some() {
-        guest_bins.push(("guard-probe".to_string(), find_bin("guard-probe")?));
-    }
-
-    let mut test_args: Vec<OsString> = vec!["--no-run".into()];
-    if cargo_args.is_empty() {
+    let mut test_args: Vec<OsString> = vec!["test".into(), "--no-run".into()];
+    if selection.cargo_args.is_empty() {
+        // Exactly what `cargo xtask test` runs (plus --no-run): the same features, so the
+        // same artifacts, which that step already built.
         test_args.push("--workspace".into());
-        for crate_name in HOST_ONLY {
-            test_args.extend(["--exclude", crate_name].map(OsString::from));
-        }
     } else {
-        test_args.extend(cargo_args.iter().cloned());
+        test_args.extend(selection.cargo_args.iter().cloned());
     }
-    let tests = static_cargo("test", &test_args, ebpf_object, &packages, |artifact| artifact.test)?;
+    let artifacts = host_cargo_artifacts(&test_args, ebpf_object, &packages)?;
+    let stripped_dir = build_ebpf::target_dir().join("vm/stripped");
+    fs::create_dir_all(&stripped_dir).with_context(|| format!("creating {}", stripped_dir.display()))?;
+
+    let mut bins = Vec::new();
+    for name in ["guard-user", "guard-probe"] {
+        match artifacts.iter().find(|a| a.kind == "bin" && !a.test && a.target == name) {
+            Some(a) => bins.push(GuestBin {
+                name: name.to_string(),
+                built: a.executable.clone(),
+                binary: strip_copy(&a.executable, &stripped_dir.join(format!("bin-{name}")))?,
+            }),
+            None if name == "guard-probe" => println!("vm: no guard-probe binary built; GUARD_PROBE_BIN stays unset"),
+            None => bail!("`cargo {}` built no guard-user binary", join(&test_args)),
+        }
+    }
+
+    let mut tests = Vec::new();
+    let mut host_only = Vec::new();
+    for a in artifacts.iter().filter(|a| a.test) {
+        let name = a.guest_name();
+        let place = suite::place(&name)?;
+        let only = match place {
+            Place::Guests { only, .. } => only,
+            Place::Host { why } if !selection.all_tests => {
+                host_only.push((name, why));
+                continue;
+            }
+            Place::Host { .. } => &[][..],
+        };
+        if selection.all_tests && suite::HOST_TOOLING.iter().any(|p| name.starts_with(&format!("{p}."))) {
+            continue;
+        }
+        let mut args = Vec::new();
+        if !selection.all_tests && !selection.own_filters && !only.is_empty() {
+            args.push("--exact".to_string());
+            args.extend(only.iter().map(|t| t.to_string()));
+        }
+        let binary = strip_copy(&a.executable, &stripped_dir.join(&name))?;
+        tests.push(GuestTest { name, binary, args });
+    }
     if tests.is_empty() {
-        bail!("`cargo test --no-run` built no test binaries (arguments: {test_args:?})");
+        bail!("no test binary to run in the guests (cargo {})", join(&test_args));
     }
-    let tests = tests.into_iter().map(|a| (a.guest_name(), a.executable)).collect();
-    Ok(Built { init, tests, bins: guest_bins })
+    tests.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Built { init, tests, bins, host_only })
+}
+
+/// The test guests' guard-user (stripped), for the systemd guest: built by the same command, so
+/// nothing is rebuilt after `cargo xtask test`.
+pub fn guard_user(ebpf_object: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let args: Vec<OsString> = ["test", "--no-run", "--workspace"].map(OsString::from).to_vec();
+    let artifacts = host_cargo_artifacts(&args, ebpf_object, &workspace_packages()?)?;
+    let built = artifacts
+        .iter()
+        .find(|a| a.kind == "bin" && !a.test && a.target == "guard-user")
+        .with_context(|| format!("`cargo {}` built no guard-user binary", join(&args)))?;
+    let dir = build_ebpf::target_dir().join("vm/stripped");
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    strip_copy(&built.executable, &dir.join("bin-guard-user"))
+}
+
+fn join(args: &[OsString]) -> String {
+    args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
+}
+
+/// `objcopy --strip-debug` into `dest` (skipped when `dest` is newer than `source`).
+fn strip_copy(source: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
+    let newer = |a: &Path, b: &Path| -> bool {
+        let m = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+        matches!((m(a), m(b)), (Some(x), Some(y)) if x >= y)
+    };
+    if !newer(dest, source) {
+        let status = Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(source)
+            .arg(dest)
+            .status()
+            .context("running objcopy (binutils)")?;
+        if !status.success() {
+            bail!("objcopy --strip-debug {} failed ({status})", source.display());
+        }
+    }
+    Ok(dest.to_path_buf())
+}
+
+/// vm-init, statically linked: PID 1 of the guest.
+fn static_init() -> anyhow::Result<PathBuf> {
+    let dir = build_dir();
+    let mut cargo = host_cargo();
+    cargo
+        .args(["build", "-p", "vm-init", "--bin", "vm-init", "--target", TARGET])
+        .arg("--target-dir")
+        .arg(&dir)
+        .env("RUSTFLAGS", STATIC_RUSTFLAGS)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .current_dir(build_ebpf::workspace_root());
+    println!(
+        "vm: RUSTFLAGS=\"{STATIC_RUSTFLAGS}\" cargo build -p vm-init --target {TARGET} --target-dir {}",
+        dir.display()
+    );
+    build_ebpf::run_checked(&mut cargo, "building the static vm-init")?;
+    let init = dir.join(TARGET).join("debug/vm-init");
+    anyhow::ensure!(init.is_file(), "the static build left no {}", init.display());
+    Ok(init)
 }
 
 struct Package {
     name: String,
     manifest_path: PathBuf,
-    bins: Vec<String>,
 }
 
 fn workspace_packages() -> anyhow::Result<Vec<Package>> {
@@ -107,13 +215,6 @@ fn workspace_packages() -> anyhow::Result<Vec<Package>> {
         .map(|p| Package {
             name: p["name"].as_str().unwrap_or_default().to_string(),
             manifest_path: PathBuf::from(p["manifest_path"].as_str().unwrap_or_default()),
-            bins: p["targets"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "bin")))
-                .filter_map(|t| t["name"].as_str().map(String::from))
-                .collect(),
         })
         .collect())
 }
@@ -140,25 +241,17 @@ impl Artifact {
     }
 }
 
-/// Runs `cargo <subcommand> --target … --target-dir target/vm/build --message-format=json`
-/// statically linked and returns the executables `keep` accepts.
-fn static_cargo(
-    subcommand: &str,
+/// Runs the host's `cargo <args> --message-format=json-render-diagnostics` (dev profile, the
+/// host target directory) and returns every executable it reported.
+fn host_cargo_artifacts(
     args: &[OsString],
     ebpf_object: Option<&Path>,
     packages: &[Package],
-    keep: impl Fn(&Artifact) -> bool,
 ) -> anyhow::Result<Vec<Artifact>> {
-    let dir = build_dir();
     let mut cargo: Command = host_cargo();
     cargo
-        .arg(subcommand)
-        .args(["--target", TARGET, "--message-format=json-render-diagnostics", "--config", DEPENDENCY_OPT_LEVEL])
-        .arg("--target-dir")
-        .arg(&dir)
         .args(args)
-        .env("RUSTFLAGS", RUSTFLAGS)
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .arg("--message-format=json-render-diagnostics")
         .current_dir(build_ebpf::workspace_root())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -166,13 +259,8 @@ fn static_cargo(
         Some(object) => cargo.env("GUARD_EBPF_OBJ", object),
         None => cargo.env_remove("GUARD_EBPF_OBJ"),
     };
-    println!(
-        "vm: RUSTFLAGS=\"{RUSTFLAGS}\" cargo {subcommand} --target {TARGET} --config '{DEPENDENCY_OPT_LEVEL}' \
-         --target-dir {} {}",
-        dir.display(),
-        args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
-    );
-    let mut child = cargo.spawn().with_context(|| format!("starting cargo {subcommand}"))?;
+    println!("vm: cargo {}", join(args));
+    let mut child = cargo.spawn().context("starting cargo")?;
     let by_manifest: HashMap<&Path, &str> =
         packages.iter().map(|p| (p.manifest_path.as_path(), p.name.as_str())).collect();
     let mut artifacts = Vec::new();
@@ -184,23 +272,17 @@ fn static_cargo(
         }
         let Some(executable) = message["executable"].as_str() else { continue };
         let manifest = Path::new(message["manifest_path"].as_str().unwrap_or_default());
-        let artifact = Artifact {
+        artifacts.push(Artifact {
             package: by_manifest.get(manifest).map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
             target: message["target"]["name"].as_str().unwrap_or_default().to_string(),
             kind: message["target"]["kind"][0].as_str().unwrap_or_default().to_string(),
             test: message["profile"]["test"].as_bool().unwrap_or(false),
             executable: PathBuf::from(executable),
-        };
-        if keep(&artifact) {
-            artifacts.push(artifact);
-        }
+        });
     }
     let status = child.wait()?;
     if !status.success() {
-        bail!(
-            "the static cargo {subcommand} failed ({status}). If linking failed on a missing static library, a \
-             dependency does not link statically against glibc; x86_64-unknown-linux-musl is the fallback"
-        );
+        bail!("cargo {} failed ({status})", join(args));
     }
     Ok(artifacts)
 }

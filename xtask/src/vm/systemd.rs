@@ -5,8 +5,8 @@
 //!
 //! 1. a minbase Debian rootfs with systemd is built once with debootstrap and cached in
 //!    `target/vm/systemd/rootfs-bookworm` (delete it to rebuild);
-//! 2. the statically linked guard-user (the same build as the test guests', `target/vm/build`)
-//!    and [`GUEST_SCRIPT`] are added, with a oneshot unit `guard-vm-systemd.service` that runs it
+//! 2. the host's debug guard-user (the test guests' build; the rootfs is bookworm like the build
+//!    machine, so its glibc runs it) and [`GUEST_SCRIPT`] are added, with a oneshot unit `guard-vm-systemd.service` that runs it
 //!    after multi-user.target; serial-getty@ttyS0 and getty.target are masked (without udev the
 //!    getty waits 90 s for a device that never appears);
 //! 3. the whole tree goes into one uncompressed cpio (`target/vm/systemd.cpio`) that the kernel
@@ -38,7 +38,6 @@ use super::{
 mod package;
 
 use crate::{
-    build::host_cargo,
     build_ebpf::{self, run_checked, which},
     run::is_root,
 };
@@ -50,9 +49,6 @@ const MIRROR: &str = "http://deb.debian.org/debian";
 const INCLUDE: &str = "systemd,systemd-sysv,dbus,procps,man-db";
 /// The kernel booted when `--kernel` is not given.
 const DEFAULT_KERNEL: &str = "6.12";
-/// Same as payload.rs: the static guard-user of the test guests.
-const TARGET: &str = "x86_64-unknown-linux-gnu";
-const RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=debuginfo";
 /// Rootfs paths left out of the image (apt's caches and lists, documentation): the guest never
 /// runs apt, and every MiB is copied twice into guest RAM.
 const SKIPPED: &[&str] = &["var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale"];
@@ -96,10 +92,10 @@ pub fn run(opts: &super::Options) -> anyhow::Result<()> {
     } else {
         Some(build_ebpf::build(&build_ebpf::Options::default())?)
     };
-    // The package scenario runs the packaged binary; the static test build is the source scenario's.
+    // The package scenario runs the packaged binary; the test guests' build is the source scenario's.
     let (guard_user, scenario) = match opts.package {
         true => (None, Some(package::prepare()?)),
-        false => (Some(build_guard_user(ebpf_object.as_deref())?), None),
+        false => (Some(payload::guard_user(ebpf_object.as_deref())?), None),
     };
 
     let initrd = vm_dir.join("systemd.cpio");
@@ -192,33 +188,6 @@ fn ensure_rootfs(dir: &Path) -> anyhow::Result<PathBuf> {
     )?;
     fs::rename(&tmp, &rootfs).with_context(|| format!("renaming {} to {}", tmp.display(), rootfs.display()))?;
     Ok(rootfs)
-}
-
-/// The static guard-user, built like payload.rs builds it for the test guests.
-fn build_guard_user(ebpf_object: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let dir = payload::build_dir();
-    let mut cargo = host_cargo();
-    cargo
-        .args(["build", "--target", TARGET, "--target-dir"])
-        .arg(&dir)
-        .args(["-p", "guard-user", "--bin", "guard-user"])
-        .env("RUSTFLAGS", RUSTFLAGS)
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .current_dir(build_ebpf::workspace_root());
-    match ebpf_object {
-        Some(object) => cargo.env("GUARD_EBPF_OBJ", object),
-        None => cargo.env_remove("GUARD_EBPF_OBJ"),
-    };
-    println!(
-        "vm: RUSTFLAGS=\"{RUSTFLAGS}\" cargo build --target {TARGET} --target-dir {} -p guard-user --bin guard-user",
-        dir.display()
-    );
-    run_checked(&mut cargo, "building the static guard-user")?;
-    let bin = dir.join(TARGET).join("debug/guard-user");
-    if !bin.is_file() {
-        bail!("the static build left no {}", bin.display());
-    }
-    Ok(bin)
 }
 
 /// Files the image adds to (or puts in place of) the rootfs's.

@@ -1,0 +1,133 @@
+//! Which test binaries the guests run, and why.
+//!
+//! The host (`cargo xtask test`) runs every test. A guest boots a kernel under TCG, several
+//! times slower than the host, so the guests run only what can differ from one kernel to the
+//! next: loading and verifying the BPF programs, the tracepoints and their arguments, the task
+//! iterator, the scheduler's accounting, /proc and the VFS as each kernel shows them, pid
+//! namespaces, capabilities and seccomp, and the procfs fallback. Everything else (the pure
+//! rules, parsers, replays, the Redis mirror, install, supervision) behaves the same on every
+//! kernel and runs once, on the host. `cargo xtask vm --all-tests` runs every binary in every
+//! guest (the full matrix), as before this split.
+//!
+//! Every test binary of the workspace must be named here: a new one that is not fails the VM
+//! build with a message saying where to put it, so nothing silently stops being tested in the
+//! guests.
+
+/// Where one test binary runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// In every guest (and on the host). `only` names the tests to run there (libtest filters,
+    /// matched exactly); empty means all of the binary's tests.
+    Guests { why: &'static str, only: &'static [&'static str] },
+    /// On the host only.
+    Host { why: &'static str },
+}
+
+/// `(guest name, place)`; the guest name is `<package>.lib`, `<package>.<test target>` or
+/// `<package>.bin-<bin>` (payload.rs).
+pub const SUITE: &[(&str, Place)] = &[
+    // In the guests: what depends on the kernel.
+    (
+        "guard-user.lib",
+        Place::Guests {
+            why: "/proc parsing, BTF offsets, pidfd identity checks and the account-file opens (O_PATH, \
+                  O_NOFOLLOW, FIFOs) on each kernel",
+            only: &[],
+        },
+    ),
+    ("guard-user.ebpf_source", Place::Guests { why: "BPF load, verifier and tracepoint arguments", only: &[] }),
+    ("guard-user.task_iter", Place::Guests { why: "the BPF task iterator against /proc", only: &[] }),
+    ("guard-user.cpu_runtime", Place::Guests { why: "the tp_btf sched_stat_runtime accounting", only: &[] }),
+    (
+        "guard-user.matcher_sandbox",
+        Place::Guests { why: "seccomp, rlimits and capabilities as the kernel applies them", only: &[] },
+    ),
+    (
+        "guard-user.hostile_files",
+        Place::Guests { why: "links, FIFOs, devices and sockets as each kernel opens them", only: &[] },
+    ),
+    ("integration-tests.daemon", Place::Guests { why: "the whole guard on each kernel's events", only: &[] }),
+    ("integration-tests.no_btf", Place::Guests { why: "the procfs fallback (the no-btf guest)", only: &[] }),
+    ("integration-tests.record", Place::Guests { why: "a trace of each kernel's events replays", only: &[] }),
+    (
+        "integration-tests.reliability",
+        Place::Guests {
+            why: "ring-buffer overflow and the kernel's lost-event counts (the other two tests are policy \
+                  and file handling: host only)",
+            only: &["lost_events_trigger_a_resync_after_which_the_table_equals_proc"],
+        },
+    ),
+    (
+        "integration-tests.reliability_boundary",
+        Place::Guests { why: "other uids, pid namespaces and pid reuse", only: &[] },
+    ),
+    ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
+    // On the host only: the same on every kernel.
+    ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
+    ("guard-user.bin-guard-user", Place::Host { why: "no tests in main.rs" }),
+    ("guard-user.fuzz_inputs", Place::Host { why: "parsers and the matcher on generated input" }),
+    ("guard-user.log_grammar", Place::Host { why: "the log's text" }),
+    (
+        "guard-user.matcher",
+        Place::Host { why: "glibc's regex engine behind the bounds (the sandbox is matcher_sandbox)" },
+    ),
+    ("guard-user.matcher_measure", Place::Host { why: "a measurement, ignored by default" }),
+    ("guard-user.metrics", Place::Host { why: "the Prometheus text" }),
+    ("guard-user.mirror_offline", Place::Host { why: "endpoint and fleet text" }),
+    ("guard-user.operator_output", Place::Host { why: "validate and journal output" }),
+    ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
+    ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
+    ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
+    ("guard-user.status_view", Place::Host { why: "the status file's reader" }),
+    ("integration-tests.lib", Place::Host { why: "the harness, no tests" }),
+    ("integration-tests.bin-guard-probe", Place::Host { why: "the probe, no tests" }),
+    ("integration-tests.cadence", Place::Host { why: "tick cadence under load: timing, meaningless under TCG" }),
+    ("integration-tests.foresight", Place::Host { why: "WARNING and REPEAT: policy over real probes" }),
+    (
+        "integration-tests.hostile_home",
+        Place::Host { why: "the daemon over hostile files; each kernel's file semantics are hostile_files" },
+    ),
+    ("integration-tests.install", Place::Host { why: "files and a fake systemctl" }),
+    ("integration-tests.install_hostile", Place::Host { why: "files and a fake systemctl" }),
+    ("integration-tests.redis", Place::Host { why: "a real redis-server on loopback" }),
+    ("integration-tests.supervise", Place::Host { why: "sd_notify sockets, signals and the watchdog" }),
+];
+
+/// Host tooling: never in a guest, whatever the options.
+pub const HOST_TOOLING: &[&str] = &["xtask", "vm-init"];
+
+/// Where `name` runs, or an error naming this file when nobody decided.
+pub fn place(name: &str) -> anyhow::Result<Place> {
+    if let Some(package) = name.split('.').next().filter(|p| HOST_TOOLING.contains(p)) {
+        return Ok(Place::Host { why: if package == "xtask" { "host tooling" } else { "the guest's init itself" } });
+    }
+    SUITE.iter().find(|(n, _)| *n == name).map(|(_, p)| *p).ok_or_else(|| {
+        anyhow::anyhow!(
+            "test binary {name} is not in xtask/src/vm/suite.rs: add it as Place::Guests (it depends on the \
+             kernel) or Place::Host (it does not), with the reason"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_listed_once_and_filters_only_narrow_guest_binaries() {
+        for (i, (name, place)) in SUITE.iter().enumerate() {
+            assert!(SUITE[i + 1..].iter().all(|(n, _)| n != name), "{name} is listed twice");
+            if let Place::Guests { only, .. } = place {
+                assert!(only.iter().all(|t| !t.is_empty()), "{name}: an empty filter would match every test");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unlisted_binary_is_an_error_that_says_where_to_list_it() {
+        let err = place("guard-user.brand_new").unwrap_err().to_string();
+        assert!(err.contains("xtask/src/vm/suite.rs"), "{err}");
+        assert!(matches!(place("xtask.bin-xtask"), Ok(Place::Host { .. })));
+        assert!(matches!(place("integration-tests.daemon"), Ok(Place::Guests { .. })));
+    }
+}
