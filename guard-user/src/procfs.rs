@@ -46,10 +46,14 @@ pub fn parse_stat(buf: &[u8]) -> Option<Stat> {
 
 /// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`). /proc's
 /// directory owner is not used: it shows root for non-dumpable (e.g. setuid) processes.
+///
+/// Read as bytes, line by line: the `Name:` line holds the process's name with only line breaks
+/// and backslashes escaped (`proc_task_name(m, p, true)`), so any other byte comes raw, and a
+/// name that is not UTF-8 must not hide the process (a scan would not count it, the enforcer's
+/// identity check would never pass).
 pub fn parse_status_euid(buf: &[u8]) -> Option<u32> {
-    let text = std::str::from_utf8(buf).ok()?;
-    let line = text.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_ascii_whitespace().nth(2)?.parse().ok()
+    let line = buf.split(|&b| b == b'\n').find(|l| l.starts_with(b"Uid:"))?;
+    std::str::from_utf8(line).ok()?.split_ascii_whitespace().nth(2)?.parse().ok()
 }
 
 /// Reads one process's live state; `None` when it is gone, a kernel thread, or a zombie whose
@@ -269,6 +273,20 @@ mod tests {
         assert_eq!(s.start_ticks, 987654);
     }
 
+    /// The kernel writes the comm raw (fs/proc/array.c, `proc_task_name(m, task, false)`): any
+    /// byte but NUL, so a name can fake the fields after it or hold a line break.
+    #[test]
+    fn stat_of_a_hostile_fifteen_byte_name_gives_all_its_bytes() {
+        for name in [&b"x) R 9 9\n\xff ( \n)"[..], b") S 1 (\xfe\t\x1b=\\ \n\n", b"(((((((((((((((", b"               "]
+        {
+            let mut line = b"4242 (".to_vec();
+            line.extend_from_slice(name);
+            line.extend_from_slice(b") S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100\n");
+            let s = parse_stat(&line).unwrap_or_else(|| panic!("{:?}", Comm::new(name)));
+            assert_eq!((s.comm.as_bytes(), s.state, s.start_ticks), (name, b'S', 987654));
+        }
+    }
+
     #[test]
     fn stat_cpu_is_utime_plus_stime() {
         let line = b"4242 (a) b) R 1 4242 4242 0 -1 4194560 100 0 0 0 170 30 0 0 20 0 1 0 987654 1000";
@@ -279,6 +297,12 @@ mod tests {
     fn status_gives_the_effective_uid_not_the_real_one() {
         let status = b"Name:\tsu\nUmask:\t0022\nState:\tS\nUid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\n";
         assert_eq!(parse_status_euid(status), Some(0));
+    }
+
+    #[test]
+    fn status_of_a_process_whose_name_is_not_utf8_gives_its_euid() {
+        let status = b"Name:\tx)\\ R\\n\xff\nUmask:\t0022\nState:\tS\nUid:\t4201\t4201\t4201\t4201\n";
+        assert_eq!(parse_status_euid(status), Some(4201));
     }
 
     /// The euid shortcut (the /proc/PID owner) agrees with `status` for every process,
