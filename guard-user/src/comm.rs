@@ -16,8 +16,7 @@ use guard_common::COMM_LEN;
 /// The most bytes a name has (the kernel's `TASK_COMM_LEN` less its NUL).
 const MAX_LEN: usize = COMM_LEN - 1;
 
-/// A comm stored inline (no allocation per process), compared and hashed by its bytes. It never
-/// holds a NUL byte, so it round-trips through the kernel's NUL-padded form.
+/// A comm stored inline (no allocation per process), compared and hashed by its bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Comm {
     len: u8,
@@ -26,9 +25,8 @@ pub struct Comm {
 
 impl Comm {
     /// The name the kernel keeps when a process is given `name` (exec's file name, prctl, a
-    /// write to /proc/PID/comm): the bytes before the first NUL, at most 15 of them.
+    /// write to /proc/PID/comm, none of which holds a NUL): its first 15 bytes.
     pub fn new(name: &[u8]) -> Comm {
-        let name = name.split(|&b| b == 0).next().unwrap_or_default();
         let len = name.len().min(MAX_LEN);
         let mut bytes = [0u8; MAX_LEN];
         bytes[..len].copy_from_slice(&name[..len]);
@@ -36,15 +34,17 @@ impl Comm {
     }
 
     /// `name` itself when the kernel can hold it (at most 15 bytes, no NUL), else `None`: for
-    /// input that claims to be a kept name already (a trace, a state file's key), where cutting
+    /// input that claims to be a kept name already (a trace, a legacy state file's key), where cutting
     /// it would make it another name.
     pub fn exact(name: &[u8]) -> Option<Comm> {
         (name.len() <= MAX_LEN && !name.contains(&0)).then(|| Comm::new(name))
     }
 
-    /// From a NUL-padded kernel buffer (`task->comm` as the BPF programs copy it).
+    /// From a NUL-padded kernel buffer (`task->comm` as the BPF programs copy it): the bytes
+    /// before the first NUL, at most 15.
     pub fn from_kernel(buf: &[u8; COMM_LEN]) -> Comm {
-        Comm::new(buf)
+        let len = buf.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+        Comm::new(&buf[..len])
     }
 
     pub fn to_kernel(self) -> [u8; COMM_LEN] {
@@ -58,9 +58,10 @@ impl Comm {
     }
 
     /// Decodes a name from its escaped form (its `Display`, as the state file and the status file
-    /// hold it). `None` when the text is not an escaped form or not a name ([`Comm::exact`]).
+    /// hold it). `None` when the text is not an escaped form or names more than 15 bytes.
     pub fn from_escaped(text: &str) -> Option<Comm> {
-        Comm::exact(&crate::escape::unescape(text).ok()?)
+        let bytes = crate::escape::unescape(text).ok()?;
+        (bytes.len() <= MAX_LEN).then(|| Comm::new(&bytes))
     }
 
     /// docs/configuration.md: `excludes` compare ignoring (ASCII) case.
@@ -100,7 +101,6 @@ mod tests {
     fn a_name_is_what_the_kernel_keeps_all_fifteen_bytes_up_to_a_nul() {
         assert_eq!(Comm::new(b"fifteen-bytes-a").as_bytes(), b"fifteen-bytes-a");
         assert_ne!(Comm::new(b"fifteen-bytes-a"), Comm::new(b"fifteen-bytes-b"));
-        assert_eq!(Comm::new(b"abc\0def").as_bytes(), b"abc");
         assert_eq!(Comm::new(b"").as_bytes(), b"");
         // The kernel's buffer: NUL padded, or (never from the kernel, but bounded) full.
         assert_eq!(Comm::from_kernel(b"fifteen-bytes-a\0").as_bytes(), b"fifteen-bytes-a");
@@ -118,7 +118,6 @@ mod tests {
         assert_eq!(Comm::exact(b""), Some(Comm::new(b"")));
         assert_eq!(Comm::exact(b"sixteen-bytes-ab"), None);
         assert_eq!(Comm::exact(b"a\0b"), None);
-        assert_eq!(Comm::from_escaped(r"a\x00b"), None);
     }
 
     #[test]

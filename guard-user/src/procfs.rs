@@ -44,8 +44,8 @@ pub fn parse_stat(buf: &[u8]) -> Option<Stat> {
     Some(Stat { comm, state, flags, start_ticks })
 }
 
-/// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`). /proc's
-/// directory owner is not used: it shows root for non-dumpable (e.g. setuid) processes.
+/// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`), for the
+/// processes whose /proc directory owner does not say it (see [`snapshot`]).
 ///
 /// Read as bytes, line by line: the `Name:` line holds the process's name with only line breaks
 /// and backslashes escaped (`proc_task_name(m, p, true)`), so any other byte comes raw, and a
@@ -79,11 +79,11 @@ fn has_live_threads(pid: u32) -> bool {
 /// This is the bootstrap's critical path (10,000 processes: bench figure 4), so it is faster
 /// than [`read_process`] per pid, with the same result:
 /// - the effective uid comes from the owner of `/proc/PID` when that owner is exact, which saves
-///   reading (and the kernel formatting) `status`, the most expensive file: the owner is the
-///   euid for a dumpable process and the root of the process's user namespace (0 in the
-///   initial one) otherwise (`task_dump_owner`), so a non-zero owner of a process in *our* user
-///   namespace (the initial one: loading BPF needs it) is its euid; anything else reads
-///   `status`;
+///   reading (and the kernel formatting) `status`, the most expensive file: the directory's
+///   owner is the euid as our user namespace maps it, dumpable or not (`task_dump_owner` makes
+///   a non-dumpable process's *files* root's, not its directory), so a non-zero owner of a
+///   process in *our* user namespace (the initial one: loading BPF needs it) is its euid;
+///   anything else (euid 0, a process in another user namespace) reads `status`;
 /// - paths are resolved from one `/proc` directory fd;
 /// - the pids are split over up to 4 threads (fewer if threads cannot be created: a host whose
 ///   pid space a fork bomb has exhausted still gets its scan, in this thread).
@@ -306,7 +306,7 @@ mod tests {
     }
 
     /// The euid shortcut (the /proc/PID owner) agrees with `status` for every process,
-    /// including a non-dumpable one of another uid (whose directory root owns).
+    /// including a non-dumpable one of another uid (whose files, not its directory, root owns).
     #[test]
     fn the_snapshot_agrees_with_status_for_every_process() {
         let mut kids = Vec::new();
