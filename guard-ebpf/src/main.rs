@@ -249,10 +249,14 @@ fn try_rename(ctx: &BtfTracePointContext) -> Res {
             return Ok(());
         }
     }
-    // The tracepoint fires before the copy into task->comm: take the new name from the argument.
+    // The tracepoint fires before the copy into task->comm: take the new name from the argument,
+    // as the kernel will keep it. `__set_task_comm` copies the string into the 16-byte comm
+    // with its NUL (strscpy_pad, strlcpy before 6.x): at most 15 bytes. The helper writes at
+    // most `len - 1` bytes and a NUL, so the buffer is the whole 16 bytes, never 15 (that kept
+    // 14 and the name never matched /proc again).
     let src = arg(ctx, 1)?;
     let mut comm = [0u8; COMM_LEN];
-    unsafe { bpf_probe_read_kernel_str_bytes(src as *const u8, &mut comm[..COMM_LEN - 1]) }.map_err(|e| e as i64)?;
+    unsafe { bpf_probe_read_kernel_str_bytes(src as *const u8, &mut comm) }.map_err(|e| e as i64)?;
     emit(o, kind::RENAME, task, 0, Some(comm))
 }
 

@@ -44,12 +44,16 @@ pub fn parse_stat(buf: &[u8]) -> Option<Stat> {
     Some(Stat { comm, state, flags, start_ticks })
 }
 
-/// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`). /proc's
-/// directory owner is not used: it shows root for non-dumpable (e.g. setuid) processes.
+/// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`), for the
+/// processes whose /proc directory owner does not say it (see [`snapshot`]).
+///
+/// Read as bytes, line by line: the `Name:` line holds the process's name with only line breaks
+/// and backslashes escaped (`proc_task_name(m, p, true)`), so any other byte comes raw, and a
+/// name that is not UTF-8 must not hide the process (a scan would not count it, the enforcer's
+/// identity check would never pass).
 pub fn parse_status_euid(buf: &[u8]) -> Option<u32> {
-    let text = std::str::from_utf8(buf).ok()?;
-    let line = text.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_ascii_whitespace().nth(2)?.parse().ok()
+    let line = buf.split(|&b| b == b'\n').find(|l| l.starts_with(b"Uid:"))?;
+    std::str::from_utf8(line).ok()?.split_ascii_whitespace().nth(2)?.parse().ok()
 }
 
 /// Reads one process's live state; `None` when it is gone, a kernel thread, or a zombie whose
@@ -75,11 +79,11 @@ fn has_live_threads(pid: u32) -> bool {
 /// This is the bootstrap's critical path (10,000 processes: bench figure 4), so it is faster
 /// than [`read_process`] per pid, with the same result:
 /// - the effective uid comes from the owner of `/proc/PID` when that owner is exact, which saves
-///   reading (and the kernel formatting) `status`, the most expensive file: the owner is the
-///   euid for a dumpable process and the root of the process's user namespace (0 in the
-///   initial one) otherwise (`task_dump_owner`), so a non-zero owner of a process in *our* user
-///   namespace (the initial one: loading BPF needs it) is its euid; anything else reads
-///   `status`;
+///   reading (and the kernel formatting) `status`, the most expensive file: the directory's
+///   owner is the euid as our user namespace maps it, dumpable or not (`task_dump_owner` makes
+///   a non-dumpable process's *files* root's, not its directory), so a non-zero owner of a
+///   process in *our* user namespace (the initial one: loading BPF needs it) is its euid;
+///   anything else (euid 0, a process in another user namespace) reads `status`;
 /// - paths are resolved from one `/proc` directory fd;
 /// - the pids are split over up to 4 threads (fewer if threads cannot be created: a host whose
 ///   pid space a fork bomb has exhausted still gets its scan, in this thread).
@@ -269,6 +273,20 @@ mod tests {
         assert_eq!(s.start_ticks, 987654);
     }
 
+    /// The kernel writes the comm raw (fs/proc/array.c, `proc_task_name(m, task, false)`): any
+    /// byte but NUL, so a name can fake the fields after it or hold a line break.
+    #[test]
+    fn stat_of_a_hostile_fifteen_byte_name_gives_all_its_bytes() {
+        for name in [&b"x) R 9 9\n\xff ( \n)"[..], b") S 1 (\xfe\t\x1b=\\ \n\n", b"(((((((((((((((", b"               "]
+        {
+            let mut line = b"4242 (".to_vec();
+            line.extend_from_slice(name);
+            line.extend_from_slice(b") S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100\n");
+            let s = parse_stat(&line).unwrap_or_else(|| panic!("{:?}", Comm::new(name)));
+            assert_eq!((s.comm.as_bytes(), s.state, s.start_ticks), (name, b'S', 987654));
+        }
+    }
+
     #[test]
     fn stat_cpu_is_utime_plus_stime() {
         let line = b"4242 (a) b) R 1 4242 4242 0 -1 4194560 100 0 0 0 170 30 0 0 20 0 1 0 987654 1000";
@@ -281,8 +299,14 @@ mod tests {
         assert_eq!(parse_status_euid(status), Some(0));
     }
 
+    #[test]
+    fn status_of_a_process_whose_name_is_not_utf8_gives_its_euid() {
+        let status = b"Name:\tx)\\ R\\n\xff\nUmask:\t0022\nState:\tS\nUid:\t4201\t4201\t4201\t4201\n";
+        assert_eq!(parse_status_euid(status), Some(4201));
+    }
+
     /// The euid shortcut (the /proc/PID owner) agrees with `status` for every process,
-    /// including a non-dumpable one of another uid (whose directory root owns).
+    /// including a non-dumpable one of another uid (whose files, not its directory, root owns).
     #[test]
     fn the_snapshot_agrees_with_status_for_every_process() {
         let mut kids = Vec::new();

@@ -77,8 +77,8 @@ pub fn parse(bytes: &[u8]) -> Option<FlagClocks> {
         let t = v.as_f64().filter(|t| t.is_finite() && *t >= 0.0)?;
         let name = if escaped {
             Comm::from_escaped(key)?
-        } else if key.len() < guard_common::COMM_LEN {
-            Comm::new(key.as_bytes())
+        } else if let Some(name) = Comm::exact(key.as_bytes()) {
+            name
         } else {
             continue;
         };

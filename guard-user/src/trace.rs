@@ -89,12 +89,18 @@ fn proc_json(p: &ProcState) -> Map<String, Value> {
     m
 }
 
-fn proc_from(m: &Map<String, Value>) -> Option<ProcState> {
+/// A `<proc>`; its `comm` must be a name the kernel can hold (docs/architecture.md), never cut
+/// to one: a cut name would be another process's name.
+fn proc_from(m: &Map<String, Value>, incomplete: &'static str) -> Result<ProcState, &'static str> {
     let n = |k: &str| m.get(k).and_then(Value::as_u64);
-    Some(ProcState {
-        id: ProcId { pid: u32::try_from(n("pid")?).ok()?, start_ticks: n("start")? },
-        euid: u32::try_from(n("euid")?).ok()?,
-        comm: Comm::new(&get_bytes(m, "comm")?),
+    let comm = get_bytes(m, "comm").ok_or(incomplete)?;
+    Ok(ProcState {
+        id: ProcId {
+            pid: n("pid").and_then(|p| u32::try_from(p).ok()).ok_or(incomplete)?,
+            start_ticks: n("start").ok_or(incomplete)?,
+        },
+        euid: n("euid").and_then(|u| u32::try_from(u).ok()).ok_or(incomplete)?,
+        comm: Comm::exact(&comm).ok_or("a comm has more than 15 bytes or a NUL byte, which no kernel name has")?,
     })
 }
 
@@ -148,13 +154,16 @@ impl Record {
                 .as_array()
                 .ok_or("\"scan\" is not an array")?
                 .iter()
-                .map(|p| p.as_object().and_then(proc_from).ok_or("a scanned process is incomplete"))
+                .map(|p| {
+                    let incomplete = "a scanned process is incomplete";
+                    p.as_object().ok_or(incomplete).and_then(|m| proc_from(m, incomplete))
+                })
                 .collect::<Result<_, _>>()?;
             return Ok((t, Record::Scan(procs)));
         }
         if let Some(kind) = m.get("ev").and_then(Value::as_str) {
             let lost = m.get("lost").and_then(Value::as_bool).unwrap_or(false);
-            let state = || proc_from(m).ok_or("the event's process is incomplete");
+            let state = || proc_from(m, "the event's process is incomplete");
             let event = match kind {
                 "fork" => Event::Fork {
                     child: state()?,
@@ -367,5 +376,26 @@ mod tests {
         trace.write(&mut out).unwrap();
         let back = Trace::parse("t", io::BufReader::new(&out[..])).unwrap();
         assert_eq!(back, trace, "{}", String::from_utf8_lossy(&out));
+    }
+
+    #[test]
+    fn a_trace_keeps_all_fifteen_bytes_of_a_name_and_refuses_a_longer_one() {
+        let names = [&b"fifteen-bytes-a"[..], b"x) R 9 9\n\xff ( \n)"];
+        for name in names {
+            let p = ProcState { id: ProcId { pid: 7, start_ticks: 70 }, euid: 1000, comm: Comm::new(name) };
+            let trace = Trace {
+                uid: 1000,
+                note: String::new(),
+                records: vec![(0.0, Record::Event { event: Event::Rename(p), lost: false })],
+            };
+            let mut out = Vec::new();
+            trace.write(&mut out).unwrap();
+            assert_eq!(Trace::parse("t", io::BufReader::new(&out[..])).unwrap(), trace);
+        }
+        for comm in [r#""comm":"sixteen-bytes-ab""#, r#""comm":"a\u0000b""#, r#""comm_bytes":[97,0]"#] {
+            let text = format!("{{\"guard_trace\":1,\"uid\":1000}}\n{{\"t\":0,\"ev\":\"rename\",\"pid\":7,\"start\":70,\"euid\":1000,{comm}}}\n");
+            let err = Trace::parse("t", io::BufReader::new(text.as_bytes())).unwrap_err().to_string();
+            assert!(err.starts_with("t line 2: a comm has more than 15 bytes or a NUL byte"), "{comm}: {err}");
+        }
     }
 }

@@ -3,7 +3,11 @@
 //! until killed; with `threads` it runs N extra threads, with `forks` N children that do not
 //! exec (they keep the name), with `record` it appends every signal it receives to FILE, with
 //! `rename NAME` / `rename-hex HEX` it renames itself (prctl; the hex form for names that are not
-//! UTF-8), with `dodge NAME` it survives SIGTERM by renaming itself to NAME, with `busy ON/OFF`
+//! UTF-8), with `comm-hex HEX` it writes those bytes to /proc/self/comm (the other way to
+//! rename, which `ps` and node's `process.title` use; it takes any byte but NUL), with
+//! `userns new` it moves into a new user namespace of its own (unshare(2); a /proc scan then
+//! reads its euid from `status`), with
+//! `dodge NAME` it survives SIGTERM by renaming itself to NAME, with `busy ON/OFF`
 //! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins).
 //!
 //! Two helper modes for the pid tests:
@@ -142,6 +146,12 @@ fn main() {
             // prctl(PR_SET_NAME): the leader's comm, as a program renaming itself does.
             "rename" => rename(args[i + 1].as_bytes()),
             "rename-hex" => rename(&unhex(&args[i + 1])),
+            "comm-hex" => std::fs::write("/proc/self/comm", unhex(&args[i + 1])).unwrap(),
+            "userns" => {
+                // SAFETY: a plain syscall; the probe is still single-threaded here.
+                let r = unsafe { libc::unshare(libc::CLONE_NEWUSER) };
+                assert_eq!(r, 0, "unshare(CLONE_NEWUSER): {}", std::io::Error::last_os_error());
+            }
             "dodge" => {
                 let name = args[i + 1].as_bytes();
                 // SAFETY: written before the handler that reads it is installed.
