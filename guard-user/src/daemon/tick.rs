@@ -400,7 +400,7 @@ fn stream_event(kind: &str, line: &Line, now: f64) -> StreamEvent {
     for (k, v) in &line.fields {
         match *k {
             "pid" => ev.pid = text(v).parse().ok(),
-            "name" => ev.name = crate::comm::Comm::new(v).to_string(),
+            "name" => ev.name = Some(crate::comm::Comm::new(v).to_string()),
             "reason" => ev.reason = text(v),
             "count" => ev.count = text(v).parse().ok(),
             "elapsed" => ev.elapsed = Some(text(v)),

@@ -7,9 +7,9 @@
 //!   parsing dates. A TTL below a second is rounded up to one.
 //! - Events: `XADD agentihooks:host-guard:events MAXLEN ~ 10000 * host <h> user <u> event <e>
 //!   [pid <p>] [name <n>] [reason <r>] [count <c>] [elapsed <e>] [<other fields>] ts <unix
-//!   seconds>`. Fields with no value (`None`, or an empty name or reason: the `config_error` and
-//!   `config_ok` events are about no process) are omitted rather than written empty, so a reader
-//!   can tell "no pid" from "pid 0".
+//!   seconds>`. Fields with no value (`None`, or an empty reason) are omitted rather than written
+//!   empty, so a reader can tell "no pid" from "pid 0"; the `config_error` and `config_ok`
+//!   events are about no process, so they have no `name` either.
 //!
 //! Values the account controls (process names, in the stream and in the heartbeat's `flagged`)
 //! need no escaping here: each stream value is its own length-prefixed argument of the Redis
@@ -68,8 +68,9 @@ pub struct StreamEvent {
     /// or `config_ok`.
     pub event: String,
     pub pid: Option<u32>,
-    /// The process name; empty (and left out) for the config events.
-    pub name: String,
+    /// The process name, escaped as in the log; `None` (and left out) for the config events,
+    /// which are about no process.
+    pub name: Option<String>,
     /// `ghost_detected`, `excluded_command`, `identity_changed`; empty for FLAGGED.
     pub reason: String,
     pub count: Option<u64>,
@@ -104,8 +105,8 @@ pub fn xadd(host: &str, user: &str, ev: &StreamEvent) -> redis::Cmd {
     if let Some(pid) = ev.pid {
         cmd.arg("pid").arg(pid);
     }
-    if !ev.name.is_empty() {
-        cmd.arg("name").arg(&ev.name);
+    if let Some(name) = &ev.name {
+        cmd.arg("name").arg(name);
     }
     if !ev.reason.is_empty() {
         cmd.arg("reason").arg(&ev.reason);
@@ -142,7 +143,7 @@ mod tests {
         let ev = StreamEvent {
             event: "KILLED".into(),
             pid: Some(7),
-            name: name.into(),
+            name: Some(name.into()),
             reason: "ghost_detected".into(),
             count: Some(31),
             elapsed: Some("1.0h".into()),
