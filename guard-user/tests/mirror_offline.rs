@@ -152,7 +152,7 @@ fn a_guard_whose_config_is_invalid_is_an_unhealthy_row_with_the_reason() {
     let reason = r#"config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#;
     let broken = Heartbeat { config_error: Some(reason.into()), ..heartbeat("bob", 2) };
     let stale = Heartbeat { last_tick: 1_000_000 - 121, ..heartbeat("carol", 3) };
-    assert_eq!(fleet_exit_code(&[ok.clone()], now), std::process::ExitCode::SUCCESS);
+    assert_eq!(fleet_exit_code(std::slice::from_ref(&ok), now), std::process::ExitCode::SUCCESS);
     let table = fleet_table(&[ok.clone(), broken.clone(), stale.clone()], now);
     let lines: Vec<&str> = table.lines().collect();
     let at = lines[0].find("HEALTH").expect("a HEALTH column");

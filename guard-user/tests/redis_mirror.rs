@@ -520,34 +520,6 @@ async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
-/// The heartbeat one tick writes, built by the daemon's own report code.
-fn tick_heartbeat(view: &guard::policy::AccountView, now: f64, config_error: Option<String>) -> Heartbeat {
-    use guard::daemon::report::{TickFigures, Totals};
-    TickFigures {
-        user: "alice",
-        uid: 4201,
-        home: "/home/alice",
-        backend: "ebpf",
-        dry_run: false,
-        started_at: now - 600.0,
-        now,
-        interval: Duration::from_secs(60),
-        view,
-        stats: Default::default(),
-        totals: Totals::default(),
-        names: Vec::new(),
-        pegged: Vec::new(),
-        warnings: Vec::new(),
-        offenders: Vec::new(),
-        config: None,
-        config_error,
-        vitals: Default::default(),
-        tick_secs: 0.01,
-        mirror_dropped: 0,
-    }
-    .heartbeat("box1".into())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once() {
     use guard::cmd::fleet::fleet_exit_code;
@@ -559,7 +531,6 @@ async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once(
     let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
     let error =
         guard::config::parse(br#"{"threshold": "30"}"#, std::path::Path::new("/home/alice")).unwrap_err().log_reason();
-    let view = guard::policy::AccountView::default();
     let mut outage = ConfigOutage::default();
     let mut conn = server.conn().await;
     let start = now_secs() as f64;
@@ -570,7 +541,9 @@ async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once(
         if let Some(ev) = outage.observe(config_error.as_deref(), now) {
             mirror.event(ev);
         }
-        mirror.heartbeat(tick_heartbeat(&view, now, config_error), Duration::from_secs(180));
+        // (The replay tests check the daemon fills the heartbeat's config_error every tick.)
+        let hb = Heartbeat { last_tick: now as u64, config_error, ..heartbeat("alice", 1) };
+        mirror.heartbeat(hb, Duration::from_secs(180));
         if tick == 2 {
             wait_for(Duration::from_secs(10), "the broken heartbeat", || async {
                 matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.last_tick == now as u64)
