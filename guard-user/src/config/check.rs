@@ -68,13 +68,8 @@ impl Problem {
 }
 
 impl Problem {
-    /// A pattern the matcher cannot compile (`reason` is the matcher's message), logged as
-    /// `config_malformed excludeCommands pattern=<p> index=<i>`.
-    pub fn invalid_pattern(index: usize, pattern: &str, reason: &str) -> Problem {
-        pattern_problem(Some(index), pattern, reason)
-    }
-
-    /// A pattern the sandboxed matcher refused (`validate` compiles each one alone, so it says
+    /// A pattern the sandboxed matcher refused, logged as `config_malformed excludeCommands
+    /// pattern=<p> index=<i>` with the matcher's reason (`validate` compiles each one alone, so it says
     /// which `index` that was).
     pub fn refused_pattern(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
         refused_problem(Some(index), pattern, e)
