@@ -93,7 +93,16 @@ pub fn text(bytes: &[u8]) -> String {
 /// appended when something was cut: a command line for one row of a terminal table (`status`,
 /// `match`, `explain`).
 pub fn text_capped(bytes: &[u8], max: usize) -> String {
-    let full = text(bytes);
+    // Every byte escapes to at least one byte, so nothing past the first `max + 1` bytes can
+    // show, and the text of those is over `max` exactly when the whole is: escaping a 1 MiB
+    // value to show 200 bytes of it would be waste. (A character cut at `max + 1` becomes
+    // `\xNN` units that start past `max - 3` and so never fit either.)
+    let bytes = &bytes[..bytes.len().min(max.saturating_add(1))];
+    cap_escaped(text(bytes), max)
+}
+
+/// An escaped text cut to at most `max` bytes between two escape units, `…` appended when cut.
+fn cap_escaped(full: String, max: usize) -> String {
     if full.len() <= max {
         return full;
     }
@@ -152,13 +161,17 @@ fn needs_quotes(escaped: &str) -> bool {
 
 /// Appends `bytes` as one log value: escaped, and quoted when empty or holding ` `, `=`, `"`.
 pub fn push_log_value(out: &mut String, bytes: &[u8]) {
-    let escaped = text(bytes);
-    if needs_quotes(&escaped) {
+    push_quoted(out, &text(bytes));
+}
+
+/// Appends an escaped text as a log value, quoted when it must be.
+fn push_quoted(out: &mut String, escaped: &str) {
+    if needs_quotes(escaped) {
         out.push('"');
         out.push_str(&escaped.replace('"', "\\\""));
         out.push('"');
     } else {
-        out.push_str(&escaped);
+        out.push_str(escaped);
     }
 }
 
@@ -166,6 +179,15 @@ pub fn push_log_value(out: &mut String, bytes: &[u8]) {
 pub fn log_value(bytes: &[u8]) -> String {
     let mut out = String::new();
     push_log_value(&mut out, bytes);
+    out
+}
+
+/// `bytes` as one log value whose escaped text is cut to at most `max` bytes, with `…` appended
+/// when something was cut ([`text_capped`]): a value the account controls that may be huge (a
+/// config value) makes a bounded line, and still reads back with the log's one grammar.
+pub fn log_value_capped(bytes: &[u8], max: usize) -> String {
+    let mut out = String::new();
+    push_quoted(&mut out, &text_capped(bytes, max));
     out
 }
 
@@ -306,5 +328,24 @@ mod tests {
             assert!(cmd.starts_with(&bytes), "{max}: {t}");
         }
         assert_eq!(text_capped(b"short", 10), "short");
+    }
+
+    #[test]
+    fn capping_reads_only_what_can_show_and_gives_what_the_whole_would() {
+        let samples: [&[u8]; 4] = [
+            b"plain ascii text",
+            "ab\u{e9}\u{20ac}\u{1f600}\n\u{202e}x".as_bytes(),
+            b"q\xff\xfe\\x\x1b[2J",
+            b"\xe2\x82",
+        ];
+        for bytes in samples {
+            for max in 0..40 {
+                assert_eq!(text_capped(bytes, max), cap_escaped(text(bytes), max), "{bytes:?} at {max}");
+            }
+        }
+        let huge = vec![b'a'; 1 << 20];
+        assert_eq!(log_value_capped(&huge, 8), "aaaaaaaa…");
+        assert_eq!(log_value_capped(b"\"30\"", 200), r#""\"30\"""#);
+        assert_eq!(log_value_capped(b"30", 200), "30");
     }
 }

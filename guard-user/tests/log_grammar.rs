@@ -273,3 +273,98 @@ fn shown_values_escape_like_strings() {
     assert_eq!(parsed.fields[0].1, b"bad\nthing");
     let _: &dyn LogValue = &1.5f64;
 }
+
+/// The `ERROR` line of each config, written as the daemon writes it (through the real `Logger`,
+/// as its `LogSink`), read back with the strict parser.
+fn config_error_lines(configs: &[String]) -> Vec<Line> {
+    use guard::{daemon::effects::LogSink, policy::line::Line as LogLine};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("guard-daemon.log");
+    let log = Logger::new(path.clone(), FsIdentity::current(), u64::MAX, false);
+    for json in configs {
+        let e = guard::config::parse(json.as_bytes(), dir.path()).unwrap_err();
+        LogSink::write(&log, &LogLine::new("ERROR").word(e.log_reason()));
+    }
+    let written = String::from_utf8(std::fs::read(&path).unwrap()).expect("the log is UTF-8");
+    let lines: Vec<&str> = written.split_terminator('\n').collect();
+    assert_eq!(lines.len(), configs.len(), "one line per error:\n{written}");
+    lines.iter().map(|l| parse(l).unwrap_or_else(|e| panic!("{e}: {l:?}"))).collect()
+}
+
+fn field<'a>(line: &'a Line, key: &str) -> &'a [u8] {
+    line.fields
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_slice())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+#[test]
+fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_and_fix() {
+    let huge = "x\n\u{1b}[2J ".repeat(300_000);
+    let deep = format!("{}{}", "[".repeat(120), "]".repeat(120));
+    let cases: Vec<(String, &str, Vec<u8>)> = vec![
+        // (config, the line's event words, the value as read back)
+        (r#"{"threshold": "30"}"#.into(), "ERROR config_malformed threshold", br#""30""#.to_vec()),
+        (r#"{"excludes": 30}"#.into(), "ERROR config_malformed excludes", b"30".to_vec()),
+        (r#"{"excludes": "30"}"#.into(), "ERROR config_malformed excludes", br#""30""#.to_vec()),
+        (r#"{"threshold": true}"#.into(), "ERROR config_malformed threshold", b"true".to_vec()),
+        (r#"{"threshold": null}"#.into(), "ERROR config_malformed threshold", b"null".to_vec()),
+        (r#"{"threshold": [30]}"#.into(), "ERROR config_malformed threshold", b"[30]".to_vec()),
+        (r#"{"threshold": {"n": 30}}"#.into(), "ERROR config_malformed threshold", br#"{"n":30}"#.to_vec()),
+        (
+            r#"{"stallWatch": "a=b KILLED pid=1"}"#.into(),
+            "ERROR config_malformed stallWatch",
+            br#""a=b KILLED pid=1""#.to_vec(),
+        ),
+        // Cut (below): the JSON's start, then the mark of the cut.
+        (
+            format!(r#"{{"threshold": {}}}"#, serde_json::to_string(&huge).unwrap()),
+            "ERROR config_malformed threshold",
+            serde_json::to_string(&huge).unwrap().into_bytes(),
+        ),
+        (format!(r#"{{"threshold": {deep}}}"#), "ERROR config_malformed threshold", deep.clone().into_bytes()),
+    ];
+    let configs: Vec<String> = cases.iter().map(|(c, _, _)| c.clone()).collect();
+    let lines = config_error_lines(&configs);
+    for ((config, event, value), line) in cases.iter().zip(&lines) {
+        let shown = &config[..config.len().min(60)];
+        assert_eq!(line.event, *event, "{shown}");
+        let keys: Vec<&str> = line.fields.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["value", "reason", "fix"], "{shown}");
+        let read = field(line, "value");
+        match read.strip_suffix("…".as_bytes()) {
+            // At most 200 bytes of the value's escaped text (docs/log.md), whatever its size.
+            Some(start) if value.len() > 200 => {
+                assert!(value.starts_with(start) && start.len() > 100, "{shown}: {}", String::from_utf8_lossy(read));
+                assert!(guard::escape::text(start).len() <= 200, "{shown}");
+            }
+            _ => assert_eq!(read, value.as_slice(), "{shown}: {}", String::from_utf8_lossy(read)),
+        }
+        // The reason and the fix are validate's, byte for byte.
+        let problem =
+            guard::config::problems(config.as_bytes(), std::path::Path::new("/h")).into_iter().next().unwrap();
+        assert_eq!(field(line, "reason"), problem.what.as_bytes(), "{shown}");
+        assert_eq!(field(line, "fix"), problem.fix.as_bytes(), "{shown}");
+    }
+    // The string "30" and the number 30 never read the same.
+    assert_ne!(field(&lines[1], "value"), field(&lines[2], "value"));
+    assert_eq!(field(&lines[0], "reason"), br#""30" is a string"#);
+}
+
+#[test]
+fn a_bad_list_element_and_a_bad_pattern_name_their_index() {
+    let lines = config_error_lines(&[
+        r#"{"excludes": ["bash", 7]}"#.to_string(),
+        format!(r#"{{"excludeCommands": ["ok", "{}"]}}"#, "\\n".repeat(1100)),
+    ]);
+    assert_eq!(lines[0].event, "ERROR config_malformed excludes");
+    assert_eq!(field(&lines[0], "value"), br#"["bash",7]"#);
+    assert_eq!(field(&lines[0], "index"), b"1");
+    assert_eq!(field(&lines[0], "reason"), b"7 is a number");
+    assert_eq!(lines[1].event, "ERROR config_malformed excludeCommands");
+    // A pattern is shown as the text it is, cut at 200 bytes of its escaped form.
+    assert_eq!(field(&lines[1], "pattern"), [&b"\n".repeat(100)[..], "…".as_bytes()].concat());
+    assert_eq!(field(&lines[1], "index"), b"1");
+    assert_eq!(field(&lines[1], "reason"), b"is 1100 bytes long, more than 1024");
+}

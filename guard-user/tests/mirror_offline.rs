@@ -2,7 +2,7 @@
 //! printed, the `check` lines and the fleet table. The server tests are in redis_mirror.rs.
 use std::time::{Duration, UNIX_EPOCH};
 
-use guard::cmd::fleet::fleet_table;
+use guard::cmd::fleet::{fleet_exit_code, fleet_json, fleet_table};
 use guard::mirror::{check_lines, Endpoint, Heartbeat, MirrorError};
 
 const SECRET: &str = "secret";
@@ -22,6 +22,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         lost_events: 1,
         resyncs: 2,
         interval_secs: 60,
+        config_error: None,
     }
 }
 
@@ -142,4 +143,39 @@ fn a_hostile_heartbeat_is_one_row_of_the_fleet_table() {
     assert!(row.starts_with("box1\\r\\x1b[2K  alice\\nbob  box2"), "{row:?}");
     // The backslash is escaped too, so the name `a\nb` and the name `a<newline>b` never look alike.
     assert!(row.contains("a\\nb,\\xe2\\x80\\xaex,c\\\\x0a"), "{row:?}");
+}
+
+#[test]
+fn a_guard_whose_config_is_invalid_is_an_unhealthy_row_with_the_reason() {
+    let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let ok = heartbeat("alice", 1);
+    let reason = r#"config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#;
+    let broken = Heartbeat { config_error: Some(reason.into()), ..heartbeat("bob", 2) };
+    let stale = Heartbeat { last_tick: 1_000_000 - 121, ..heartbeat("carol", 3) };
+    assert_eq!(fleet_exit_code(std::slice::from_ref(&ok), now), std::process::ExitCode::SUCCESS);
+    let table = fleet_table(&[ok.clone(), broken.clone(), stale.clone()], now);
+    let lines: Vec<&str> = table.lines().collect();
+    let at = lines[0].find("HEALTH").expect("a HEALTH column");
+    assert_eq!(&lines[1][at..], "ok", "{table}");
+    // The reason exactly as the log has it.
+    assert_eq!(lines[2][at..], format!("CONFIG INVALID: {reason}"), "{table}");
+    assert_eq!(&lines[3][at..], "STALE", "{table}");
+    for unhealthy in [&broken, &stale] {
+        assert_eq!(fleet_exit_code(&[ok.clone(), unhealthy.clone()], now), std::process::ExitCode::from(1));
+    }
+    let json: serde_json::Value = serde_json::from_str(&fleet_json(&[broken, stale], now)).unwrap();
+    assert_eq!(json[0]["config_error"], reason);
+    assert_eq!((json[0]["stale"].as_bool(), json[1]["stale"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(json[1]["config_error"], serde_json::Value::Null);
+}
+
+#[test]
+fn a_hostile_config_error_in_a_heartbeat_stays_in_its_cell() {
+    let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let hb = Heartbeat { config_error: Some("x\nbox9  mallory\r\u{1b}[2K\u{202e}".into()), ..heartbeat("alice", 1) };
+    let table = fleet_table(&[hb.clone(), heartbeat("carol", 2)], now);
+    assert_eq!(table.lines().count(), 3, "{table}");
+    assert!(!table.contains(['\r', '\u{1b}', '\u{202e}']), "{table:?}");
+    let json = fleet_json(&[hb], now);
+    assert!(!json.contains(['\r', '\u{1b}', '\u{202e}']), "{json:?}");
 }

@@ -123,6 +123,8 @@ fn the_journal_gets_syslog_priorities_and_the_log_file_does_not() {
     assert!(prefixed("<5>", "STOPPED reason=signal"), "{lines:#?}");
     assert!(lines.iter().all(|l| l.starts_with('<')), "{lines:#?}");
     let log = fs::read_to_string(home.path().join("guard-daemon.log")).unwrap();
-    assert!(log.contains(" ERROR config_malformed threshold value=0\n"), "{log}");
+    let error =
+        r#" ERROR config_malformed threshold value=0 reason="0 is below 1" fix="write a whole number >= 1, e.g. 30""#;
+    assert!(log.contains(&format!("{error}\n")), "{log}");
     assert!(log.lines().all(|l| l.as_bytes()[0].is_ascii_digit()), "{log}");
 }

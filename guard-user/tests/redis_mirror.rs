@@ -40,6 +40,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         lost_events: 1,
         resyncs: 2,
         interval_secs: 60,
+        config_error: None,
     }
 }
 
@@ -47,7 +48,7 @@ fn killed(pid: u32, count: u64) -> StreamEvent {
     StreamEvent {
         event: "KILLED".into(),
         pid: Some(pid),
-        name: "sleep".into(),
+        name: Some("sleep".into()),
         reason: "ghost_detected".into(),
         count: Some(count),
         elapsed: Some("1.0h".into()),
@@ -103,6 +104,7 @@ async fn heartbeat_is_written_with_its_ttl_and_expires() {
         "lost_events",
         "resyncs",
         "interval_secs",
+        "config_error",
     ] {
         assert!(value.get(field).is_some(), "heartbeat JSON lacks {field}: {json}");
     }
@@ -130,7 +132,7 @@ async fn events_reach_the_stream_with_their_fields() {
     mirror.event(StreamEvent {
         event: "FLAGGED".into(),
         pid: None,
-        name: "sleep".into(),
+        name: Some("sleep".into()),
         reason: String::new(),
         count: Some(31),
         elapsed: None,
@@ -141,7 +143,7 @@ async fn events_reach_the_stream_with_their_fields() {
     mirror.event(StreamEvent {
         event: "SKIPPED".into(),
         pid: Some(778),
-        name: "sleep".into(),
+        name: Some("sleep".into()),
         reason: "excluded_command".into(),
         count: None,
         elapsed: None,
@@ -487,7 +489,7 @@ async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
     let (warn, warned) = capture_warnings();
     let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
     for name in HOSTILE_NAMES {
-        mirror.event(StreamEvent { name: name.into(), ..killed(9, 31) });
+        mirror.event(StreamEvent { name: Some(name.into()), ..killed(9, 31) });
     }
     let hb = Heartbeat { flagged: HOSTILE_NAMES.map(String::from).to_vec(), ..heartbeat("alice", 9) };
     mirror.heartbeat(hb.clone(), Duration::from_secs(60));
@@ -515,5 +517,68 @@ async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
     })
     .await;
     assert_eq!(read_heartbeat(&endpoint, "box1", "alice").await.unwrap(), Some(hb));
+    assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once() {
+    use guard::cmd::fleet::fleet_exit_code;
+    use guard::daemon::report::ConfigOutage;
+    require_redis_server!();
+    let server = RedisServer::start(None);
+    let endpoint = server.endpoint();
+    let (warn, warned) = capture_warnings();
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let error =
+        guard::config::parse(br#"{"threshold": "30"}"#, std::path::Path::new("/home/alice")).unwrap_err().log_reason();
+    let mut outage = ConfigOutage::default();
+    let mut conn = server.conn().await;
+    let start = now_secs() as f64;
+    // Three ticks with the config broken, then one with it mended.
+    for (tick, broken) in [true, true, true, false].into_iter().enumerate() {
+        let now = start + tick as f64;
+        let config_error = broken.then(|| error.clone());
+        if let Some(ev) = outage.observe(config_error.as_deref(), now) {
+            mirror.event(ev);
+        }
+        // (The replay tests check the daemon fills the heartbeat's config_error every tick.)
+        let hb = Heartbeat { last_tick: now as u64, config_error, ..heartbeat("alice", 1) };
+        mirror.heartbeat(hb, Duration::from_secs(180));
+        if tick == 2 {
+            wait_for(Duration::from_secs(10), "the broken heartbeat", || async {
+                matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.last_tick == now as u64)
+            })
+            .await;
+            let hb = read_heartbeat(&endpoint, "box1", "alice").await.unwrap().unwrap();
+            assert_eq!(hb.config_error.as_deref(), Some(error.as_str()), "the ERROR line's reason, as logged");
+            let listed = fleet(&endpoint).await.unwrap();
+            let table = fleet_table(&listed, SystemTime::now());
+            assert!(table.lines().nth(1).unwrap().ends_with(&format!("CONFIG INVALID: {error}")), "{table}");
+            assert_eq!(fleet_exit_code(&listed, SystemTime::now()), std::process::ExitCode::from(1));
+        }
+    }
+    wait_for(Duration::from_secs(10), "the mended heartbeat", || {
+        let mut conn = conn.clone();
+        let endpoint = endpoint.clone();
+        async move {
+            xlen(&mut conn).await == 2
+                && matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.config_error.is_none())
+        }
+    })
+    .await;
+    let listed = fleet(&endpoint).await.unwrap();
+    assert_eq!(fleet_exit_code(&listed, SystemTime::now()), std::process::ExitCode::SUCCESS);
+    assert!(fleet_table(&listed, SystemTime::now()).lines().nth(1).unwrap().ends_with("  ok"));
+    // One event when it broke, one when it was mended: not one per tick, and about no process.
+    let entries = stream_entries(&mut conn).await;
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(entries[0]["event"], "config_error");
+    assert_eq!(entries[0]["error"], error);
+    assert_eq!(entries[1]["event"], "config_ok");
+    assert_eq!(entries[1]["after"], "3s");
+    for e in &entries {
+        assert!(!e.contains_key("name") && !e.contains_key("pid"), "{e:?}");
+        assert_eq!((e["host"].as_str(), e["user"].as_str()), ("box1", "alice"));
+    }
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }

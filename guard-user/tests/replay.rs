@@ -167,7 +167,7 @@ fn a_pile_is_flagged_then_ended_at_its_timeout_sparing_the_excluded_wrappers() {
     let kinds: Vec<_> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(kinds, ["FLAGGED", "warning", "SKIPPED", "SKIPPED", "KILLED", "KILLED", "KILLED"]);
     let warning = &events[1];
-    assert_eq!(warning.name, "agentihooks");
+    assert_eq!(warning.name.as_deref(), Some("agentihooks"));
     assert_eq!(warning.count, Some(5));
     let extra: Vec<(&str, &str)> = warning.extra.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     assert_eq!(extra, [("due_in", "2m"), ("ends", "3"), ("skips", "2")]);
@@ -292,12 +292,57 @@ fn a_config_broken_mid_run_ends_nothing_until_it_is_fixed() {
         config_changes: vec![(Duration::from_secs(30), r#"{"threshold": "3"}"#), (Duration::from_secs(130), good)],
         ..Default::default()
     });
-    assert_eq!(r.lines("ERROR"), ["ERROR config_malformed threshold value=3"; 2], "{:#?}", r.log);
+    // The string "3" is shown as the JSON it is (never `value=3`, which reads as the number),
+    // with validate's reason and fix.
+    let reason = r#"config_malformed threshold value="\"3\"" reason="\"3\" is a string" fix="write a whole number >= 1, e.g. 30""#;
+    assert_eq!(r.lines("ERROR"), vec![format!("ERROR {reason}"); 2], "{:#?}", r.log);
     // Due since t=60, but nothing is ended while the config is invalid. Fixed at t=130: the flag
     // clocks were kept in memory, so the tick at t=180 enforces, once.
     assert_eq!(r.signals(), vec![(false, vec![400, 401, 402, 410, 411, 412])], "{:#?}", r.log);
     assert!(r.log.contains(&"FLAGGED name=alpha count=3 first_flagged=3m_ago".to_string()), "{:#?}", r.log);
     assert!(r.log.contains(&"TICK_COMPLETE flagged=2 kills=6 errors=0".to_string()), "{:#?}", r.log);
+}
+
+#[test]
+fn a_broken_config_is_heard_in_the_heartbeat_the_status_the_metrics_and_once_on_the_stream() {
+    let good = r#"{"threshold": 3, "timeout": "1h"}"#;
+    let r = replay(Setup {
+        fixture: "two-names.trace",
+        config: good,
+        run_for: Duration::from_secs(310),
+        config_changes: vec![(Duration::from_secs(30), r#"{"threshold": "3"}"#), (Duration::from_secs(190), good)],
+        ..Default::default()
+    });
+    let reason = r#"config_malformed threshold value="\"3\"" reason="\"3\" is a string" fix="write a whole number >= 1, e.g. 30""#;
+    assert_eq!(r.lines("ERROR").len(), 3, "{:#?}", r.log);
+    // Every tick says it: the heartbeat and the status file carry the ERROR line's reason, the
+    // metrics file its gauge.
+    let beats: Vec<Option<String>> =
+        r.rec.mirror.heartbeats.lock().unwrap().iter().map(|h| h.config_error.clone()).collect();
+    let statuses: Vec<Option<String>> = r.rec.status.0.lock().unwrap().iter().map(|s| s.config_error.clone()).collect();
+    let broken = Some(reason.to_string());
+    let expected = [None, broken.clone(), broken.clone(), broken, None, None];
+    assert_eq!(beats, expected, "{:#?}", r.log);
+    assert_eq!(statuses, expected, "{:#?}", r.log);
+    let gauges: Vec<bool> = r
+        .rec
+        .metrics
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|m| m.contains("\nguard_config_error{user=\"replay\"} 1\n"))
+        .collect();
+    assert_eq!(gauges, [false, true, true, true, false, false]);
+    // The stream hears of it once when it breaks and once when it is mended, not every tick.
+    let events = r.rec.mirror.events.lock().unwrap().clone();
+    let config_events: Vec<_> = events.iter().filter(|e| e.event.starts_with("config_")).collect();
+    assert_eq!(config_events.len(), 2, "{config_events:#?}");
+    assert_eq!(config_events[0].event, "config_error");
+    assert_eq!(config_events[0].extra, [("error".to_string(), reason.to_string())]);
+    assert_eq!(config_events[0].name, None, "about no process");
+    assert_eq!(config_events[1].event, "config_ok");
+    assert_eq!(config_events[1].extra, [("after".to_string(), "180s".to_string())], "broken from t=60 to t=240");
 }
 
 /// Recorded from the real kernel (tests/tests/record.rs with GUARD_RECORD_FIXTURES): exec after

@@ -190,3 +190,34 @@ fn both_views_exit_one_when_the_status_is_stale() {
         }
     }
 }
+
+/// The binary: a fresh status whose last tick had a config error shows the ERROR line's reason
+/// exactly as the log has it, in both views, and exits 1 like a stale one: the guard ended nothing.
+#[test]
+fn both_views_show_a_config_error_as_logged_and_exit_one() {
+    let home = tempfile::tempdir().unwrap();
+    let user = guard::account::Account::resolve(None).map(|a| a.name).unwrap_or_else(|_| "root".into());
+    let real_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+    let reason = guard::config::parse(br#"{"threshold": "30"}"#, home.path()).unwrap_err().log_reason();
+    assert!(reason.starts_with(r#"config_malformed threshold value="\"30\"" reason="#), "{reason}");
+    let s = Status { last_tick: real_now - 5.0, config_error: Some(reason.clone()), ..status(0.0) };
+    std::fs::write(home.path().join("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+    for json in [false, true] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_guard-user"));
+        cmd.args(["status", "--user", &user, "--home"]).arg(home.path());
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "json={json}: {stdout}");
+        if json {
+            let value: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            assert_eq!(value["config_error"], reason.as_str(), "{stdout}");
+            assert_eq!(value["stale"], false, "{stdout}");
+        } else {
+            let row = stdout.lines().find(|l| l.starts_with("config ")).unwrap_or_else(|| panic!("{stdout}"));
+            assert_eq!(row, format!("config       INVALID, so nothing is ended: {reason}"));
+        }
+    }
+}

@@ -185,12 +185,29 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     assert!(
         out.stdout
             .lines()
-            // The documented line, then the fix.
-            .any(|l| l == format!("{home}/guard-config.json is invalid: config_malformed threshold value=0; write a whole number >= 1, e.g. 30")),
+            // The ERROR line's reason, which carries validate's reason and fix.
+            .any(|l| l == format!(r#"{home}/guard-config.json is invalid: config_malformed threshold value=0 reason="0 is below 1" fix="write a whole number >= 1, e.g. 30""#)),
         "{}",
         out.stdout
     );
     assert!(!out.stdout.contains("not a link"), "{}", out.stdout);
+    // A value of the wrong type is shown as its JSON: the string "30" never reads as the number.
+    fs::write(host.p("string.json"), r#"{"threshold": "30"}"#).unwrap();
+    let string = fs::canonicalize(host.p("string.json")).unwrap();
+    std::os::unix::fs::symlink(&string, host.h("x")).unwrap();
+    fs::rename(host.h("x"), host.link()).unwrap();
+    let out = host.run_with("check", &string, "1");
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stdout.lines().any(|l| l
+            == format!(
+                r#"{home}/guard-config.json is invalid: config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#
+            )),
+        "{}",
+        out.stdout
+    );
+    std::os::unix::fs::symlink(&bad, host.h("x")).unwrap();
+    fs::rename(host.h("x"), host.link()).unwrap();
     // install refuses to link an invalid source.
     let mut c = host.command("install");
     c.arg("--home").arg(host.home.path()).arg("--config-source").arg(&bad);

@@ -169,3 +169,60 @@ fn a_hostile_process_name_reaches_the_stream_as_one_field() {
         assert_eq!(fields[9], r#"a b"x\ny=z n"#, "{json}");
     }
 }
+
+#[test]
+fn a_broken_config_reaches_the_heartbeat_the_fleet_and_the_stream_once() {
+    let Some(_g) = setup("redis config error") else { return };
+    let Some(redis) = Redis::start() else { return };
+    let home = Home::new();
+    home.write_config(r#"{"threshold": "30"}"#);
+    std::env::set_var("AGENTIHOOKS_SWARM_REDIS_URL", redis.url());
+    std::env::remove_var("AGENTIHOOKS_HIVE_REDIS_URL");
+    let daemon = Daemon::start(&home, &[]);
+    let log = home.wait_log(Duration::from_secs(20), |l| lines(l, "ERROR").len() >= 3);
+    // What the log says, the heartbeat says: the ERROR line's reason, as it is.
+    let error_line = lines(&log, "ERROR")[0];
+    let reason = &error_line[error_line.find("ERROR ").unwrap() + "ERROR ".len()..];
+    assert!(reason.starts_with(r#"config_malformed threshold value="\"30\"" reason="#), "{log}");
+    let host = guard::daemon::hostname();
+    let key = format!("agentihooks:host-guard:{host}:{TEST_USER}");
+    let hb: serde_json::Value = poll(Duration::from_secs(10), || {
+        let hb = serde_json::from_str(&redis.cli(&["GET", &key])).unwrap_or(serde_json::Value::Null);
+        (hb["config_error"].is_string(), hb)
+    });
+    assert_eq!(hb["config_error"], reason, "{hb}");
+    // status --fleet: an unhealthy row with the reason, exit 1.
+    let fleet = Command::new(guard_bin())
+        .args(["status", "--fleet"])
+        .env("AGENTIHOOKS_SWARM_REDIS_URL", redis.url())
+        .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&fleet.stdout);
+    assert_eq!(fleet.status.code(), Some(1), "{table}");
+    assert!(
+        table.lines().any(|l| l.contains(TEST_USER) && l.ends_with(&format!("CONFIG INVALID: {reason}"))),
+        "{table}"
+    );
+
+    // Mended: the heartbeat clears, and the stream has heard of the outage once each way.
+    home.write_config(r#"{"threshold": 30}"#);
+    let hb: serde_json::Value = poll(Duration::from_secs(10), || {
+        let hb = serde_json::from_str(&redis.cli(&["GET", &key])).unwrap_or(serde_json::Value::Null);
+        (hb.get("config_error").is_some_and(|e| e.is_null()), hb)
+    });
+    assert!(hb["config_error"].is_null(), "{hb}");
+    let json = poll(Duration::from_secs(10), || {
+        let json = redis.cli(&["--json", "XRANGE", "agentihooks:host-guard:events", "-", "+"]);
+        (json.contains("\"config_ok\""), json)
+    });
+    daemon.stop();
+    std::env::remove_var("AGENTIHOOKS_SWARM_REDIS_URL");
+    let log = home.log();
+    assert!(lines(&log, "ERROR").len() >= 3, "{log}");
+    let entries: Vec<(String, Vec<String>)> = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let config: Vec<&Vec<String>> = entries.iter().map(|(_, f)| f).filter(|f| f[5].starts_with("config_")).collect();
+    assert_eq!(config.len(), 2, "once per outage, not per tick: {json}");
+    assert_eq!(config[0][4..8], ["event", "config_error", "error", reason], "{json}");
+    assert_eq!(config[1][4..7], ["event", "config_ok", "after"], "{json}");
+}

@@ -69,7 +69,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let config = match config::load(&config_path, &home, who) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("guard-user explain: {}: {e}; {}", config_path.display(), e.fix());
+            eprintln!("guard-user explain: {}: {}", config_path.display(), e.log_reason());
             return Ok(ExitCode::from(1));
         }
     };

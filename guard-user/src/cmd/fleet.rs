@@ -1,36 +1,97 @@
 //! `guard-user status --fleet`: every guard's heartbeat on the swarm Redis (docs/operations.md), as a table
-//! or as JSON.
+//! or as JSON. Exits 1 when a guard is not guarding: its last tick is stale, or that tick's config
+//! was invalid (so it ended nothing) — the rules of `status`, applied to every row.
 use std::{
     process::ExitCode,
     time::{SystemTime, UNIX_EPOCH},
 };
 
+use serde::Serialize;
+
 use crate::mirror::{fleet, Endpoint, Heartbeat};
-use crate::status::escape_for_terminal;
+use crate::status::{escape_for_terminal, Freshness};
 
 pub fn main(json: bool) -> anyhow::Result<ExitCode> {
     let endpoint = Endpoint::from_env();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    match rt.block_on(fleet(&endpoint)) {
-        Ok(hbs) if json => println!("{}", serde_json::to_string_pretty(&hbs)?),
-        Ok(hbs) if hbs.is_empty() => println!("no guard heartbeat on {}", endpoint.redacted()),
-        Ok(hbs) => print!("{}", fleet_table(&hbs, SystemTime::now())),
+    let now = SystemTime::now();
+    let hbs = match rt.block_on(fleet(&endpoint)) {
+        Ok(hbs) => hbs,
         Err(e) => {
             eprintln!("guard-user status --fleet: {e}");
             return Ok(ExitCode::from(1));
         }
+    };
+    if json {
+        println!("{}", fleet_json(&hbs, now));
+    } else if hbs.is_empty() {
+        println!("no guard heartbeat on {}", endpoint.redacted());
+    } else {
+        print!("{}", fleet_table(&hbs, now));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(fleet_exit_code(&hbs, now))
+}
+
+/// What is wrong with one guard, as its heartbeat says, each as a short text; empty when healthy.
+/// Staleness is the one rule of `status` ([`Freshness`]); a heartbeat expires after three
+/// intervals, so a guard that stopped shows stale for one interval, then not at all.
+pub fn problems(hb: &Heartbeat, now: SystemTime) -> Vec<String> {
+    let mut out = Vec::new();
+    if Freshness::of(hb.last_tick as f64, hb.interval_secs as f64, now).stale {
+        out.push("STALE".to_string());
+    }
+    if let Some(e) = &hb.config_error {
+        // Already in the log's escaped form: shown as the log has it (only what a guard on the
+        // endpoint could plant to hide text is escaped).
+        out.push(format!("CONFIG INVALID: {}", crate::escape::printable(e)));
+    }
+    out
+}
+
+/// 1 when any guard is unhealthy ([`problems`]), else 0.
+pub fn fleet_exit_code(hbs: &[Heartbeat], now: SystemTime) -> ExitCode {
+    if hbs.iter().any(|hb| !problems(hb, now).is_empty()) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// One heartbeat in `status --fleet --json`: its fields, plus what only the reader can know (as
+/// `status --json` adds them).
+#[derive(Serialize)]
+struct Row<'a> {
+    #[serde(flatten)]
+    heartbeat: &'a Heartbeat,
+    /// The last tick is older than two intervals.
+    stale: bool,
+    /// Seconds since the last tick completed.
+    last_tick_age_secs: f64,
+}
+
+/// `status --fleet --json`: the heartbeats, each with `stale` and `last_tick_age_secs`; safe to
+/// print on a terminal whatever a guard on the endpoint wrote.
+pub fn fleet_json(hbs: &[Heartbeat], now: SystemTime) -> String {
+    let rows: Vec<Row> = hbs
+        .iter()
+        .map(|hb| {
+            let f = Freshness::of(hb.last_tick as f64, hb.interval_secs as f64, now);
+            Row { heartbeat: hb, stale: f.stale, last_tick_age_secs: f.age_secs }
+        })
+        .collect();
+    super::status::json_for_terminal(&serde_json::to_string_pretty(&rows).expect("heartbeats always serialize"))
 }
 
 /// An aligned table of heartbeats: host, user, age of the last tick, backend, flagged names,
-/// kills. Columns are separated by at least two spaces; no line has trailing spaces. Any guard on
-/// the endpoint writes these values (and the flagged names come from its account's processes), so
-/// every text cell goes through [`escape_for_terminal`]: one heartbeat is one row.
+/// kills, and health (`ok`, or what is wrong: [`problems`]). Columns are separated by at least
+/// two spaces; no line has trailing spaces. Any guard on the endpoint writes these values (and the
+/// flagged names come from its account's processes), so every text cell goes through
+/// [`escape_for_terminal`]: one heartbeat is one row. The health comes last, so a long config
+/// error does not push the other columns apart.
 pub fn fleet_table(hbs: &[Heartbeat], now: SystemTime) -> String {
     let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let text = |s: &str| escape_for_terminal(s.as_bytes());
-    let mut rows = vec![["HOST", "USER", "LAST TICK", "BACKEND", "FLAGGED", "KILLS"].map(String::from)];
+    let mut rows = vec![["HOST", "USER", "LAST TICK", "BACKEND", "FLAGGED", "KILLS", "HEALTH"].map(String::from)];
     for hb in hbs {
         let flagged = if hb.flagged.is_empty() {
             "-".to_owned()
@@ -38,6 +99,7 @@ pub fn fleet_table(hbs: &[Heartbeat], now: SystemTime) -> String {
             hb.flagged.iter().map(|n| text(n)).collect::<Vec<_>>().join(",")
         };
         let backend = if hb.dry_run { format!("{} (dry run)", text(&hb.backend)) } else { text(&hb.backend) };
+        let problems = problems(hb, now);
         rows.push([
             text(&hb.host),
             text(&hb.user),
@@ -45,9 +107,10 @@ pub fn fleet_table(hbs: &[Heartbeat], now: SystemTime) -> String {
             backend,
             flagged,
             hb.kills.to_string(),
+            if problems.is_empty() { "ok".to_owned() } else { problems.join(", ") },
         ]);
     }
-    let mut widths = [0usize; 6];
+    let mut widths = [0usize; 7];
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());

@@ -1,5 +1,6 @@
 //! `guard-user status [--json]` (docs/operations.md): reads the status file the daemon writes every tick.
-//! Both views exit 1 when the last tick is stale ([`Freshness`]).
+//! Both views exit 1 when the last tick is stale ([`Freshness`]) or its config was invalid (that
+//! tick ended nothing): a guard that is not guarding never reads as healthy.
 //!
 //! The status file lives in the account's home, so the account can rewrite any of it: every text
 //! shown goes through [`escape_for_terminal`] (a name holding a newline cannot forge a row) and
@@ -45,7 +46,7 @@ pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render_table(&s, now));
     }
-    Ok(if s.freshness(now).stale { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if s.freshness(now).stale || s.config_error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 /// What `status --json` prints: the status file's fields, plus what only the reader can know.
@@ -65,7 +66,12 @@ struct Report<'a> {
 pub fn render_json(s: &Status, now: SystemTime) -> String {
     let f = s.freshness(now);
     let report = Report { status: s, stale: f.stale, last_tick_age_secs: f.age_secs };
-    let json = serde_json::to_string_pretty(&report).expect("a status always serializes");
+    json_for_terminal(&serde_json::to_string_pretty(&report).expect("a status always serializes"))
+}
+
+/// JSON with every C1 and bidirectional control written as a `\u` escape (serde_json does that
+/// for C0 only), so JSON made from what an account or another guard wrote is safe to print.
+pub fn json_for_terminal(json: &str) -> String {
     // Outside strings JSON is plain ASCII, so any such character is inside a string, where a
     // `\uXXXX` escape means the same character.
     let mut out = String::with_capacity(json.len());
@@ -109,7 +115,9 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         ("tracked", tracked(s)),
     ];
     if let Some(e) = &s.config_error {
-        rows.push(("config", text(e)));
+        // The ERROR line's reason is already in the log's escaped form: shown as the log has it
+        // (only what a hand-edited status file could hide is escaped).
+        rows.push(("config", format!("INVALID, so nothing is ended: {}", crate::escape::printable(e))));
     }
     for w in &s.warnings {
         rows.push(("warning", text(w)));

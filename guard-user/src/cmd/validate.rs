@@ -62,15 +62,12 @@ fn pattern_problems(patterns: &[String]) -> Vec<Problem> {
     for (i, p) in patterns.iter().enumerate() {
         match matcher.set_patterns(std::slice::from_ref(p)) {
             Ok(()) => {}
-            Err(PatternSetError::Invalid { reason, .. }) => out.push(Problem::invalid_pattern(i, p, &reason)),
-            Err(PatternSetError::TooCostly { why, .. }) => {
-                out.push(Problem::invalid_pattern(i, p, &format!("too costly to match safely ({why})")))
+            Err(e) => {
+                out.push(Problem::refused_pattern(i, p, &e));
+                if let PatternSetError::Worker(_) = e {
+                    break;
+                }
             }
-            Err(e @ PatternSetError::Worker(_)) => {
-                out.push(Problem::invalid_pattern(i, p, &format!("could not be checked: {e}")));
-                break;
-            }
-            Err(e) => out.push(Problem::invalid_pattern(i, p, &e.to_string())),
         }
     }
     out

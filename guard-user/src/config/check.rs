@@ -6,7 +6,10 @@ use std::{fmt, path::Path, time::Duration};
 use serde_json::{Map, Value};
 
 use super::*;
-use crate::duration::{parse_duration_max, DurationError};
+use crate::{
+    duration::{parse_duration_max, DurationError},
+    pattern::PatternSetError,
+};
 
 const FIX_JSON: &str = "fix the JSON syntax at that position";
 const FIX_TOP: &str = r#"write one JSON object, e.g. {"threshold": 30}"#;
@@ -27,6 +30,7 @@ const FIX_REPEAT: &str = "write a whole number from 1 to 1000, e.g. 3";
 const FIX_STALL: &str = r#"write false to turn it off, or an object like {"peggedCpu": 0.75, "peggedFor": "5m"}"#;
 const FIX_PEGGED_CPU: &str = "write the cores a process must keep busy, a number > 0 and <= 1024, e.g. 0.75";
 const FIX_PEGGED_FOR: &str = r#"write a duration from 10s to 24h, e.g. "5m""#;
+const FIX_INVALID_PATTERN: &str = "write a valid bash extended regex (try it with guard-user match --pattern)";
 
 /// One problem of a config document, with what to do about it.
 #[derive(Debug)]
@@ -64,23 +68,50 @@ impl Problem {
 }
 
 impl Problem {
-    /// A pattern the matcher cannot compile (`reason` is the matcher's message), logged as
-    /// `config_malformed excludeCommands pattern=<p>`.
-    pub fn invalid_pattern(index: usize, pattern: &str, reason: &str) -> Problem {
-        let fix = "write a valid bash extended regex (try it with guard-user match --pattern)";
-        Problem {
-            key: format!("excludeCommands[{index}]"),
-            what: format!(
-                "\"{}\" is not a valid bash extended regex ({})",
-                escape::text_capped(pattern.as_bytes(), 60),
-                // regerror's own fixed text: nothing of the account's to escape.
-                reason.chars().filter(|c| !c.is_control()).collect::<String>()
-            ),
-            fix: fix.into(),
-            warning: false,
-            error: Some(ConfigError::Pattern { pattern: cap(pattern, 200), fix }),
-        }
+    /// A pattern the sandboxed matcher refused, logged as `config_malformed excludeCommands
+    /// pattern=<p> index=<i>` with the matcher's reason (`validate` compiles each one alone, so it says
+    /// which `index` that was).
+    pub fn refused_pattern(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
+        refused_problem(Some(index), pattern, e)
     }
+}
+
+fn refused_problem(index: Option<usize>, pattern: &str, e: &PatternSetError) -> Problem {
+    match e {
+        PatternSetError::Invalid { reason, .. } => pattern_problem(index, pattern, reason),
+        PatternSetError::TooCostly { why, .. } => {
+            pattern_problem(index, pattern, &format!("too costly to match safely ({why})"))
+        }
+        PatternSetError::Worker(_) => pattern_problem(index, pattern, &format!("could not be checked: {e}")),
+        other => pattern_problem(index, pattern, &other.to_string()),
+    }
+}
+
+fn pattern_problem(index: Option<usize>, pattern: &str, reason: &str) -> Problem {
+    let key = index.map_or_else(|| "excludeCommands".to_string(), |i| format!("excludeCommands[{i}]"));
+    let what = format!(
+        "\"{}\" is not a valid bash extended regex ({})",
+        escape::text_capped(pattern.as_bytes(), 60),
+        // The matcher's own fixed text: nothing of the account's to escape.
+        reason.chars().filter(|c| !c.is_control()).collect::<String>()
+    );
+    let fix = FIX_INVALID_PATTERN;
+    let error = ConfigError::Pattern { pattern: prefix(pattern), index, why: what.clone(), fix };
+    Problem { key, what, fix: fix.into(), warning: false, error: Some(error) }
+}
+
+/// The config error of a compile of `excludeCommands` (the stopgap in-process one).
+pub(super) fn pattern_error(index: Option<usize>, pattern: &str, reason: &str) -> ConfigError {
+    pattern_problem(index, pattern, reason).error.expect("a pattern problem is an error")
+}
+
+/// The config error of a pattern list the daemon's sandboxed matcher refused: the problem,
+/// reason and fix `validate` gives for that pattern, so the log, status, heartbeat and `check`
+/// never word it another way.
+pub fn refused_patterns(patterns: &[String], e: &PatternSetError) -> ConfigError {
+    let index = e.index();
+    let pattern = index.and_then(|i| patterns.get(i)).map(String::as_str).or(e.pattern()).unwrap_or_default();
+    refused_problem(index, pattern, e).error.expect("a pattern problem is an error")
 }
 
 /// `threshold: "30" is a string; write a whole number >= 1, e.g. 30`
@@ -116,9 +147,12 @@ impl Checker {
         self.problems.push(Problem { key: key.into(), what, fix: fix.into(), warning: false, error: Some(error) });
     }
 
-    /// A problem with a value, logged as `config_malformed <log_key> value=<the value>`.
-    fn bad(&mut self, key: impl Into<String>, what: String, fix: &'static str, log_key: &'static str, v: &Value) {
-        self.error(key, what, fix, ConfigError::Value { key: log_key, value: raw(v), fix });
+    /// A problem with `v`, the value of `log_key` (or with its element `index`), logged as
+    /// `config_malformed <log_key> value=<v> [index=<i>] reason=<what> fix=<fix>`.
+    fn bad(&mut self, log_key: &'static str, index: Option<usize>, what: String, fix: &'static str, v: &Value) {
+        let key = index.map_or_else(|| log_key.to_string(), |i| format!("{log_key}[{i}]"));
+        let value = shown_value(v, takes_string(log_key));
+        self.error(key, what.clone(), fix, ConfigError::Value { key: log_key, value, index, why: what, fix });
     }
 
     fn warn(&mut self, key: String, what: String, fix: String) {
@@ -138,19 +172,16 @@ impl Checker {
                     msg.to_string()
                 };
                 let what = format!("invalid JSON at line {line} column {column} ({msg})");
-                self.error("json", what, FIX_JSON, ConfigError::Json { line, column });
+                let error = ConfigError::Json { line, column, why: what.clone(), fix: FIX_JSON };
+                self.error("json", what, FIX_JSON, error);
                 return None;
             }
         };
         let Value::Object(map) = root else {
             // Valid JSON, but not an object: point at where the value starts.
             let (line, column) = first_non_space(bytes);
-            self.error(
-                "top level",
-                format!("{} is {}", shown(&root), kind(&root)),
-                FIX_TOP,
-                ConfigError::Json { line, column },
-            );
+            let what = format!("{} is {}", shown(&root), kind(&root));
+            self.error("top level", what.clone(), FIX_TOP, ConfigError::Json { line, column, why: what, fix: FIX_TOP });
             return None;
         };
         let mut c = Config {
@@ -171,11 +202,11 @@ impl Checker {
             match key {
                 "threshold" => match whole(v, 1, MAX_THRESHOLD as u64, " (no account can have more processes)") {
                     Ok(n) => c.threshold = n as u32,
-                    Err(what) => self.bad(key, what, FIX_THRESHOLD, "threshold", v),
+                    Err(what) => self.bad("threshold", None, what, FIX_THRESHOLD, v),
                 },
                 "timeout" => match duration(v, MAX_TIMEOUT) {
                     Ok(d) => c.timeout = d,
-                    Err(what) => self.bad(key, what, FIX_TIMEOUT, "timeout", v),
+                    Err(what) => self.bad("timeout", None, what, FIX_TIMEOUT, v),
                 },
                 "excludes" => {
                     if let Some(list) = self.excludes(v) {
@@ -190,22 +221,22 @@ impl Checker {
                 "logMaxSizeMB" => match v.as_f64() {
                     Some(mb) if mb > 0.0 && mb <= MAX_LOG_MB => c.log_max_bytes = ((mb * 1048576.0) as u64).max(1),
                     Some(mb) if mb > MAX_LOG_MB => {
-                        self.bad(key, format!("{} is more than {MAX_LOG_MB}", shown(v)), FIX_LOG, "logMaxSizeMB", v)
+                        self.bad("logMaxSizeMB", None, format!("{} is more than {MAX_LOG_MB}", shown(v)), FIX_LOG, v)
                     }
-                    Some(_) => self.bad(key, format!("{} is not above 0", shown(v)), FIX_LOG, "logMaxSizeMB", v),
-                    None => self.bad(key, format!("{} is {}", shown(v), kind(v)), FIX_LOG, "logMaxSizeMB", v),
+                    Some(_) => self.bad("logMaxSizeMB", None, format!("{} is not above 0", shown(v)), FIX_LOG, v),
+                    None => self.bad("logMaxSizeMB", None, format!("{} is {}", shown(v), kind(v)), FIX_LOG, v),
                 },
                 "stateFile" => match state_file(v) {
                     Ok(s) => c.state_file = expand_tilde(s, home),
-                    Err(what) => self.bad(key, what, FIX_STATE, "stateFile", v),
+                    Err(what) => self.bad("stateFile", None, what, FIX_STATE, v),
                 },
                 "warnBefore" => match duration(v, MAX_TIMEOUT) {
                     Ok(d) => c.warn_before = d,
-                    Err(what) => self.bad(key, what, FIX_WARN_BEFORE, "warnBefore", v),
+                    Err(what) => self.bad("warnBefore", None, what, FIX_WARN_BEFORE, v),
                 },
                 "repeatAfter" => match whole(v, 1, MAX_REPEAT_AFTER as u64, "") {
                     Ok(n) => c.repeat_after = n as u32,
-                    Err(what) => self.bad(key, what, FIX_REPEAT, "repeatAfter", v),
+                    Err(what) => self.bad("repeatAfter", None, what, FIX_REPEAT, v),
                 },
                 "stallWatch" => {
                     if let Some(s) = self.stall_watch(v) {
@@ -228,13 +259,13 @@ impl Checker {
 
     fn excludes(&mut self, v: &Value) -> Option<Vec<String>> {
         let Value::Array(items) = v else {
-            self.bad("excludes", format!("{} is {}", shown(v), kind(v)), FIX_EXCLUDES, "excludes", v);
+            self.bad("excludes", None, format!("{} is {}", shown(v), kind(v)), FIX_EXCLUDES, v);
             return None;
         };
         let before = self.problems.len();
         if items.len() > MAX_EXCLUDES {
             let what = format!("{} names, more than {MAX_EXCLUDES}", items.len());
-            self.bad("excludes", what, FIX_EXCLUDES_COUNT, "excludes", v);
+            self.bad("excludes", None, what, FIX_EXCLUDES_COUNT, v);
         }
         let mut names = Vec::with_capacity(items.len().min(MAX_EXCLUDES));
         for (i, item) in items.iter().enumerate() {
@@ -249,14 +280,14 @@ impl Checker {
                 }
                 other => format!("{} is {}", shown(other), kind(other)),
             };
-            self.bad(format!("excludes[{i}]"), what, FIX_EXCLUDE_NAME, "excludes", v);
+            self.bad("excludes", Some(i), what, FIX_EXCLUDE_NAME, v);
         }
         (self.problems.len() == before).then_some(names)
     }
 
     fn exclude_commands(&mut self, v: &Value) -> Option<Vec<String>> {
         let Value::Array(items) = v else {
-            self.bad("excludeCommands", format!("{} is {}", shown(v), kind(v)), FIX_PATTERNS, "excludeCommands", v);
+            self.bad("excludeCommands", None, format!("{} is {}", shown(v), kind(v)), FIX_PATTERNS, v);
             return None;
         };
         let before = self.problems.len();
@@ -266,7 +297,7 @@ impl Checker {
                 Value::String(s) => patterns.push(s.clone()),
                 other => {
                     let what = format!("{} is {}", shown(other), kind(other));
-                    self.bad(format!("excludeCommands[{i}]"), what, FIX_PATTERN, "excludeCommands", v);
+                    self.bad("excludeCommands", Some(i), what, FIX_PATTERN, v);
                 }
             }
         }
@@ -275,11 +306,16 @@ impl Checker {
         }
         for issue in check_patterns_static(&patterns) {
             match issue.index {
-                None => self.bad("excludeCommands", issue.what, FIX_PATTERN, "excludeCommands", v),
+                None => self.bad("excludeCommands", None, issue.what, FIX_PATTERN, v),
                 Some(i) => {
                     // A pattern too costly to match safely needs another fix than a malformed one.
                     let fix = if issue.what.starts_with("is too costly") { FIX_COSTLY } else { FIX_PATTERN };
-                    let error = ConfigError::Pattern { pattern: cap(&patterns[i], 200), fix };
+                    let error = ConfigError::Pattern {
+                        pattern: prefix(&patterns[i]),
+                        index: Some(i),
+                        why: issue.what.clone(),
+                        fix,
+                    };
                     self.error(format!("excludeCommands[{i}]"), issue.what, fix, error);
                 }
             }
@@ -294,7 +330,7 @@ impl Checker {
             Value::Bool(true) => return Some(Some(DEFAULT_STALL_WATCH)),
             Value::Object(m) => m,
             other => {
-                self.bad("stallWatch", format!("{} is {}", shown(other), kind(other)), FIX_STALL, "stallWatch", v);
+                self.bad("stallWatch", None, format!("{} is {}", shown(other), kind(other)), FIX_STALL, v);
                 return None;
             }
         };
@@ -305,11 +341,11 @@ impl Checker {
                 Some(x) if x > 0.0 && x <= MAX_PEGGED_CPU => s.pegged_cpu = x,
                 Some(_) => {
                     let what = format!("{} is not above 0 and at most {MAX_PEGGED_CPU}", shown(cpu));
-                    self.bad("stallWatch.peggedCpu", what, FIX_PEGGED_CPU, "stallWatch.peggedCpu", cpu);
+                    self.bad("stallWatch.peggedCpu", None, what, FIX_PEGGED_CPU, cpu);
                 }
                 None => {
                     let what = format!("{} is {}", shown(cpu), kind(cpu));
-                    self.bad("stallWatch.peggedCpu", what, FIX_PEGGED_CPU, "stallWatch.peggedCpu", cpu);
+                    self.bad("stallWatch.peggedCpu", None, what, FIX_PEGGED_CPU, cpu);
                 }
             }
         }
@@ -318,9 +354,9 @@ impl Checker {
                 Ok(d) if d >= MIN_PEGGED_FOR => s.pegged_for = d,
                 Ok(_) => {
                     let what = format!("{} is shorter than 10s", shown(window));
-                    self.bad("stallWatch.peggedFor", what, FIX_PEGGED_FOR, "stallWatch.peggedFor", window);
+                    self.bad("stallWatch.peggedFor", None, what, FIX_PEGGED_FOR, window);
                 }
-                Err(what) => self.bad("stallWatch.peggedFor", what, FIX_PEGGED_FOR, "stallWatch.peggedFor", window),
+                Err(what) => self.bad("stallWatch.peggedFor", None, what, FIX_PEGGED_FOR, window),
             }
         }
         for key in map.keys().filter(|k| !matches!(k.as_str(), "peggedCpu" | "peggedFor")) {
@@ -404,28 +440,54 @@ fn kind(v: &Value) -> &'static str {
 fn shown(v: &Value) -> String {
     match v {
         Value::String(s) => format!("\"{}\"", escape::text_capped(s.as_bytes(), 60)),
-        other => escape::text_capped(other.to_string().as_bytes(), 60),
+        other => escape::text_capped(&json_prefix(other, 61), 60),
     }
 }
 
-/// A value as the log shows it: strings without quotes, anything else as compact JSON, cut at
-/// 200 bytes so a huge value cannot make a huge log line (escaping happens in the Display).
-fn raw(v: &Value) -> String {
+/// The keys whose value may be a string: theirs is shown as its text (`value=1d`).
+fn takes_string(log_key: &str) -> bool {
+    matches!(log_key, "timeout" | "warnBefore" | "stateFile" | "stallWatch.peggedFor")
+}
+
+/// A value as the log shows it (docs/log.md): a string where the key takes one as its text,
+/// anything else as its compact JSON, so a value of the wrong type never passes for one of the
+/// right type (`"30"` where a number belongs is `"30"`, not `30`). Only the first
+/// [`MAX_SHOWN_VALUE`] + 1 bytes: the display cuts at [`MAX_SHOWN_VALUE`] (escaped) and a
+/// megabyte value is never copied or serialized whole.
+fn shown_value(v: &Value, takes_string: bool) -> Vec<u8> {
     match v {
-        Value::String(s) => cap(s, 200),
-        other => cap(&other.to_string(), 200),
+        Value::String(s) if takes_string => s.as_bytes()[..s.len().min(MAX_SHOWN_VALUE + 1)].to_vec(),
+        other => json_prefix(other, MAX_SHOWN_VALUE + 1),
     }
 }
 
-fn cap(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
+/// The first `limit` bytes of `v`'s compact JSON; serializing stops there.
+fn json_prefix(v: &Value, limit: usize) -> Vec<u8> {
+    struct Prefix(Vec<u8>, usize);
+    impl std::io::Write for Prefix {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.1 - self.0.len());
+            self.0.extend_from_slice(&buf[..n]);
+            Ok(n) // 0 once full: serde_json stops with a WriteZero error
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
+    let mut out = Prefix(Vec::new(), limit);
+    let _ = serde_json::to_writer(&mut out, v);
+    out.0
+}
+
+/// `s`, or its first [`MAX_SHOWN_VALUE`] + 1 bytes (to the next character boundary) when longer:
+/// enough for the display to cut and mark the cut.
+fn prefix(s: &str) -> String {
+    let mut end = s.len().min(MAX_SHOWN_VALUE + 1);
+    while !s.is_char_boundary(end) {
+        end += 1;
     }
-    format!("{}…", &s[..cut])
+    s[..end].to_string()
 }
 
 /// The known key an unknown one was probably meant to be (same ignoring case, or at most two

@@ -4,8 +4,10 @@
 //! ([`read_account_file`]: its rights, regular files only, at most [`MAX_CONFIG_BYTES`], never
 //! blocking). [`problems`] lists every problem of a document with its fix (`guard-user
 //! validate`); `parse` fails with the first of them, so the two can never disagree. A
-//! [`ConfigError`] displays as the reason of its `ERROR` log line (`config_malformed threshold
-//! value=0`), which is also what `check` prints after "is invalid:".
+//! [`ConfigError`] carries that problem's reason and fix: [`ConfigError::log_reason`] is the
+//! `ERROR` line's text (`config_malformed threshold value="\"30\"" reason="\"30\" is a string"
+//! fix="write a whole number >= 1, e.g. 30"`), which the status file, the Redis heartbeat, the
+//! stream and `check` show as it is.
 //!
 //! Every value is bounded here (see the `MAX_…` constants for each bound and why), so nothing
 //! downstream — deadline timers, rotation, the stall watch — meets a number it cannot hold.
@@ -26,7 +28,7 @@ mod check;
 #[cfg(test)]
 mod tests;
 
-pub use check::{problems, Problem};
+pub use check::{problems, refused_patterns, Problem};
 
 /// Configs beyond this size are refused without being read (a config is a few hundred bytes).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -58,6 +60,13 @@ pub const MAX_PATTERNS: usize = 256;
 pub const MAX_PATTERN_LEN: usize = 1024;
 /// `stateFile`: PATH_MAX including its NUL.
 pub const MAX_STATE_FILE_LEN: usize = 4095;
+/// The bytes of escaped text a config value or pattern is shown with (then `…`): the account
+/// writes the config, so a megabyte string must still make a short `ERROR` line, status field
+/// and heartbeat.
+pub const MAX_SHOWN_VALUE: usize = 200;
+/// The same for the reason a problem gives (validate's text; it quotes at most 60 bytes of the
+/// value, so this bound is never reached by a reason guard wrote).
+pub const MAX_SHOWN_REASON: usize = 400;
 
 pub const DEFAULT_THRESHOLD: u32 = 30;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -139,12 +148,8 @@ impl Config {
     pub fn compile_exclude_commands(&self) -> Result<Vec<Pattern>, ConfigError> {
         self.exclude_commands
             .iter()
-            .map(|p| {
-                Pattern::new(p).map_err(|_| ConfigError::Pattern {
-                    pattern: p.clone(),
-                    fix: "write a valid bash extended regex (test it with guard-user match)",
-                })
-            })
+            .enumerate()
+            .map(|(i, p)| Pattern::new(p).map_err(|e| check::pattern_error(Some(i), p, &e.to_string())))
             .collect()
     }
 }
@@ -184,8 +189,10 @@ pub fn check_patterns_static(patterns: &[String]) -> Vec<PatternIssue> {
     issues
 }
 
-/// Why a config cannot be used. `Display` is the reason of the `ERROR` log line; every value the
-/// account controls in it is escaped and quoted as log values are.
+/// Why a config cannot be used. `Display` is the head of the `ERROR` log line (what is wrong
+/// where: `config_malformed threshold value=0`); [`ConfigError::log_reason`] adds validate's
+/// reason and fix. Every value the account controls in either is escaped and quoted as log
+/// values are, and cut to [`MAX_SHOWN_VALUE`].
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("config_missing path={}", escape::log_value(path.as_os_str().as_bytes()))]
@@ -193,12 +200,37 @@ pub enum ConfigError {
     /// Refused before parsing: not readable by the account, not a regular file, too large.
     #[error("config_unreadable path={} {}", escape::log_value(error.path().as_os_str().as_bytes()), error.log_fields())]
     Unreadable { error: ReadError },
+    /// Not JSON, or JSON that is not an object.
     #[error("config_malformed json line={line} column={column}")]
-    Json { line: usize, column: usize },
-    #[error("config_malformed {key} value={}", escape::log_value(value.as_bytes()))]
-    Value { key: &'static str, value: String, fix: &'static str },
-    #[error("config_malformed excludeCommands pattern={}", escape::log_value(pattern.as_bytes()))]
-    Pattern { pattern: String, fix: &'static str },
+    Json {
+        line: usize,
+        column: usize,
+        /// validate's reason (`invalid JSON at line 3 column 1 (trailing comma)`).
+        why: String,
+        fix: &'static str,
+    },
+    /// A key's value is of the wrong type or out of bounds.
+    #[error("config_malformed {key} value={}", escape::log_value_capped(value, MAX_SHOWN_VALUE))]
+    Value {
+        key: &'static str,
+        /// What the file holds, as the log shows it: the text of a string where the key takes
+        /// one, else the value's JSON (so the string "30" is `"30"`, never `30`). At most
+        /// [`MAX_SHOWN_VALUE`] + 1 bytes, so the display knows whether to cut.
+        value: Vec<u8>,
+        /// The element of a list (`excludes[3]`) the problem is about.
+        index: Option<usize>,
+        /// validate's reason (`"30" is a string`).
+        why: String,
+        fix: &'static str,
+    },
+    #[error("config_malformed excludeCommands pattern={}", escape::log_value_capped(pattern.as_bytes(), MAX_SHOWN_VALUE))]
+    Pattern {
+        /// The pattern as written, or its first [`MAX_SHOWN_VALUE`] + 1 bytes or more.
+        pattern: String,
+        index: Option<usize>,
+        why: String,
+        fix: &'static str,
+    },
 }
 
 impl ConfigError {
@@ -207,9 +239,31 @@ impl ConfigError {
         match self {
             ConfigError::Missing { .. } => "create it (guard-user install links the shipped config)",
             ConfigError::Unreadable { error } => error.fix(),
-            ConfigError::Json { .. } => "fix the JSON syntax at that position",
-            ConfigError::Value { fix, .. } | ConfigError::Pattern { fix, .. } => fix,
+            ConfigError::Json { fix, .. } | ConfigError::Value { fix, .. } | ConfigError::Pattern { fix, .. } => fix,
         }
+    }
+
+    /// The `ERROR` line's text after `ERROR `: the head ([`Display`](std::fmt::Display)), the
+    /// list element (`index=`), validate's reason (`reason=`, where the head has none of its own)
+    /// and the fix (`fix=`), in the log's one grammar. The status file, the heartbeat, the stream
+    /// and `check` show exactly this, so no two of them can say different things.
+    pub fn log_reason(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = self.to_string();
+        let (index, why) = match self {
+            ConfigError::Value { index, why, .. } | ConfigError::Pattern { index, why, .. } => (*index, Some(why)),
+            ConfigError::Json { why, .. } => (None, Some(why)),
+            // `config_unreadable` has a `reason=` token of its own; a missing file needs none.
+            ConfigError::Missing { .. } | ConfigError::Unreadable { .. } => (None, None),
+        };
+        if let Some(i) = index {
+            let _ = write!(s, " index={i}");
+        }
+        if let Some(why) = why {
+            let _ = write!(s, " reason={}", escape::log_value_capped(why.as_bytes(), MAX_SHOWN_REASON));
+        }
+        let _ = write!(s, " fix={}", escape::log_value(self.fix().as_bytes()));
+        s
     }
 
     /// Whether the account itself was refused reading the file (as opposed to a bad file).

@@ -41,11 +41,12 @@ fn timeout_accepts_units_integers_and_digit_strings() {
 #[test]
 fn wrong_types_and_ranges_name_the_key_and_the_value() {
     assert_eq!(err(r#"{"threshold": 0}"#), "config_malformed threshold value=0");
-    assert_eq!(err(r#"{"threshold": "30"}"#), "config_malformed threshold value=30");
+    // A string where a number belongs is shown as its JSON, so it never reads as the number.
+    assert_eq!(err(r#"{"threshold": "30"}"#), r#"config_malformed threshold value="\"30\"""#);
     assert_eq!(err(r#"{"threshold": 2.5}"#), "config_malformed threshold value=2.5");
     assert_eq!(err(r#"{"timeout": "1d"}"#), "config_malformed timeout value=1d");
     assert_eq!(err(r#"{"timeout": -5}"#), "config_malformed timeout value=-5");
-    assert_eq!(err(r#"{"excludes": "bash"}"#), "config_malformed excludes value=bash");
+    assert_eq!(err(r#"{"excludes": "bash"}"#), r#"config_malformed excludes value="\"bash\"""#);
     assert_eq!(err(r#"{"excludes": [1]}"#), "config_malformed excludes value=[1]");
     assert_eq!(err(r#"{"logMaxSizeMB": 0}"#), "config_malformed logMaxSizeMB value=0");
     assert_eq!(err(r#"{"stateFile": 3}"#), "config_malformed stateFile value=3");
@@ -88,7 +89,7 @@ fn new_keys_parse_validate_and_default() {
     assert_eq!(parse(br#"{"stallWatch": true}"#, &home()).unwrap().stall_watch, Some(DEFAULT_STALL_WATCH));
     assert_eq!(err(r#"{"repeatAfter": 0}"#), "config_malformed repeatAfter value=0");
     assert_eq!(err(r#"{"warnBefore": "soon"}"#), "config_malformed warnBefore value=soon");
-    assert_eq!(err(r#"{"stallWatch": "off"}"#), "config_malformed stallWatch value=off");
+    assert_eq!(err(r#"{"stallWatch": "off"}"#), r#"config_malformed stallWatch value="\"off\"""#);
     assert_eq!(err(r#"{"stallWatch": {"peggedCpu": 0}}"#), "config_malformed stallWatch.peggedCpu value=0");
     assert_eq!(err(r#"{"stallWatch": {"peggedCpu": 1025}}"#), "config_malformed stallWatch.peggedCpu value=1025");
     assert_eq!(err(r#"{"stallWatch": {"peggedFor": "9s"}}"#), "config_malformed stallWatch.peggedFor value=9s");
@@ -268,4 +269,77 @@ fn load_reads_as_the_account_and_maps_read_errors_to_config_lines() {
     assert_eq!(e.to_string(), format!("config_unreadable path={} reason=too_large max_bytes=1048576", path.display()));
     std::fs::write(&path, br#"{"threshold": 4}"#).unwrap();
     assert_eq!(load(&path, dir.path(), who).unwrap().threshold, 4);
+}
+
+/// The ERROR line's text for `json`, and the first problem `validate` lists for it.
+fn reason_and_problem(json: &str) -> (String, Problem) {
+    let reason = parse(json.as_bytes(), &home()).unwrap_err().log_reason();
+    let first = problems(json.as_bytes(), &home()).into_iter().find(|p| !p.warning).unwrap();
+    (reason, first)
+}
+
+#[test]
+fn the_error_line_carries_validates_reason_and_fix() {
+    let (reason, p) = reason_and_problem(r#"{"threshold": "30"}"#);
+    assert_eq!(
+        reason,
+        r#"config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#
+    );
+    assert_eq!(p.to_string(), r#"threshold: "30" is a string; write a whole number >= 1, e.g. 30"#);
+    // The number 30 where a list belongs reads as a number, the string "30" as a string.
+    assert_eq!(
+        reason_and_problem(r#"{"excludes": 30}"#).0.split(" reason=").next(),
+        Some("config_malformed excludes value=30")
+    );
+    assert_eq!(
+        reason_and_problem(r#"{"excludes": "30"}"#).0.split(" reason=").next(),
+        Some(r#"config_malformed excludes value="\"30\"""#)
+    );
+    // A list's element: which one, and the list as JSON.
+    let (reason, _) = reason_and_problem(r#"{"excludes": ["bash", 7]}"#);
+    assert_eq!(
+        reason,
+        r#"config_malformed excludes value="[\"bash\",7]" index=1 reason="7 is a number" fix="write each name as a string of at most 255 bytes without NUL, e.g. \"node\"""#
+    );
+    // Every kind of error ends with validate's fix; the JSON ones with its reason too.
+    let (reason, p) = reason_and_problem("[30]");
+    assert_eq!(
+        reason,
+        r#"config_malformed json line=1 column=1 reason="[30] is an array" fix="write one JSON object, e.g. {\"threshold\": 30}""#
+    );
+    assert_eq!(p.fix, r#"write one JSON object, e.g. {"threshold": 30}"#);
+    let e = ConfigError::Missing { path: "/home/u/c.json".into() };
+    assert_eq!(
+        e.log_reason(),
+        r#"config_missing path=/home/u/c.json fix="create it (guard-user install links the shipped config)""#
+    );
+}
+
+#[test]
+fn the_daemon_words_a_refused_pattern_as_validate_does() {
+    use crate::pattern::PatternSetError;
+    let patterns = vec!["ok".to_string(), "(unclosed".to_string()];
+    let refused =
+        PatternSetError::Invalid { index: 1, pattern: "(unclosed".into(), reason: "Unmatched ( or \\(".into() };
+    let daemon = refused_patterns(&patterns, &refused);
+    let validate = Problem::refused_pattern(1, "(unclosed", &refused);
+    assert_eq!(daemon.log_reason(), validate.error().unwrap().log_reason());
+    assert_eq!(
+        daemon.log_reason(),
+        r#"config_malformed excludeCommands pattern=(unclosed index=1 reason="\"(unclosed\" is not a valid bash extended regex (Unmatched ( or \\()" fix="write a valid bash extended regex (try it with guard-user match --pattern)""#
+    );
+}
+
+#[test]
+fn hostile_values_make_a_bounded_line_of_one_grammar() {
+    let huge = format!(r#"{{"threshold": "{}"}}"#, "\\u001b[2J\\n".repeat(200_000));
+    let deep = format!(r#"{{"threshold": {}{}}}"#, "[".repeat(126), "]".repeat(126));
+    let wide = format!(r#"{{"excludes": [{}7]}}"#, "\"x\",".repeat(1000));
+    let long_pattern = format!(r#"{{"excludeCommands": ["{}"]}}"#, "\\u0007".repeat(2000));
+    for json in [huge, deep, wide, long_pattern] {
+        let reason = parse(json.as_bytes(), &home()).unwrap_err().log_reason();
+        assert!(reason.len() < 1000, "{} bytes: {reason}", reason.len());
+        assert!(!reason.contains(|c: char| c.is_control()), "{reason:?}");
+        assert!(reason.contains('…'), "the cut is marked: {reason}");
+    }
 }

@@ -6,7 +6,7 @@ use super::pump::PumpStats;
 use crate::{
     config::Config,
     metrics::{FlaggedName, MetricsInput},
-    mirror::Heartbeat,
+    mirror::{Heartbeat, StreamEvent},
     policy::AccountView,
     status::{NameStatus, Status, Vitals},
 };
@@ -92,6 +92,7 @@ impl TickFigures<'_> {
             lost_events: self.stats.lost,
             resyncs: self.stats.resyncs,
             interval_secs: self.interval.as_secs().max(1),
+            config_error: self.config_error.clone(),
         }
     }
 
@@ -137,6 +138,42 @@ impl TickFigures<'_> {
             warned_names: self.warnings.len() as u64,
             repeat_offenders: self.offenders.len() as u64,
             pegged_processes: self.pegged.len() as u64,
+        }
+    }
+}
+
+/// Whether the config was invalid at the last tick, so that the stream hears of an outage once:
+/// a `config_error` event (with the `ERROR` line's reason) at the first tick that meets an
+/// invalid config, a `config_ok` event at the first tick that reads a valid one again. Never
+/// every tick: a config broken for a day makes two events, not 1,440. An account that breaks
+/// and mends its config at every tick makes at most one a tick, as its own piles could with
+/// `FLAGGED`. The heartbeat, the status file and the metrics say it at every tick.
+#[derive(Debug, Default)]
+pub struct ConfigOutage {
+    /// When the outage began (unix seconds); `None` while the config is valid.
+    since: Option<f64>,
+}
+
+impl ConfigOutage {
+    /// The stream event this tick's config makes, if any; `error` is this tick's config error
+    /// (the `ERROR` line's reason), `None` when the config was valid.
+    pub fn observe(&mut self, error: Option<&str>, now: f64) -> Option<StreamEvent> {
+        let event = |kind: &str, field: &str, value: String| StreamEvent {
+            event: kind.into(),
+            ts: now as i64,
+            extra: vec![(field.into(), value)],
+            ..Default::default()
+        };
+        match (self.since, error) {
+            (None, Some(reason)) => {
+                self.since = Some(now);
+                Some(event("config_error", "error", reason.into()))
+            }
+            (Some(since), None) => {
+                self.since = None;
+                Some(event("config_ok", "after", format!("{}s", (now - since).max(0.0) as u64)))
+            }
+            _ => None,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::{
 use super::{
     effects::Effects,
     pump::{PumpHandle, PumpStats},
-    report::{TickFigures, Totals, VitalsSampler},
+    report::{ConfigOutage, TickFigures, Totals, VitalsSampler},
     DaemonOptions,
 };
 use crate::{
@@ -66,6 +66,8 @@ pub struct Ticker {
     matcher_down: bool,
     /// The tick deadline (docs/operations.md): the matching round gets half of it.
     deadline: Duration,
+    /// Whether the config is invalid, for the stream's once-per-outage events.
+    config_outage: ConfigOutage,
 }
 
 impl Ticker {
@@ -88,6 +90,7 @@ impl Ticker {
             stall: StallState::default(),
             matcher_down: false,
             deadline: super::supervise::tick_deadline(opts_interval),
+            config_outage: ConfigOutage::default(),
         }
     }
 
@@ -121,10 +124,8 @@ impl Ticker {
                 true
             }
             Err(e) if e.is_config_error() => {
-                let pattern = e.pattern().unwrap_or_default().to_string();
-                let fix = "write a valid, bounded bash extended regex (guard-user validate says which and why)";
                 tracing::warn!("excludeCommands refused: {e}");
-                return self.config_error(&ConfigError::Pattern { pattern, fix }, began);
+                return self.config_error(&config::refused_patterns(&config.exclude_commands, &e), began);
             }
             Err(e) => {
                 if !self.matcher_down {
@@ -310,7 +311,8 @@ impl Ticker {
 
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
         let now = self.fx.clock.now_unix();
-        self.fx.log.write(&Line::new("ERROR").word(e.to_string()));
+        let reason = e.log_reason();
+        self.fx.log.write(&Line::new("ERROR").word(reason.clone()));
         self.fx.log.write(&complete(0, 0, 1));
         let snap = self.pump.snapshot_blocking(self.opts.account.uid, u32::MAX);
         self.totals.config_errors += 1;
@@ -324,7 +326,7 @@ impl Ticker {
             warnings: Vec::new(),
             offenders: Vec::new(),
             config: None,
-            config_error: Some(e.to_string()),
+            config_error: Some(reason),
             now,
             tick_secs: took,
             pump_lag: None,
@@ -336,6 +338,9 @@ impl Ticker {
     fn report(&mut self, done: Done) {
         let Done { view, stats, names, pegged, warnings, offenders, config, config_error, now, tick_secs, pump_lag } =
             done;
+        if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
+            self.fx.mirror.event(ev);
+        }
         let home = self.opts.home.display().to_string();
         let vitals = self.vitals.sample(tick_secs, pump_lag, stats.events);
         let figures = TickFigures {
@@ -395,7 +400,7 @@ fn stream_event(kind: &str, line: &Line, now: f64) -> StreamEvent {
     for (k, v) in &line.fields {
         match *k {
             "pid" => ev.pid = text(v).parse().ok(),
-            "name" => ev.name = crate::comm::Comm::new(v).to_string(),
+            "name" => ev.name = Some(crate::comm::Comm::new(v).to_string()),
             "reason" => ev.reason = text(v),
             "count" => ev.count = text(v).parse().ok(),
             "elapsed" => ev.elapsed = Some(text(v)),

@@ -84,8 +84,8 @@ fn config_link(layout: &Layout, r: &mut Report) {
                 Err(e) if e.is_permission_denied() && unsafe { libc::geteuid() } != 0 => {
                     r.skipped.push(format!("{d}: {e} (run as root)"))
                 }
-                // The documented line, then what to do about it.
-                Err(e) => r.drift.push(format!("{d} is invalid: {e}; {}", e.fix())),
+                // The ERROR line's reason, with its fix: what the log, status and heartbeat say.
+                Err(e) => r.drift.push(format!("{d} is invalid: {}", e.log_reason())),
                 Ok(_) => {}
             }
         }

@@ -76,7 +76,7 @@ use crate::config::{self, Config, ConfigError};
 pub enum InstallError {
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
-    #[error("the config source {} is invalid: {reason}; fix it or pass --config-source FILE", path.display())]
+    #[error("the config source {} is invalid: {}; or pass --config-source FILE", path.display(), reason.log_reason())]
     InvalidSource { path: PathBuf, reason: ConfigError },
     #[error("the config source {} does not exist ({source}); pass --config-source FILE", path.display())]
     NoSource { path: PathBuf, source: io::Error },

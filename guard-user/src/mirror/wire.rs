@@ -6,9 +6,10 @@
 //!   [`Heartbeat`]; `last_tick` is unix seconds (UTC), which every consumer can compare without
 //!   parsing dates. A TTL below a second is rounded up to one.
 //! - Events: `XADD agentihooks:host-guard:events MAXLEN ~ 10000 * host <h> user <u> event <e>
-//!   [pid <p>] name <n> [reason <r>] [count <c>] [elapsed <e>] ts <unix seconds>`. Fields with no
-//!   value (`None`, or an empty reason) are omitted rather than written empty, so a reader can
-//!   tell "no pid" from "pid 0".
+//!   [pid <p>] [name <n>] [reason <r>] [count <c>] [elapsed <e>] [<other fields>] ts <unix
+//!   seconds>`. Fields with no value (`None`, or an empty reason) are omitted rather than written
+//!   empty, so a reader can tell "no pid" from "pid 0"; the `config_error` and `config_ok`
+//!   events are about no process, so they have no `name` either.
 //!
 //! Values the account controls (process names, in the stream and in the heartbeat's `flagged`)
 //! need no escaping here: each stream value is its own length-prefixed argument of the Redis
@@ -53,16 +54,23 @@ pub struct Heartbeat {
     pub resyncs: u64,
     /// The tick interval, so a reader can judge how stale `last_tick` is.
     pub interval_secs: u64,
+    /// The last tick's config error (the `ERROR` line's reason, as in the log), `null` when
+    /// the config was valid. While it is set the guard ends nothing.
+    pub config_error: Option<String>,
 }
 
 /// One stream entry; mirrors a FLAGGED (first tick only), KILLED, DRY_RUN or SKIPPED log line,
-/// or a `warning`, `repeat` or `pegged` one (WARNING, REPEAT, PEGGED lines).
+/// or a `warning`, `repeat` or `pegged` one (WARNING, REPEAT, PEGGED lines), or says that the
+/// config broke (`config_error`) or was mended (`config_ok`), once per outage.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StreamEvent {
-    /// `FLAGGED`, `KILLED`, `DRY_RUN`, `SKIPPED`, `warning`, `repeat` or `pegged`.
+    /// `FLAGGED`, `KILLED`, `DRY_RUN`, `SKIPPED`, `warning`, `repeat`, `pegged`, `config_error`
+    /// or `config_ok`.
     pub event: String,
     pub pid: Option<u32>,
-    pub name: String,
+    /// The process name, escaped as in the log; `None` (and left out) for the config events,
+    /// which are about no process.
+    pub name: Option<String>,
     /// `ghost_detected`, `excluded_command`, `identity_changed`; empty for FLAGGED.
     pub reason: String,
     pub count: Option<u64>,
@@ -70,7 +78,8 @@ pub struct StreamEvent {
     pub elapsed: Option<String>,
     /// Unix seconds.
     pub ts: i64,
-    /// The line's other fields (`due_in`, `ends`, `skips`, `enforcements_24h`, `cpu`, …), in order.
+    /// The line's other fields (`due_in`, `ends`, `skips`, `enforcements_24h`, `cpu`, …; the
+    /// config events' `error` and `after`), in order.
     pub extra: Vec<(String, String)>,
 }
 
@@ -96,7 +105,9 @@ pub fn xadd(host: &str, user: &str, ev: &StreamEvent) -> redis::Cmd {
     if let Some(pid) = ev.pid {
         cmd.arg("pid").arg(pid);
     }
-    cmd.arg("name").arg(&ev.name);
+    if let Some(name) = &ev.name {
+        cmd.arg("name").arg(name);
+    }
     if !ev.reason.is_empty() {
         cmd.arg("reason").arg(&ev.reason);
     }
@@ -132,7 +143,7 @@ mod tests {
         let ev = StreamEvent {
             event: "KILLED".into(),
             pid: Some(7),
-            name: name.into(),
+            name: Some(name.into()),
             reason: "ghost_detected".into(),
             count: Some(31),
             elapsed: Some("1.0h".into()),

@@ -155,6 +155,17 @@ impl PatternSetError {
         }
     }
 
+    /// The position of the offending pattern in the list, when one pattern is at fault.
+    pub fn index(&self) -> Option<usize> {
+        match self {
+            PatternSetError::TooLong { index, .. }
+            | PatternSetError::Nul { index, .. }
+            | PatternSetError::Invalid { index, .. }
+            | PatternSetError::TooCostly { index, .. } => Some(*index),
+            PatternSetError::TooMany { .. } | PatternSetError::Worker(_) => None,
+        }
+    }
+
     /// Whether the list itself is at fault (a config error), rather than the worker.
     pub fn is_config_error(&self) -> bool {
         !matches!(self, PatternSetError::Worker(_))
