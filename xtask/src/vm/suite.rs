@@ -37,6 +37,10 @@ pub const SUITE: &[(&str, Place)] = &[
     ),
     ("guard-user.ebpf_source", Place::Guests { why: "BPF load, verifier and tracepoint arguments", only: &[] }),
     ("guard-user.task_iter", Place::Guests { why: "the BPF task iterator against /proc", only: &[] }),
+    (
+        "guard-user.kernel_names",
+        Place::Guests { why: "the name every source reports (BPF events, iterator, /proc) at every length", only: &[] },
+    ),
     ("guard-user.cpu_runtime", Place::Guests { why: "the tp_btf sched_stat_runtime accounting", only: &[] }),
     (
         "guard-user.matcher_sandbox",
@@ -47,6 +51,10 @@ pub const SUITE: &[(&str, Place)] = &[
         Place::Guests { why: "links, FIFOs, devices and sockets as each kernel opens them", only: &[] },
     ),
     ("integration-tests.daemon", Place::Guests { why: "the whole guard on each kernel's events", only: &[] }),
+    (
+        "integration-tests.names",
+        Place::Guests { why: "15-byte names set by exec and rename, ended through each kernel's events", only: &[] },
+    ),
     ("integration-tests.no_btf", Place::Guests { why: "the procfs fallback (the no-btf guest)", only: &[] }),
     ("integration-tests.record", Place::Guests { why: "a trace of each kernel's events replays", only: &[] }),
     (
