@@ -29,7 +29,9 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
         println!("{d}");
     }
     if report.drift.is_empty() {
-        println!("[OK] Host guard in sync with {}", l.source.display());
+        // No drift means the link was compared against a known source (a missing record is drift).
+        let source = report.source.as_deref().unwrap_or(std::path::Path::new(""));
+        println!("[OK] Host guard in sync with {}", install::shown(source));
     }
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 && !report.skipped.is_empty() {
