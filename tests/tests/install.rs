@@ -237,9 +237,6 @@ fn check_after_install_with_a_config_source_compares_against_that_source() {
     let chosen = fs::canonicalize(host.p("b.json")).unwrap();
     let out = host.run_with("install", &chosen, "1");
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
-    let record = fs::read_to_string(host.record()).unwrap();
-    assert!(record.ends_with(&format!("\n{}\n", chosen.display())), "{record}");
-    assert_eq!(fs::symlink_metadata(host.record()).unwrap().uid(), 0, "the record is root's");
     host.write_status(now_secs(), 60.0);
 
     // A plain check (no --home, no --config-source): in sync with the operator's source.
@@ -247,6 +244,9 @@ fn check_after_install_with_a_config_source_compares_against_that_source() {
     let out = plain("check");
     assert_eq!(out.stdout, format!("[OK] Host guard in sync with {}\n", chosen.display()), "{}", out.stderr);
     assert_eq!(out.code, 0);
+    let record = fs::read_to_string(host.record()).unwrap();
+    assert!(record.ends_with(&format!("\n{}\n", chosen.display())), "{record}");
+    assert_eq!(fs::symlink_metadata(host.record()).unwrap().uid(), 0, "the record is root's");
 
     // The account relinks to another file: the drift names the recorded source, and the fix
     // installs that source again (never the default, which would discard the choice).

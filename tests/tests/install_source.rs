@@ -192,9 +192,9 @@ fn a_record_the_account_could_have_written_is_not_trusted() {
     let o = install(&host, &chosen, &[]);
     assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
     fresh_status(&host);
+    assert_eq!(plain(&host, "check").stdout, format!("[OK] Host guard in sync with {}\n", escaped(&chosen)));
     let rec = record(&host);
     let good = fs::read(&rec).unwrap();
-    assert_eq!(plain(&host, "check").stdout, format!("[OK] Host guard in sync with {}\n", escaped(&chosen)));
 
     // The account wants its own file checked as "in sync": it links it, and a record naming it
     // appears in each way the account could have put one there.
