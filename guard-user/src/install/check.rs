@@ -126,7 +126,7 @@ fn config_link(layout: &Layout, r: &mut Report) {
                     Err(_) => format!("{d} is not a symbolic link"),
                 });
             }
-            hidden_link(layout, &relink, r);
+            hidden_link(layout, expected.as_deref(), r);
             match read_config(link, &layout.home, (&layout.account).into()) {
                 // Not root and not the account: our own rights were not enough.
                 // SAFETY: geteuid cannot fail.
@@ -144,30 +144,30 @@ fn config_link(layout: &Layout, r: &mut Report) {
 /// The daemon follows the link inside the unit's mount namespace, where a tree the unit hides
 /// is empty or gone: root reading it here would see a config the guard never does. The lookup
 /// runs with the account's identity (the daemon reads the config as the account).
-fn hidden_link(layout: &Layout, relink: &str, r: &mut Report) {
+fn hidden_link(layout: &Layout, expected: Option<&Path>, r: &mut Report) {
+    let trees = service_hidden_trees();
     let steps = {
         let _scope = crate::safefs::FsIdentity { uid: layout.account.uid, gid: layout.account.gid }.scope();
         lookup_steps(&layout.config_link)
     };
     // A lookup that fails is the config check's to report (config_missing, unreadable).
     let Ok(steps) = steps else { return };
-    if let Some((step, tree)) = first_hidden(&steps, &service_hidden_trees()) {
-        let fix = if relink.is_empty() {
-            format!(
-                "; put the source under the account's home or /etc/guard-user and run {}",
-                layout.install_command(Path::new("FILE"))
-            )
-        } else {
-            relink.to_string()
-        };
-        r.drift.push(format!(
-            "{} leads to {}, inside {}, {}, so the guard cannot read it{fix}",
-            shown(&layout.config_link),
-            shown(&step),
-            tree.path,
-            tree.why
-        ));
-    }
+    let Some((step, tree)) = first_hidden(&steps, &trees) else { return };
+    // Linking the expected source again fixes it, unless that source is hidden itself.
+    let fix = match expected.filter(|s| first_hidden(&[s.to_path_buf()], &trees).is_none()) {
+        Some(source) => format!("run {}", layout.install_command(source)),
+        None => format!(
+            "put the source under the account's home or /etc/guard-user and run {}",
+            layout.install_command(Path::new("FILE"))
+        ),
+    };
+    r.drift.push(format!(
+        "{} leads to {}, inside {}, {}, so the guard cannot read it; {fix}",
+        shown(&layout.config_link),
+        shown(&step),
+        tree.path,
+        tree.why
+    ));
 }
 
 /// The template (ours or the packaged one), a template shadowing the packaged one, and the

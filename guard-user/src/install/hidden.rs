@@ -248,29 +248,43 @@ fn lead(given: &Path, step: &Path) -> String {
     }
 }
 
-/// The lookup steps of `path`, or, while it does not exist yet (the link `--config` names),
-/// those of its directory followed by the name. `None` when even that lookup fails.
-fn steps_of(path: &Path) -> Option<Vec<PathBuf>> {
-    if let Ok(steps) = lookup_steps(path) {
-        return Some(steps);
+/// Which lookup of a path matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judge {
+    /// A file the daemon reads (the config source): the whole lookup, links at the end too.
+    File,
+    /// Where install writes the link (`--config`): its directory's lookup, then the name.
+    /// Whatever is there now is replaced, so it is not followed (an account's link there into
+    /// /tmp must not stop install).
+    LinkPlace,
+}
+
+/// The steps that matter of `path` ([`Judge`]). `None` when the lookup fails.
+fn steps_of(path: &Path, judge: Judge) -> Option<Vec<PathBuf>> {
+    if judge == Judge::File {
+        return lookup_steps(path).ok();
     }
-    let (dir, name) = (path.parent()?, path.file_name()?);
-    let mut steps = lookup_steps(if dir.as_os_str().is_empty() { Path::new(".") } else { dir }).ok()?;
+    let absolute = std::path::absolute(path).ok()?;
+    let (dir, name) = (absolute.parent()?, absolute.file_name()?);
+    let mut steps = lookup_steps(dir).ok()?;
     let last = steps.pop()?.join(name);
     steps.push(last);
     Some(steps)
 }
 
-/// Refuses `given` (named `what` in the error) when its lookup passes through a tree the
-/// service cannot see (see the module doc). A lookup that fails (a missing directory) is not
-/// this rule's business: the caller reports that.
-pub fn refuse_hidden(what: &'static str, given: &Path, fix: &str) -> Result<(), HiddenError> {
-    let trees = service_hidden_trees();
-    let Some(steps) = steps_of(given) else { return Ok(()) };
-    match first_hidden(&steps, &trees) {
-        Some((step, tree)) => {
-            Err(HiddenError { what, given: given.to_path_buf(), step, tree: tree.clone(), fix: fix.to_string() })
-        }
+/// Refuses `given` (named `what` in the error) when the lookup that matters ([`Judge`]) passes
+/// through a tree the service cannot see (see the module doc). A lookup that fails (a missing
+/// file or directory) is not this rule's business: the caller reports that.
+pub fn refuse_hidden(what: &'static str, given: &Path, judge: Judge, fix: &str) -> Result<(), Box<HiddenError>> {
+    let Some(steps) = steps_of(given, judge) else { return Ok(()) };
+    match first_hidden(&steps, &service_hidden_trees()) {
+        Some((step, tree)) => Err(Box::new(HiddenError {
+            what,
+            given: given.to_path_buf(),
+            step,
+            tree: tree.clone(),
+            fix: fix.to_string(),
+        })),
         None => Ok(()),
     }
 }

@@ -7,7 +7,7 @@ use std::{
 
 use super::{
     escape::{AccountName, Executable, UnitValueError},
-    hidden::{self, refuse_hidden},
+    hidden::{self, refuse_hidden, Judge},
     home::{validate_config_path, validate_home},
     record::{self, RECORD_NAME},
     unit::{instance_name, DropIn, DROPIN_NAME, UNIT_NAME},
@@ -109,7 +109,8 @@ impl Layout {
         validate_home(&account, &home)?;
         if let Some(c) = &req.config {
             validate_config_path(c)?;
-            refuse_hidden("--config", c, "pass a --config FILE the service can see, e.g. in the account's home")?;
+            let fix = "pass a --config FILE the service can see, e.g. in the account's home";
+            refuse_hidden("--config", c, Judge::LinkPlace, fix)?;
         }
         let given = match &req.config_source {
             Some(p) => p.clone(),
@@ -269,7 +270,7 @@ fn dropin_path(unit_dir: &Path, user: &AccountName) -> PathBuf {
 /// ([`hidden`]).
 fn canonical_source(path: PathBuf) -> Result<PathBuf, InstallError> {
     let canonical = fs::canonicalize(&path).map_err(|source| InstallError::NoSource { path: path.clone(), source })?;
-    refuse_hidden("the config source", &path, hidden::FIX)?;
+    refuse_hidden("the config source", &path, Judge::File, hidden::FIX)?;
     Ok(canonical)
 }
 

@@ -104,7 +104,7 @@ pub enum InstallError {
     #[error("the config source {} does not exist ({source}); pass --config-source FILE", quoted(path))]
     NoSource { path: PathBuf, source: io::Error },
     #[error(transparent)]
-    Hidden(#[from] hidden::HiddenError),
+    Hidden(#[from] Box<hidden::HiddenError>),
     #[error(
         "{} records the config source of the last install, but {why}; pass --config-source FILE with the source \
          you mean (install then writes a new record)",

@@ -9,7 +9,9 @@ use std::{
 
 use super::{
     escape::{split_exec_line, AccountName, Executable, UnitPath, UnitValueError},
-    hidden::{hidden_trees, lookup_steps, refuse_hidden, service_hidden_trees, HiddenTree, HIDES_NOTHING, HIDING},
+    hidden::{
+        hidden_trees, lookup_steps, refuse_hidden, service_hidden_trees, HiddenTree, Judge, HIDES_NOTHING, HIDING,
+    },
     home::{validate_home, HomeError},
     layout::{Layout, Provider},
     record::{self, RecordError},
@@ -321,16 +323,22 @@ fn a_config_path_in_or_through_a_hidden_tree_is_refused_with_the_path_the_tree_a
     std::os::unix::fs::symlink(inside.join("real.json"), out.join("into-tmp.json")).unwrap();
     std::os::unix::fs::symlink(out.join("real.json"), inside.join("out-of-tmp.json")).unwrap();
 
-    assert!(refuse_hidden("the config source", &out.join("real.json"), "fix").is_ok());
-    // Missing is the caller's to report; a link yet to be written is judged by its directory.
-    assert!(refuse_hidden("--config", &out.join("not-yet.json"), "fix").is_ok());
-    assert!(refuse_hidden("--config", &inside.join("not-yet.json"), "fix").is_err());
+    let file = |p: &Path, fix: &str| refuse_hidden("the config source", p, Judge::File, fix);
+    assert!(file(&out.join("real.json"), "fix").is_ok());
+    // Missing is the caller's to report.
+    assert!(file(&out.join("missing.json"), "fix").is_ok());
+    // Where install writes a link is judged by its directory, not by what is there now.
+    let place = |p: &Path| refuse_hidden("--config", p, Judge::LinkPlace, "fix");
+    assert!(place(&out.join("not-yet.json")).is_ok());
+    assert!(place(&out.join("into-tmp.json")).is_ok(), "a link there now is replaced, not followed");
+    assert!(place(&inside.join("not-yet.json")).is_err());
+    assert!(place(&inside.join("out-of-tmp.json")).is_err());
     for (given, step) in [
         (inside.join("real.json"), inside.join("real.json")),
         (out.join("into-tmp.json"), inside.join("real.json")),
         (inside.join("out-of-tmp.json"), inside.join("out-of-tmp.json")),
     ] {
-        let e = refuse_hidden("the config source", &given, super::hidden::FIX).unwrap_err();
+        let e = file(&given, super::hidden::FIX).unwrap_err();
         assert_eq!(e.step, step, "{given:?}");
         let msg = e.to_string();
         assert!(msg.starts_with(&format!("the config source \"{}\" ", given.display())), "{msg}");
@@ -346,7 +354,7 @@ fn a_config_path_in_or_through_a_hidden_tree_is_refused_with_the_path_the_tree_a
     // A name the account made prints escaped, on one line.
     let evil = inside.join("x\u{1b}[2J\nFORGED \u{202e}.json");
     std::fs::write(&evil, "{}").unwrap();
-    let msg = refuse_hidden("the config source", &evil, "fix").unwrap_err().to_string();
+    let msg = file(&evil, "fix").unwrap_err().to_string();
     assert!(msg.contains("x\\x1b[2J\\nFORGED \\xe2\\x80\\xae.json"), "{msg}");
     assert!(!msg.chars().any(|c| c.is_control() || c == '\u{202e}'), "{msg:?}");
 }
