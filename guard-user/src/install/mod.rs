@@ -38,9 +38,17 @@
 //!   refuses to touch anyone else's, and check reports it. check requires the packaged template
 //!   to equal what this build writes for `/usr/bin`. `GUARD_PACKAGED_ROOT=DIR` moves the
 //!   packaged paths under DIR (tests).
-//! - **Default config source**: the packaged `/usr/share/guard-user/guard-config.json`, else
-//!   the `config/guard-config.json` of the checkout the running binary was built in, else of
-//!   the checkout it was compiled from; else an error asking for `--config-source`.
+//! - **Default config source**: the source the last install recorded ([`record`]; one that
+//!   cannot be trusted stops install), else the packaged
+//!   `/usr/share/guard-user/guard-config.json`, else the `config/guard-config.json` of the
+//!   checkout the running binary was built in, else of the checkout it was compiled from; else
+//!   an error asking for `--config-source`. check compares against the record (or
+//!   `--config-source`), never a default.
+//! - **The record is a file of its own**, `config-source` beside `home.conf`, not a comment in
+//!   the drop-in: the canonical source may hold names the account made, and those never go into
+//!   a file systemd parses (the first choice above).
+//! - **Hidden trees** are read from the unit's directives ([`hidden`]), plus `/run/user`, which
+//!   no directive of ours hides but which logind empties at the account's last logout.
 //! - **Writes into the account's home happen as the account** (the config link, retiring the
 //!   legacy files): with its file-system identity ([`crate::safefs::FsIdentity`]), so a link
 //!   the account planted (`.config` → `/etc/…`) leads only where it could write itself. Unit
