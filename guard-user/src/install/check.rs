@@ -91,6 +91,12 @@ fn expected_source(layout: &Layout, r: &mut Report) -> Option<PathBuf> {
             ));
             Some(asked.clone())
         }
+        // Not root, and root's directory is closed to us: not drift, a check we could not make.
+        // SAFETY: geteuid cannot fail.
+        (Err(record::RecordError::Io(e)), asked) if denied(&e) && unsafe { libc::geteuid() } != 0 => {
+            r.skipped.push(format!("{}: {e} (run as root)", shown(&path)));
+            asked.clone()
+        }
         (Err(why), asked) => {
             r.drift.push(differs(&path));
             let now = match fs::read_link(&layout.config_link) {
