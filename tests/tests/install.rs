@@ -14,12 +14,17 @@ mod install_host;
 use install_host::Host;
 
 trait HostExt {
+    fn record(&self) -> std::path::PathBuf;
     fn write_status(&self, last_tick: f64, interval_secs: f64);
     fn plant_legacy(&self);
     fn fingerprint(&self) -> Vec<(u64, i64, i64)>;
 }
 
 impl HostExt for Host {
+    fn record(&self) -> std::path::PathBuf {
+        self.dropin().with_file_name("config-source")
+    }
+
     fn write_status(&self, last_tick: f64, interval_secs: f64) {
         let s = guard::status::Status { last_tick, interval_secs, user: self.user.into(), ..Default::default() };
         fs::write(self.h("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
@@ -50,7 +55,7 @@ impl HostExt for Host {
 
     /// (inode, mtime in ns) of every file install writes.
     fn fingerprint(&self) -> Vec<(u64, i64, i64)> {
-        [self.link(), self.p("units/guard-user@.service"), self.dropin(), self.p("bin/guard-user")]
+        [self.link(), self.p("units/guard-user@.service"), self.dropin(), self.record(), self.p("bin/guard-user")]
             .iter()
             .map(|p| {
                 let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -73,11 +78,15 @@ fn check_reports_every_drift_and_install_brings_it_in_sync() {
     let units = host.p("units").display().to_string();
     let instance = format!("guard-user@{user}.service");
 
-    // Nothing there yet.
+    // Nothing there yet. (Asked about a source, check names the install that links it.)
     let out = host.run("check");
     assert_eq!(out.code, 1, "{}", out.stdout);
     for line in [
-        format!("{home}/guard-config.json is missing"),
+        format!(
+            "{home}/guard-config.json is missing; run guard-user install --user {user} --home {home} --config-source {}",
+            host.source().display()
+        ),
+        format!("{}/guard-user@{user}.service.d/config-source is missing or differs from this build", units),
         format!("{units}/guard-user@.service is missing or differs from this build"),
         format!("{instance} is not enabled"),
         format!("{instance} is not active"),
@@ -94,7 +103,12 @@ fn check_reports_every_drift_and_install_brings_it_in_sync() {
     assert_eq!(out.code, 1);
     let last_at = guard::log::local_timestamp(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(last));
     for line in [
-        format!("{home}/guard-config.json is not a link to {}", host.source().display()),
+        // The line names the source and the install that links it again, with this home.
+        format!(
+            "{home}/guard-config.json is not a link to {src}; run guard-user install --user {user} --home {home} \
+             --config-source {src}",
+            src = host.source().display()
+        ),
         format!("{home}/guard-daemon.sh is still present, so the legacy guard can run beside guard-user"),
         format!("{home}/.config/systemd/user/guard-daemon.timer still runs the legacy guard"),
         format!("{home}/.config/systemd/user/guard-daemon.service still runs the legacy guard"),
@@ -167,13 +181,12 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     fs::rename(host.h("x"), host.link()).unwrap();
     let out = host.run("check");
     assert_eq!(out.code, 1);
-    assert!(
-        out.stdout
-            .lines()
-            .any(|l| l == format!("{home}/guard-config.json is not a link to {}", host.source().display())),
-        "{}",
-        out.stdout
+    let line = format!(
+        "{home}/guard-config.json is not a link to {src}; run guard-user install --user {user} --home {home} \
+         --config-source {src}",
+        src = host.source().display()
     );
+    assert!(out.stdout.lines().any(|l| l == line), "missing `{line}` in\n{}", out.stdout);
 
     // An invalid source, linked: the ERROR line's reason.
     fs::write(host.p("bad.json"), "{\"threshold\": 0}").unwrap();
@@ -230,6 +243,50 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     let out = host.run("check");
     assert!(out.stdout.lines().any(|l| l == format!("guard-user@{user}.service is not active")), "{}", out.stdout);
     assert!(!out.stdout.contains("is not enabled"), "{}", out.stdout);
+}
+
+#[test]
+fn check_after_install_with_a_config_source_compares_against_that_source() {
+    let Some(_g) = setup("install recorded source") else { return };
+    let host = Host::new();
+    let user = host.user;
+    let home = host.home.path().display().to_string();
+    let chosen = fs::canonicalize(host.p("b.json")).unwrap();
+    let out = host.run_with("install", &chosen, "1");
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    host.write_status(now_secs(), 60.0);
+
+    // A plain check (no --home, no --config-source): in sync with the operator's source.
+    let plain = |sub: &str| install_host::out(host.command(sub));
+    let out = plain("check");
+    assert_eq!(out.stdout, format!("[OK] Host guard in sync with {}\n", chosen.display()), "{}", out.stderr);
+    assert_eq!(out.code, 0);
+    let record = fs::read_to_string(host.record()).unwrap();
+    assert!(record.ends_with(&format!("\n{}\n", chosen.display())), "{record}");
+    assert_eq!(fs::symlink_metadata(host.record()).unwrap().uid(), 0, "the record is root's");
+
+    // The account relinks to another file: the drift names the recorded source, and the fix
+    // installs that source again (never the default, which would discard the choice).
+    std::os::unix::fs::symlink(host.source(), host.h("x")).unwrap();
+    std::os::unix::fs::lchown(host.h("x"), Some(host.uid), Some(host.uid)).unwrap();
+    fs::rename(host.h("x"), host.link()).unwrap();
+    let out = plain("check");
+    assert_eq!(out.code, 1);
+    let line = format!(
+        "{home}/guard-config.json is not a link to {src}; run guard-user install --user {user} --home {home} \
+         --config-source {src}",
+        src = chosen.display()
+    );
+    assert_eq!(out.stdout.lines().collect::<Vec<_>>(), [line.as_str()], "{}", out.stderr);
+
+    // Repairing without --config-source keeps the recorded source.
+    let mut c = host.command("install");
+    c.arg("--home").arg(host.home.path());
+    let out = install_host::out(c);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.lines().next().unwrap().contains(&format!(" from {}, ", chosen.display())), "{}", out.stdout);
+    assert_eq!(fs::read_link(host.link()).unwrap(), chosen);
+    assert_eq!(plain("check").stdout, format!("[OK] Host guard in sync with {}\n", chosen.display()));
 }
 
 #[test]

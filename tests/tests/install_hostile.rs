@@ -91,9 +91,14 @@ fn no_account_controlled_byte_reaches_the_unit_directory() {
         }
         assert_eq!(o.code, 0, "stateFile {state_file:?}: {}{}", o.stdout, o.stderr);
 
+        // The template, the drop-in, and beside it the record of the source (which systemd does not read).
         assert_eq!(
             tree(&host.p("units")),
-            ["guard-user@.service", &format!("guard-user@{}.service.d/home.conf", host.user)],
+            [
+                "guard-user@.service",
+                &format!("guard-user@{}.service.d/config-source", host.user),
+                &format!("guard-user@{}.service.d/home.conf", host.user)
+            ],
             "stateFile {state_file:?}"
         );
         let dropin = fs::read_to_string(host.dropin()).unwrap();
@@ -124,7 +129,10 @@ fn no_account_controlled_byte_reaches_the_unit_directory() {
         c.arg("--config-source").arg(&config);
         c
     });
-    assert_eq!(o.stdout, format!("[OK] Host guard in sync with {}\n", config.display()), "{}", o.stderr);
+    // The source lies in the account's home, whose name holds a backslash: printed escaped.
+    let shown = guard::escape::text(config.as_os_str().as_bytes());
+    assert!(shown.contains(r"\\b"), "{shown}");
+    assert_eq!(o.stdout, format!("[OK] Host guard in sync with {shown}\n"), "{}", o.stderr);
 }
 
 #[test]
@@ -295,7 +303,11 @@ fn a_packaged_host_writes_only_the_dropin_and_check_accepts_the_packaged_unit() 
     assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
     assert!(o.stdout.starts_with(&format!("[OK] Host guard installed for {} in ", host.user)), "{}", o.stdout);
     assert!(o.stdout.lines().next().unwrap().contains(&format!(" from {}, ", pkg_config.display())), "{}", o.stdout);
-    assert_eq!(tree(&host.p("units")), [format!("{instance}.d/home.conf")], "only the drop-in is written");
+    assert_eq!(
+        tree(&host.p("units")),
+        [format!("{instance}.d/config-source"), format!("{instance}.d/home.conf")],
+        "only the drop-in (and the record of the source beside it) is written"
+    );
     assert_eq!(tree(&host.p("bin")), Vec::<String>::new(), "no binary is copied");
     let dropin = fs::read_to_string(host.dropin()).unwrap();
     assert_eq!(dropin, expected_dropin(&host, &pkg.join("usr/bin/guard-user"), host.home.path(), None));

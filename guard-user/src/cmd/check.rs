@@ -29,7 +29,12 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
         println!("{d}");
     }
     if report.drift.is_empty() {
-        println!("[OK] Host guard in sync with {}", l.source.display());
+        // A missing or untrusted record is drift, so the source is known here unless the record
+        // was one of the checks skipped for want of root.
+        match report.source.as_deref() {
+            Some(source) => println!("[OK] Host guard in sync with {}", install::shown(source)),
+            None => println!("[OK] Host guard in sync (its config source was not checked)"),
+        }
     }
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 && !report.skipped.is_empty() {

@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::Context;
 
 use super::InstallArgs;
-use crate::install::{self, Layout, Outcome, Request, Systemctl};
+use crate::install::{self, shown, Layout, Outcome, Request, Systemctl};
 
 /// Default `--unit-dir` and `--bin-dir`.
 pub const UNIT_DIR: &str = "/etc/systemd/system";
@@ -44,8 +44,8 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
             println!(
                 "[OK] Host guard installed for {} in {} from {}, every 60s as {}",
                 l.user,
-                l.home.display(),
-                l.source.display(),
+                shown(&l.home),
+                shown(l.source.as_deref().unwrap_or(std::path::Path::new(""))),
                 l.instance()
             );
             ExitCode::SUCCESS
@@ -53,7 +53,7 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
         Outcome::NotScheduled => {
             println!(
                 "[!!] Host guard linked in {}; systemd is not running, so the guard is not scheduled",
-                l.home.display()
+                shown(&l.home)
             );
             ExitCode::from(1)
         }
@@ -71,14 +71,9 @@ pub fn uninstall(args: InstallArgs) -> anyhow::Result<ExitCode> {
     require_root("uninstall")?;
     let l = Layout::for_uninstall(&request(&args)?)?;
     let (changes, others) = install::uninstall(&l, &Systemctl).context("uninstall")?;
-    println!("[OK] Host guard removed for {}; kept {} and the log", l.user, l.config_link.display());
+    println!("[OK] Host guard removed for {}; kept {} and the log", l.user, shown(&l.config_link));
     if !others.is_empty() {
-        println!(
-            "  kept {} and {}: still used by {}",
-            l.unit_path().display(),
-            l.bin_path().display(),
-            others.join(", ")
-        );
+        println!("  kept {} and {}: still used by {}", shown(&l.unit_path()), shown(&l.bin_path()), others.join(", "));
     }
     if changes.is_empty() {
         println!("  nothing was installed");

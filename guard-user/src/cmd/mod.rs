@@ -141,8 +141,10 @@ pub struct ValidateArgs {
 pub struct InstallArgs {
     #[command(flatten)]
     pub account: AccountArgs,
-    /// The config the account's guard-config.json links to (default: /usr/share/guard-user/guard-config.json
-    /// on a packaged host, else config/guard-config.json of the source checkout this binary was built in).
+    /// The config the account's guard-config.json links to; it must be one the service can see (not under
+    /// /tmp, /var/tmp, /run/user). Default for install: the source the last install recorded, else
+    /// /usr/share/guard-user/guard-config.json on a packaged host, else config/guard-config.json of the
+    /// source checkout this binary was built in. Default for check: the recorded source.
     #[arg(long, value_name = "FILE")]
     pub config_source: Option<PathBuf>,
     /// Where the systemd unit goes (default /etc/systemd/system).

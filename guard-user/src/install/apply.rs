@@ -9,7 +9,7 @@ use std::{
 
 use super::{
     layout::{Layout, Provider, LEGACY_SCRIPT, LEGACY_UNITS, LEGACY_UNIT_DIR},
-    read_config,
+    read_config, record, shown,
     systemctl::{systemd_running, Systemctl},
     unit::{unit_text, HEADER},
     InstallError,
@@ -127,12 +127,12 @@ pub fn retire_legacy(layout: &Layout, sc: &Systemctl, changes: &mut Changes) -> 
         // What the account itself cannot remove is not its legacy guard (e.g. `.config` is a
         // link into root's files): it stays, is said here, and check keeps reporting it.
         let mut remove = |path: PathBuf, say: bool| match remove_if_present(&path) {
-            Ok(true) if say => changes.push(format!("removed {}", path.display())),
+            Ok(true) if say => changes.push(format!("removed {}", shown(&path))),
             Ok(_) => {}
             Err(InstallError::Io { source, .. }) if source.kind() == io::ErrorKind::PermissionDenied => {
-                changes.push(format!("left {}: {} cannot remove it ({source})", path.display(), layout.user))
+                changes.push(format!("left {}: {} cannot remove it ({source})", shown(&path), layout.user))
             }
-            Err(e) => changes.push(format!("left {}: {e}", path.display())),
+            Err(e) => changes.push(format!("left {}: {e}", shown(&path))),
         };
         for u in LEGACY_UNITS {
             for wants in ["timers.target.wants", "default.target.wants"] {
@@ -152,11 +152,18 @@ pub fn retire_legacy(layout: &Layout, sc: &Systemctl, changes: &mut Changes) -> 
 pub fn install(layout: &Layout, sc: &Systemctl) -> Result<(Outcome, Changes), InstallError> {
     // Every value the unit files carry is validated before anything is written.
     let dropin = layout.dropin()?;
-    read_config(&layout.source, &layout.home, (&layout.account).into())
-        .map_err(|reason| InstallError::InvalidSource { path: layout.source.clone(), reason })?;
+    let source = layout.source.as_deref().expect("Layout::for_install sets the source");
+    read_config(source, &layout.home, (&layout.account).into())
+        .map_err(|reason| InstallError::InvalidSource { path: source.to_path_buf(), reason })?;
     let mut changes = Changes::new();
-    if relink(&layout.config_link, &layout.source, identity(layout))? {
-        changes.push(format!("linked {} to {}", layout.config_link.display(), layout.source.display()));
+    // The record first: should the link fail, check still names the source asked for (and
+    // suggests linking it), never the one this install was replacing.
+    let record = layout.record_path();
+    if write_if_different(&record, record::text(&layout.user, source).as_bytes(), 0o644)? {
+        changes.push(format!("recorded the config source in {}", shown(&record)));
+    }
+    if relink(&layout.config_link, source, identity(layout))? {
+        changes.push(format!("linked {} to {}", shown(&layout.config_link), shown(source)));
     }
     retire_legacy(layout, sc, &mut changes)?;
 
@@ -167,26 +174,26 @@ pub fn install(layout: &Layout, sc: &Systemctl) -> Result<(Outcome, Changes), In
             let bin = fs::read(&layout.exe).map_err(io_err(&layout.exe))?;
             bin_changed = write_if_different(&layout.bin_path(), &bin, 0o755)?;
             if bin_changed {
-                changes.push(format!("installed {}", layout.bin_path().display()));
+                changes.push(format!("installed {}", shown(&layout.bin_path())));
             }
             let unit = unit_text(&dropin.bin);
             if write_if_different(&layout.unit_path(), unit.as_bytes(), 0o644)? {
                 unit_changed = true;
-                changes.push(format!("wrote {}", layout.unit_path().display()));
+                changes.push(format!("wrote {}", shown(&layout.unit_path())));
             }
         }
         Provider::Packaged { .. } => {
             if let Some(shadow) = layout.shadowing_unit_path() {
                 if remove_own_unit(&shadow)? {
                     unit_changed = true;
-                    changes.push(format!("removed {} (it shadowed the packaged unit)", shadow.display()));
+                    changes.push(format!("removed {} (it shadowed the packaged unit)", shown(&shadow)));
                 }
             }
         }
     }
     if write_if_different(&layout.dropin_path(), dropin.text().as_bytes(), 0o644)? {
         unit_changed = true;
-        changes.push(format!("wrote {}", layout.dropin_path().display()));
+        changes.push(format!("wrote {}", shown(&layout.dropin_path())));
     }
 
     if !systemd_running() {
@@ -247,10 +254,12 @@ pub fn uninstall(layout: &Layout, sc: &Systemctl) -> Result<(Changes, Vec<String
         sc.run(&["disable", "--now", &instance])?;
         changes.push(format!("stopped and disabled {instance}"));
     }
-    let dropin = layout.dropin_path();
-    if remove_if_present(&dropin)? {
-        changes.push(format!("removed {}", dropin.display()));
+    for path in [layout.dropin_path(), layout.record_path()] {
+        if remove_if_present(&path)? {
+            changes.push(format!("removed {}", shown(&path)));
+        }
     }
+    let dropin = layout.dropin_path();
     if let Some(d) = dropin.parent() {
         let _ = fs::remove_dir(d); // only when empty: an operator's own drop-ins stay
     }
@@ -258,7 +267,7 @@ pub fn uninstall(layout: &Layout, sc: &Systemctl) -> Result<(Changes, Vec<String
     if others.is_empty() && matches!(layout.provider, Provider::Source { .. }) {
         for p in [layout.unit_path(), layout.bin_path()] {
             if remove_if_present(&p)? {
-                changes.push(format!("removed {}", p.display()));
+                changes.push(format!("removed {}", shown(&p)));
             }
         }
     }

@@ -56,9 +56,10 @@ pub enum UnitValueError {
     AccountName { shown: String },
 }
 
-/// A path shown in an error: escaped like Rust's `{:?}` so a hostile name prints on one line.
+/// A path shown in an error: guard's escaped form in quotes ([`super::quoted`]), so a hostile
+/// name prints on one line.
 fn shown(p: &Path) -> String {
-    format!("{:?}", p.as_os_str())
+    super::quoted(p)
 }
 
 /// An absolute, normalized, UTF-8 path without control characters: something every

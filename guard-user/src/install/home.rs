@@ -4,11 +4,12 @@
 //!
 //! The rules, in order (each refusal names the fix):
 //! 1. expressible in a unit file ([`UnitPath`]);
-//! 2. canonical: absolute, normalized and free of symbolic links (`realpath` gives it back
-//!    unchanged), so what systemd bind-mounts read-write is what was checked;
-//! 3. not `/`, not a system directory, not inside a tree the unit hides or owns
-//!    (`/tmp` and `/var/tmp` are private to the unit, `/dev` too, `/proc`, `/sys`, `/etc`,
-//!    `/usr`, `/boot`, `/root`…);
+//! 2. not inside a tree the unit hides from the service ([`super::hidden`]: `/tmp` and
+//!    `/var/tmp` are private to it, `/dev` too, `/run/user` comes and goes with logins);
+//! 3. canonical: absolute, normalized and free of symbolic links (`realpath` gives it back
+//!    unchanged), so what systemd bind-mounts read-write is what was checked; not `/`, not a
+//!    system directory, not inside a tree the system owns (`/proc`, `/sys`, `/etc`, `/usr`,
+//!    `/boot`, `/root`…);
 //! 4. a directory owned by the account, which is not root;
 //! 5. no one but root can rename the home or a directory above it: every directory above it
 //!    belongs to root, and one writable by group or others is sticky (1777, like `/tmp`, or a
@@ -22,7 +23,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::escape::{UnitPath, UnitValueError};
+use super::{
+    escape::{UnitPath, UnitValueError},
+    hidden::service_hidden_trees,
+    quoted,
+};
 use crate::account::Account;
 
 /// Directories that are never a home, whatever their owner.
@@ -64,8 +69,6 @@ const SYSTEM_DIRS: &[&str] = &[
 const SYSTEM_TREES: &[&str] = &[
     "/proc", "/sys", "/dev", "/boot", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/root",
 ];
-/// Trees the unit replaces with its own private copy (`PrivateTmp=yes`).
-const PRIVATE_TREES: &[&str] = &["/tmp", "/var/tmp"];
 
 /// Why a directory cannot be the guarded home.
 #[derive(Debug, thiserror::Error)]
@@ -74,15 +77,15 @@ pub enum HomeError {
     Unit(#[from] UnitValueError),
     #[error("--home {shown}: {source}; create it, owned by {user}, or pass --home DIR")]
     Missing { shown: String, user: String, source: std::io::Error },
-    #[error("--home {shown} is not canonical: it resolves to {canonical:?}; pass --home {canonical:?}")]
+    #[error("--home {shown} is not canonical: it resolves to {c}; pass --home {c}", c = quoted(canonical))]
     NotCanonical { shown: String, canonical: PathBuf },
     #[error("--home {shown} is a system directory; pass the account's own home with --home DIR")]
     System { shown: String },
     #[error(
-        "--home {shown} is inside {tree}, which the unit makes private (PrivateTmp=yes), so the guard could not \
-         see it; use a home outside /tmp and /var/tmp"
+        "--home {shown} is inside {tree}, {why}, so the guard could not see it; use the account's own home \
+         (e.g. under /home)"
     )]
-    Private { shown: String, tree: &'static str },
+    Private { shown: String, tree: String, why: String },
     #[error("--home {shown} is not a directory")]
     NotDir { shown: String },
     #[error(
@@ -93,8 +96,9 @@ pub enum HomeError {
     #[error("{user} is root; guard-user guards an unprivileged account (pass --user NAME)")]
     Root { user: String },
     #[error(
-        "--home {shown}: {ancestor:?} {why}, so the home could be replaced by a link elsewhere after install; \
-         use a home whose parent directories only root can change (e.g. under /home)"
+        "--home {shown}: {} {why}, so the home could be replaced by a link elsewhere after install; \
+         use a home whose parent directories only root can change (e.g. under /home)",
+        quoted(ancestor)
     )]
     UnsafeParent { shown: String, ancestor: PathBuf, why: String },
 }
@@ -104,9 +108,14 @@ const FIX: &str = "pass --home DIR";
 /// Validates `home` as `account`'s guarded home (the module's rules).
 pub fn validate_home(account: &Account, home: &Path) -> Result<UnitPath, HomeError> {
     let path = UnitPath::new("--home", home, FIX)?;
-    let shown = format!("{:?}", home.as_os_str());
+    let shown = quoted(home);
     if account.uid == 0 {
         return Err(HomeError::Root { user: account.name.clone() });
+    }
+    // Before the file system is asked: a home there is refused whether or not it exists now.
+    // (Canonical, checked next, so the path itself is its only lookup step.)
+    if let Some(tree) = service_hidden_trees().into_iter().find(|t| t.contains(path.as_path())) {
+        return Err(HomeError::Private { shown, tree: tree.path, why: tree.why });
     }
     let canonical = fs::canonicalize(home).map_err(|source| HomeError::Missing {
         shown: shown.clone(),
@@ -118,9 +127,6 @@ pub fn validate_home(account: &Account, home: &Path) -> Result<UnitPath, HomeErr
     }
     let s = path.as_str();
     let inside = |tree: &str| s == tree || s.strip_prefix(tree).is_some_and(|r| r.starts_with('/'));
-    if let Some(tree) = PRIVATE_TREES.iter().find(|t| inside(t)) {
-        return Err(HomeError::Private { shown, tree });
-    }
     if SYSTEM_DIRS.contains(&s) || SYSTEM_TREES.iter().any(|t| inside(t)) {
         return Err(HomeError::System { shown });
     }
@@ -152,8 +158,9 @@ pub fn validate_home(account: &Account, home: &Path) -> Result<UnitPath, HomeErr
         } else if mode & 0o022 != 0 && entry_owner != 0 {
             // Sticky: only an entry's owner may rename it, so root's entries are safe here.
             Some(format!(
-                "is writable by others (mode {:o}) and {entry:?} in it belongs to uid {entry_owner}, who may rename it",
-                mode & 0o7777
+                "is writable by others (mode {:o}) and {} in it belongs to uid {entry_owner}, who may rename it",
+                mode & 0o7777,
+                quoted(entry)
             ))
         } else {
             None

@@ -7,7 +7,9 @@ use std::{
 
 use super::{
     escape::{AccountName, Executable, UnitValueError},
+    hidden::{self, refuse_hidden, Judge},
     home::{validate_config_path, validate_home},
+    record::{self, RECORD_NAME},
     unit::{instance_name, DropIn, DROPIN_NAME, UNIT_NAME},
     InstallError,
 };
@@ -86,8 +88,10 @@ pub struct Layout {
     pub config: Option<PathBuf>,
     /// The link install writes: `--config`, else `<home>/guard-config.json`.
     pub config_link: PathBuf,
-    /// What the link points to, canonical.
-    pub source: PathBuf,
+    /// What the link points to, canonical. install: `--config-source`, else the recorded one
+    /// ([`record`]), else [`default_source`]; always set. check: `--config-source` when given
+    /// (otherwise check compares against the record). uninstall: none.
+    pub source: Option<PathBuf>,
     /// Where the drop-in goes (and the template, from source).
     pub unit_dir: PathBuf,
     pub provider: Provider,
@@ -105,25 +109,42 @@ impl Layout {
         validate_home(&account, &home)?;
         if let Some(c) = &req.config {
             validate_config_path(c)?;
+            let fix = "pass a --config FILE the service can see, e.g. in the account's home";
+            refuse_hidden("--config", c, Judge::LinkPlace, fix)?;
         }
-        let source = resolve_source(req)?;
-        Ok(Self::build(req, account, user, home, req.config.clone(), source))
+        let given = match &req.config_source {
+            Some(p) => p.clone(),
+            // Repairing keeps the operator's choice: the source the last install recorded. A
+            // record that is there but cannot be trusted stops install: falling back to the
+            // default could discard that choice, and taking it could link the account's.
+            None => {
+                let path = dropin_dir(&req.unit_dir, &user).join(RECORD_NAME);
+                match record::read(&path, &user) {
+                    Ok(recorded) => recorded,
+                    Err(record::RecordError::Missing) => default_source(&req.packaged_root, &req.exe)?,
+                    Err(why) => return Err(InstallError::UntrustedRecord { path, why }),
+                }
+            }
+        };
+        let source = canonical_source(given)?;
+        Ok(Self::build(req, account, user, home, req.config.clone(), Some(source)))
     }
 
     /// For `check`: learns `--home`/`--config` from the installed drop-in when not given, and
-    /// validates nothing beyond the account (check reports invalid values as drift).
+    /// validates nothing beyond the account (check reports invalid values as drift). The
+    /// source is `--config-source` when given; otherwise check reads the record.
     pub fn for_check(req: &Request) -> Result<Layout, InstallError> {
-        let source = resolve_source(req)?;
+        let source = req.config_source.clone().map(canonical_source).transpose()?;
         Self::learned(req, source)
     }
 
-    /// For `uninstall`: like [`Layout::for_check`], without needing a config source (an install
-    /// whose source has gone must still be removable).
+    /// For `uninstall`: like [`Layout::for_check`], without a config source (an install whose
+    /// source has gone must still be removable).
     pub fn for_uninstall(req: &Request) -> Result<Layout, InstallError> {
-        Self::learned(req, resolve_source(req).unwrap_or_default())
+        Self::learned(req, None)
     }
 
-    fn learned(req: &Request, source: PathBuf) -> Result<Layout, InstallError> {
+    fn learned(req: &Request, source: Option<PathBuf>) -> Result<Layout, InstallError> {
         let account = Account::resolve(req.user.as_deref())?;
         let user = AccountName::new(&account.name)?;
         let dropin = fs::read_to_string(dropin_path(&req.unit_dir, &user)).ok();
@@ -144,7 +165,7 @@ impl Layout {
         user: AccountName,
         home: PathBuf,
         config: Option<PathBuf>,
-        source: PathBuf,
+        source: Option<PathBuf>,
     ) -> Layout {
         let config_link = config.clone().unwrap_or_else(|| home.join("guard-config.json"));
         Layout {
@@ -196,6 +217,28 @@ impl Layout {
         dropin_path(&self.unit_dir, &self.user)
     }
 
+    /// Where install records the source it linked ([`record`]), beside the drop-in.
+    pub fn record_path(&self) -> PathBuf {
+        dropin_dir(&self.unit_dir, &self.user).join(RECORD_NAME)
+    }
+
+    /// The command that installs this layout again from `source` (for check's fix lines): the
+    /// account, `--home` when it is not the passwd home, `--config` when given, each argument
+    /// escaped and quoted as a log value is ([`crate::escape::log_value`]).
+    pub fn install_command(&self, source: &Path) -> String {
+        use std::os::unix::ffi::OsStrExt;
+        let arg = |p: &Path| crate::escape::log_value(p.as_os_str().as_bytes());
+        let mut cmd = format!("guard-user install --user {}", self.user);
+        if self.home != self.account.home {
+            cmd.push_str(&format!(" --home {}", arg(&self.home)));
+        }
+        if let Some(c) = &self.config {
+            cmd.push_str(&format!(" --config {}", arg(c)));
+        }
+        cmd.push_str(&format!(" --config-source {}", arg(source)));
+        cmd
+    }
+
     /// The drop-in install writes for this layout, every value validated again (the home
     /// against the file system as it is now).
     pub fn dropin(&self) -> Result<DropIn, InstallError> {
@@ -214,18 +257,21 @@ impl Layout {
     }
 }
 
-fn dropin_path(unit_dir: &Path, user: &AccountName) -> PathBuf {
-    unit_dir.join(format!("{}.d", instance_name(user))).join(DROPIN_NAME)
+fn dropin_dir(unit_dir: &Path, user: &AccountName) -> PathBuf {
+    unit_dir.join(format!("{}.d", instance_name(user)))
 }
 
-/// The config source, canonical (the link points at the real file, not at another link):
-/// `--config-source`, else [`default_source`].
-pub fn resolve_source(req: &Request) -> Result<PathBuf, InstallError> {
-    let path = match &req.config_source {
-        Some(p) => p.clone(),
-        None => default_source(&req.packaged_root, &req.exe)?,
-    };
-    fs::canonicalize(&path).map_err(|source| InstallError::NoSource { path, source })
+fn dropin_path(unit_dir: &Path, user: &AccountName) -> PathBuf {
+    dropin_dir(unit_dir, user).join(DROPIN_NAME)
+}
+
+/// The config source, canonical (the link points at the real file, not at another link), and
+/// refused when the service could not see it: its lookup passes through a tree the unit hides
+/// ([`hidden`]).
+fn canonical_source(path: PathBuf) -> Result<PathBuf, InstallError> {
+    let canonical = fs::canonicalize(&path).map_err(|source| InstallError::NoSource { path: path.clone(), source })?;
+    refuse_hidden("the config source", &path, Judge::File, hidden::FIX)?;
+    Ok(canonical)
 }
 
 /// The default config source, first that exists: the packaged config

@@ -4,6 +4,9 @@
 //! - [`escape`]: the values a unit file may carry, and systemd's quoting for each directive.
 //! - [`unit`]: the template `guard-user@.service` and the per-account drop-in (pure text).
 //! - [`home`]: which directory may become the instance's home.
+//! - [`hidden`]: the trees the unit hides from the service, read from the unit's directives;
+//!   a config source, `--config` or `--home` inside one is refused.
+//! - [`record`]: the config source install linked, recorded root-only beside the drop-in.
 //! - [`layout`]: the operator's request validated into a [`Layout`]; packaged or source host;
 //!   the default config source.
 //! - [`apply`]: `install` and `uninstall` (the only writers).
@@ -35,9 +38,17 @@
 //!   refuses to touch anyone else's, and check reports it. check requires the packaged template
 //!   to equal what this build writes for `/usr/bin`. `GUARD_PACKAGED_ROOT=DIR` moves the
 //!   packaged paths under DIR (tests).
-//! - **Default config source**: the packaged `/usr/share/guard-user/guard-config.json`, else
-//!   the `config/guard-config.json` of the checkout the running binary was built in, else of
-//!   the checkout it was compiled from; else an error asking for `--config-source`.
+//! - **Default config source**: the source the last install recorded ([`record`]; one that
+//!   cannot be trusted stops install), else the packaged
+//!   `/usr/share/guard-user/guard-config.json`, else the `config/guard-config.json` of the
+//!   checkout the running binary was built in, else of the checkout it was compiled from; else
+//!   an error asking for `--config-source`. check compares against the record (or
+//!   `--config-source`), never a default.
+//! - **The record is a file of its own**, `config-source` beside `home.conf`, not a comment in
+//!   the drop-in: the canonical source may hold names the account made, and those never go into
+//!   a file systemd parses (the first choice above).
+//! - **Hidden trees** are read from the unit's directives ([`hidden`]), plus `/run/user`, which
+//!   no directive of ours hides but which logind empties at the account's last logout.
 //! - **Writes into the account's home happen as the account** (the config link, retiring the
 //!   legacy files): with its file-system identity ([`crate::safefs::FsIdentity`]), so a link
 //!   the account planted (`.config` → `/etc/…`) leads only where it could write itself. Unit
@@ -48,16 +59,25 @@
 //! - A leaked daemon is a process whose argv is `guard-user run …` (or bare `guard-user [--flags]`)
 //!   with `--user <name|uid>` naming the account, or with no `--user` and the account's euid;
 //!   we do not chase `$SUDO_USER` in another process's environment.
+//! - **Every path printed is escaped** ([`shown`], [`quoted`]: guard's one escaped form,
+//!   [`crate::escape`]): a home, a source or a link target can hold names the account made,
+//!   and none of them may drive root's terminal or forge a line of `check`'s output.
 //! - A missing status file is not drift by itself (the first status is written after the first
 //!   tick); `is not active` already covers a guard that never started.
-use std::{io, path::PathBuf};
+use std::{
+    io,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+};
 
 pub mod apply;
 pub mod check;
 pub mod escape;
+pub mod hidden;
 pub mod home;
 pub mod layout;
 pub mod leaked;
+pub mod record;
 pub mod systemctl;
 pub mod unit;
 
@@ -72,14 +92,33 @@ pub use unit::{instance_name, unit_text, DropIn, UNIT_NAME};
 
 use crate::config::{self, Config, ConfigError};
 
+/// A path as install, check and uninstall print it: guard's one escaped form
+/// ([`crate::escape::text`]), on one line, with nothing a terminal would act on.
+pub fn shown(p: &Path) -> crate::escape::Escaped<'_> {
+    crate::escape::Escaped(p.as_os_str().as_bytes())
+}
+
+/// [`shown`] in double quotes (a `"` inside written `\"`): a path inside an error's sentence.
+pub fn quoted(p: &Path) -> String {
+    format!("\"{}\"", shown(p).to_string().replace('"', "\\\""))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {source}", shown(path))]
     Io { path: PathBuf, source: io::Error },
-    #[error("the config source {} is invalid: {}; or pass --config-source FILE", path.display(), reason.log_reason())]
+    #[error("the config source {} is invalid: {}; fix it or pass --config-source FILE", quoted(path), reason.log_reason())]
     InvalidSource { path: PathBuf, reason: ConfigError },
-    #[error("the config source {} does not exist ({source}); pass --config-source FILE", path.display())]
+    #[error("the config source {} does not exist ({source}); pass --config-source FILE", quoted(path))]
     NoSource { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Hidden(#[from] Box<hidden::HiddenError>),
+    #[error(
+        "{} records the config source of the last install, but {why}; pass --config-source FILE with the source \
+         you mean (install then writes a new record)",
+        shown(path)
+    )]
+    UntrustedRecord { path: PathBuf, why: record::RecordError },
     #[error(
         "no default config source: not a packaged host and no source checkout beside this binary (looked for \
          {tried}); pass --config-source FILE"
@@ -96,7 +135,7 @@ pub enum InstallError {
     #[error(
         "{} shadows the packaged unit and was not written by guard-user; move it away (systemd prefers it to \
          the package's) and run install again",
-        path.display()
+        shown(path)
     )]
     ForeignUnit { path: PathBuf },
 }

@@ -97,6 +97,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ),
     ("integration-tests.install", Place::Host { why: "files and a fake systemctl" }),
     ("integration-tests.install_hostile", Place::Host { why: "files and a fake systemctl" }),
+    ("integration-tests.install_source", Place::Host { why: "files and a fake systemctl" }),
     ("integration-tests.redis", Place::Host { why: "a real redis-server on loopback" }),
     ("integration-tests.supervise", Place::Host { why: "sd_notify sockets, signals and the watchdog" }),
 ];

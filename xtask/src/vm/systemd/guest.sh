@@ -78,19 +78,28 @@ wait_for 400 "the guard's KILLED lines and no probe left" probes_gone
 run grep -E "FLAGGED|KILLED|STARTED|WARN|ERROR" "$LOG"
 run pgrep -u $UID_ -a -x $PROBE
 
-say "=== check"
-run "$GU" check --user $U --config-source "$SRC"
+say "=== check (no --config-source: it compares against the source install recorded)"
+run cat "/etc/systemd/system/$UNIT.d/config-source"
+run "$GU" check --user $U
 ((RC == 0)) || fail "check exited $RC after install"
 has "[OK] Host guard in sync with $SRC"
+
+say "=== a config source under /tmp is refused: the unit's PrivateTmp=yes would hide it from the guard"
+run install -m 0644 "$SRC" /tmp/guard-tmp-config.json
+run "$GU" install --user $U --config-source /tmp/guard-tmp-config.json
+((RC == 2)) || fail "install accepted a config source under /tmp (exit $RC)"
+has "inside /tmp, which the unit replaces with an empty directory of the service's own (PrivateTmp=yes)"
+[[ $(readlink "$H/guard-config.json") == "$SRC" ]] || fail "the refused install relinked the config"
+grep -qx "$SRC" "/etc/systemd/system/$UNIT.d/config-source" || fail "the refused install changed the record"
 
 say "=== drift"
 run systemctl disable --now "$UNIT"
 run ln -sfn /opt/guard/other-config.json "$H/guard-config.json"
 run sed -i 's/^MemoryMax=.*/MemoryMax=1G/' /etc/systemd/system/guard-user@.service
 run touch "$H/guard-daemon.sh"
-run "$GU" check --user $U --config-source "$SRC"
+run "$GU" check --user $U
 ((RC == 1)) || fail "check exited $RC with drift (expected 1)"
-has "$H/guard-config.json is not a link to $SRC"
+has "$H/guard-config.json is not a link to $SRC; run guard-user install --user $U --config-source $SRC"
 has "$H/guard-daemon.sh is still present"
 has "/etc/systemd/system/guard-user@.service is missing or differs from this build"
 has "$UNIT is not enabled"
@@ -128,6 +137,21 @@ say "--- the journal of the watchdog restart"
 journalctl -b --no-pager -o short-monotonic -u "$UNIT" | grep -iE "watchdog|killing|main process exited|failed with result|scheduled restart|started|stopped" | tail -n 12 | sed 's/^/sg|   /'
 journalctl -b --no-pager -o cat -u "$UNIT" | grep -q -i "watchdog timeout" || fail "no watchdog timeout in the journal"
 wait_for 120 "$UNIT ticking again after the restart" ticked_again
+
+say "=== a config link routed through /tmp: root reads the config, the guard in its own /tmp does not"
+run ln -sfn "$SRC" /tmp/guard-hop.json
+run ln -sfn /tmp/guard-hop.json "$H/guard-config.json"
+run systemctl reload "$UNIT"
+wait_for 30 "ERROR config_missing from the guard" grep -q "ERROR config_missing" "$LOG"
+run grep "ERROR config_missing" "$LOG"
+run "$GU" check --user $U
+((RC == 1)) || fail "check exited $RC with the config link through /tmp (expected 1)"
+has "$H/guard-config.json leads to /tmp/guard-hop.json, inside /tmp"
+run "$GU" install --user $U
+((RC == 0)) || fail "install without --config-source exited $RC"
+has "from $SRC,"
+run "$GU" check --user $U
+((RC == 0)) || fail "check exited $RC after relinking"
 
 say "=== a hostile stateFile (newlines that would be unit directives) is refused, and nothing is written"
 BAD=$H/bad-config.json
