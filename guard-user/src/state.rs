@@ -30,9 +30,9 @@ use crate::{
     safefs::{atomic_write, read_account_file, Follow, FsIdentity, ReadError, SafeFsError},
 };
 
-mod parse;
 #[cfg(test)]
 mod bounds_tests;
+mod parse;
 
 pub use parse::{ParseError, Rejection};
 
@@ -251,7 +251,9 @@ pub fn load_state(path: &Path, who: FsIdentity) -> Result<State, StateError> {
     let bytes = match read_account_file(path, who, MAX_STATE_BYTES, Follow::NoLinks) {
         Ok(b) => b,
         Err(ReadError::NotFound { .. }) => return Ok(State::default()),
-        Err(ReadError::TooLarge { .. }) => return Err(StateError::Rejected { path: path.into(), why: Rejection::TooLarge }),
+        Err(ReadError::TooLarge { .. }) => {
+            return Err(StateError::Rejected { path: path.into(), why: Rejection::TooLarge })
+        }
         Err(e) => return Err(StateError::Malformed { path: path.into(), reason: Some(e.log_fields()) }),
     };
     parse::parse(&bytes).map_err(|e| match e {

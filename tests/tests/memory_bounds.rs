@@ -45,8 +45,9 @@ impl MemoryCgroup {
         } else if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
             (Path::new("/sys/fs/cgroup/memory").join(&name), false)
         } else {
-            return Err("no cgroup v2 memory controller at /sys/fs/cgroup and no v1 hierarchy at /sys/fs/cgroup/memory"
-                .into());
+            return Err(
+                "no cgroup v2 memory controller at /sys/fs/cgroup and no v1 hierarchy at /sys/fs/cgroup/memory".into(),
+            );
         };
         fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let cg = MemoryCgroup { dir, v2 };
@@ -84,7 +85,8 @@ impl MemoryCgroup {
     /// Starts the daemon on `home` inside this cgroup: the child joins it before it execs, so
     /// every byte the daemon ever allocates is charged here.
     fn start_daemon(&self, home: &Home) -> Daemon {
-        let procs = std::ffi::CString::new(self.dir.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap();
+        let procs =
+            std::ffi::CString::new(self.dir.join("cgroup.procs").into_os_string().into_encoded_bytes()).unwrap();
         let mut cmd = Command::new(guard_bin());
         cmd.arg("run").args(["--user", TEST_USER, "--home"]).arg(home.path()).args(["--interval", "1s"]);
         cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
@@ -184,9 +186,8 @@ fn a_daemon_fed_a_huge_state_and_ever_new_unknown_keys_stays_within_64m_and_keep
     let exe = home.probe_named("mempile");
     let mut pile: Vec<Probe> = (0..6).map(|_| Probe::spawn(&exe, &[], TEST_UID)).collect();
     let mut d = cg.start_daemon(&home);
-    let log = home.wait_log(Duration::from_secs(90), |l| {
-        lines(l, "KILLED").len() >= 6 && lines(l, "TICK_COMPLETE").len() >= 10
-    });
+    let log = home
+        .wait_log(Duration::from_secs(90), |l| lines(l, "KILLED").len() >= 6 && lines(l, "TICK_COMPLETE").len() >= 10);
     stop.store(true, Ordering::Relaxed);
     let generations = writer.join().unwrap();
     let alive = matches!(d.child.try_wait(), Ok(None));

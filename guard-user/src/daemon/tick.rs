@@ -179,9 +179,10 @@ impl Ticker {
         let (kills, incidents) = self.apply(&plan, &config, now);
         let state = State { clocks: plan.clocks.clone(), warned: incidents.warned.clone(), repeats: incidents.repeats };
         // A wall-clock step of more than a second re-dates the file (slewing drifts far slower).
-        let current = self.persisted_at.as_ref().is_some_and(|(path, offset)| {
-            path == &config.state_file && (now.offset() - offset).abs() <= 1.0
-        });
+        let current = self
+            .persisted_at
+            .as_ref()
+            .is_some_and(|(path, offset)| path == &config.state_file && (now.offset() - offset).abs() <= 1.0);
         if state != held || !current {
             let file = time::to_file(&state, now);
             match self.fx.state.save(&config.state_file, &self.opts.account.name, &file) {
@@ -329,7 +330,9 @@ impl Ticker {
                 break;
             }
             self.warned_keys.insert(key.clone());
-            self.fx.log.write(&Line::new("WARN").word("config_unknown_key").with("key", key.as_str()).with("path", path));
+            self.fx
+                .log
+                .write(&Line::new("WARN").word("config_unknown_key").with("key", key.as_str()).with("path", path));
         }
         if over && !self.unknown_keys_capped {
             self.unknown_keys_capped = true;

@@ -104,14 +104,17 @@ pub fn parse(bytes: &[u8]) -> Result<State, ParseError> {
 /// A key as read: its text when it is short enough to be a name.
 type RawKey = Option<String>;
 
+/// A map of names to times as read: raw keys, and a number or `None` for another value.
+type RawTimes = Vec<(RawKey, Option<f64>)>;
+
 /// The document before the version says how to read its names.
 #[derive(Default)]
 struct Raw {
     version: Option<Version>,
     /// `None`: absent; `Some(None)`: present but not an object.
-    flagged: Option<Option<Vec<(RawKey, Option<f64>)>>>,
+    flagged: Option<Option<RawTimes>>,
     /// Top-level keys other than the known ones: the names of a legacy flat map.
-    others: Vec<(RawKey, Option<f64>)>,
+    others: RawTimes,
     /// More `others` than a state may hold (only a bound for a flat map).
     others_over: bool,
     warned: FlagClocks,
@@ -200,7 +203,10 @@ impl<'de> Visitor<'de> for Root<'_> {
         while let Some(key) = map.next_key::<Key>()? {
             match key.0.as_deref() {
                 Some("version") => raw.version = Some(map.next_value::<VersionValue>()?.0),
-                Some("flagged") => raw.flagged = Some(map.next_value_seed(Times { broke: self.broke, over: Rejection::TooManyFlagged })?),
+                Some("flagged") => {
+                    raw.flagged =
+                        Some(map.next_value_seed(Times { broke: self.broke, over: Rejection::TooManyFlagged })?)
+                }
                 Some("warned") => {
                     let times = map.next_value_seed(Times { broke: self.broke, over: Rejection::TooManyWarned })?;
                     raw.warned = times
@@ -209,7 +215,9 @@ impl<'de> Visitor<'de> for Root<'_> {
                         .filter_map(|(k, t)| Some((Comm::from_escaped(k.as_deref()?)?, valid_time(t)?)))
                         .collect();
                 }
-                Some("repeats") => raw.repeats = map.next_value_seed(Repeats { broke: self.broke })?.unwrap_or_default(),
+                Some("repeats") => {
+                    raw.repeats = map.next_value_seed(Repeats { broke: self.broke })?.unwrap_or_default()
+                }
                 _ => {
                     let t = map.next_value::<Time>()?.0;
                     if raw.others.len() < MAX_FLAGGED_NAMES {
@@ -339,14 +347,14 @@ struct Times<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for Times<'_> {
-    type Value = Option<Vec<(RawKey, Option<f64>)>>;
+    type Value = Option<RawTimes>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Times<'_> {
-    type Value = Option<Vec<(RawKey, Option<f64>)>>;
+    type Value = Option<RawTimes>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map of names to times")
     }
