@@ -44,6 +44,8 @@ struct Setup<'a> {
     config_changes: Vec<(Duration, &'static str)>,
     /// (offset, pid, name, group CPU ns): what the stall watch's sampler reports from then on.
     cpu: Vec<(Duration, u32, &'static str, u64)>,
+    /// (offset, seconds): the wall clock is stepped by this much then (NTP, `date`).
+    wall_steps: Vec<(Duration, f64)>,
 }
 
 impl Default for Setup<'_> {
@@ -58,6 +60,7 @@ impl Default for Setup<'_> {
             controls: Vec::new(),
             config_changes: Vec::new(),
             cpu: Vec::new(),
+            wall_steps: Vec::new(),
         }
     }
 }
@@ -109,6 +112,14 @@ fn replay(s: Setup) -> Replayed {
             for (at, pid, name, ns) in cpu {
                 tokio::time::sleep_until(start + at).await;
                 cpu_map.lock().unwrap().insert(pid, (guard::comm::Comm::new(name.as_bytes()), ns));
+            }
+        });
+        let (step, steps) = (rec.wall_step.clone(), s.wall_steps.clone());
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            for (at, by) in steps {
+                tokio::time::sleep_until(start + at).await;
+                *step.lock().unwrap() += by;
             }
         });
         let mut controls = s.controls.clone();
@@ -535,4 +546,61 @@ fn the_stall_watch_tells_a_spinning_process_once_reminds_hourly_and_never_signal
     let during = r.rec.status.0.lock().unwrap()[30].pegged.clone();
     assert_eq!(during.len(), 1, "status lists the incident: {during:?}");
     assert_eq!(during[0].pid, 900);
+}
+
+#[test]
+fn a_step_of_the_wall_clock_neither_enforces_early_nor_loses_a_flag_clock() {
+    let config = r#"{"threshold": 3, "timeout": "5m", "warnBefore": 0, "stateFile": "/s/state.json"}"#;
+    let run_for = |secs: u64, step: f64| {
+        replay(Setup {
+            fixture: "two-names.trace",
+            config,
+            run_for: Duration::from_secs(secs),
+            wall_steps: if step == 0.0 { vec![] } else { vec![(Duration::from_secs(90), step)] },
+            ..Default::default()
+        })
+    };
+    let run = |step: f64| run_for(330, step);
+    let steady = run(0.0);
+    assert!(steady.log.contains(&"FLAGGED name=alpha count=3 first_flagged=5m_ago".to_string()), "{:#?}", steady.log);
+    assert_eq!(steady.lines("KILLED").len(), 6, "{:#?}", steady.log);
+    for step in [3.0 * 3600.0, -3.0 * 3600.0] {
+        let r = run(step);
+        // Forward: the names are not enforced at the next tick; backward: their clocks go on.
+        assert_eq!(r.log, steady.log, "wall clock stepped by {step} s at t=90 s");
+        assert_eq!(r.signals(), steady.signals());
+        // The state file is re-dated to the stepped wall clock at the next tick, though nothing
+        // else changed, so a restart sees the same age.
+        let short = run_for(150, step);
+        let saved = short.rec.state.files.lock().unwrap()[std::path::Path::new("/s/state.json")].clone();
+        let alpha = saved.clocks[&guard::comm::Comm::new(b"alpha")];
+        assert!((alpha - (1_800_000_000.0 + step)).abs() < 1.0, "flagged at t=0, on the stepped clock: {alpha}");
+    }
+}
+
+#[test]
+fn unknown_keys_are_warned_about_256_times_a_run_then_once_that_the_rest_are_not() {
+    // A config rewritten before each tick with 100 new unknown keys: the set of keys warned
+    // about stops growing at 256, and one line says so.
+    let configs: Vec<(Duration, &'static str)> = (0..5u64)
+        .map(|gen| {
+            let keys: Vec<String> = (0..100).map(|i| format!(r#""g{gen}k{i}": 1"#)).collect();
+            let text = format!(r#"{{"threshold": 5, {}}}"#, keys.join(", "));
+            (Duration::from_secs(30 + 60 * gen), &*Box::leak(text.into_boxed_str()))
+        })
+        .collect();
+    let r = replay(Setup {
+        fixture: "handmade-pile.trace",
+        config: configs[0].1,
+        config_changes: configs[1..].to_vec(),
+        run_for: Duration::from_secs(330),
+        ..Default::default()
+    });
+    let warned: Vec<&str> = r.lines("WARN").into_iter().filter(|l| l.starts_with("WARN config_unknown_key ")).collect();
+    assert_eq!(warned.len(), 256, "{:#?}", r.lines("WARN"));
+    let capped: Vec<&str> =
+        r.lines("WARN").into_iter().filter(|l| l.starts_with("WARN config_unknown_keys_unreported")).collect();
+    assert_eq!(capped.len(), 1, "{:#?}", r.lines("WARN"));
+    assert!(capped[0].starts_with("WARN config_unknown_keys_unreported limit=256 path="), "{}", capped[0]);
+    assert_eq!(r.lines("TICK_COMPLETE").len(), 6, "every tick completes: {:#?}", r.log);
 }

@@ -230,7 +230,7 @@ pub async fn run_with<S: EventSource>(
         supervise::LoopSettings { interval: opts.interval, deadline: supervise::tick_deadline(opts.interval) };
     let ticker = tick::Ticker::new(opts, backend, fx, pump.clone());
     let stopped =
-        supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_unix()).await;
+        supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_mono()).await;
     pump_task.abort();
     log.write(&Line::new("STOPPED").with("reason", stopped.token()));
     stopped

@@ -215,22 +215,30 @@ impl MirrorSink for RecordingMirror {
     }
 }
 
-/// Unix time that follows tokio's clock from `base_unix`: with a paused runtime
-/// (`tokio::time::pause`), a replay of a day takes milliseconds and is deterministic.
+/// Time that follows tokio's clock: with a paused runtime (`tokio::time::pause`), a replay of a
+/// day takes milliseconds and is deterministic. The monotonic clock is the seconds since the
+/// start; unix time is `base_unix` plus those, plus `wall_step`, which a test sets to step the
+/// wall clock as NTP or `date` would.
 pub struct TokioClock {
     pub base_unix: f64,
     pub start: tokio::time::Instant,
+    /// Seconds added to the wall clock (shared with the test).
+    pub wall_step: Arc<Mutex<f64>>,
 }
 
 impl TokioClock {
     pub fn new(base_unix: f64) -> TokioClock {
-        TokioClock { base_unix, start: tokio::time::Instant::now() }
+        TokioClock { base_unix, start: tokio::time::Instant::now(), wall_step: Arc::default() }
     }
 }
 
 impl Clock for TokioClock {
     fn now_unix(&self) -> f64 {
-        self.base_unix + self.start.elapsed().as_secs_f64()
+        self.base_unix + self.start.elapsed().as_secs_f64() + *lock(&self.wall_step)
+    }
+
+    fn now_mono(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
     }
 }
 
@@ -245,6 +253,8 @@ pub struct Recorder {
     pub mirror: RecordingMirror,
     pub metrics: RecordingMetrics,
     pub cpu: FakeCpu,
+    /// Seconds the replay's wall clock is stepped by (see [`TokioClock`]).
+    pub wall_step: Arc<Mutex<f64>>,
 }
 
 impl Recorder {
@@ -259,7 +269,7 @@ impl Recorder {
             classifier: Box::new(InProcessClassifier::default()),
             cpu: Box::new(self.cpu.clone()),
             mirror: Arc::new(self.mirror.clone()),
-            clock: Arc::new(TokioClock::new(base_unix)),
+            clock: Arc::new(TokioClock { wall_step: self.wall_step.clone(), ..TokioClock::new(base_unix) }),
             metrics: Some(Box::new(self.metrics.clone())),
         }
     }

@@ -55,6 +55,13 @@ pub const SUITE: &[(&str, Place)] = &[
         "integration-tests.names",
         Place::Guests { why: "15-byte names set by exec and rename, ended through each kernel's events", only: &[] },
     ),
+    (
+        "integration-tests.memory_bounds",
+        Place::Guests {
+            why: "the daemon under a real 64M memory cgroup (v2 in the guests) with hostile files",
+            only: &[],
+        },
+    ),
     ("integration-tests.no_btf", Place::Guests { why: "the procfs fallback (the no-btf guest)", only: &[] }),
     ("integration-tests.record", Place::Guests { why: "a trace of each kernel's events replays", only: &[] }),
     (
