@@ -30,6 +30,12 @@
 //!   it could have matched are `Budget`), so one hostile pattern costs a tick about
 //!   `strikes × per_match`, not that much per process. Strikes are per round because a pattern
 //!   slow on one hostile text may be fast on the next tick's texts.
+//! - A text on which `strikes` patterns overran is `Budget` without trying the rest: it is
+//!   protected whatever they say, and each could cost another `per_match`. So one hostile text
+//!   costs at most `strikes × per_match` too, however many hostile patterns the list holds.
+//! - [`Round::classify_from`] says which verdicts are settled (the same list on the same text
+//!   gives them again) and where an unsettled text stands ([`Resume`]), for a caller that
+//!   caches verdicts across rounds (the daemon: `daemon::verdicts`).
 //! - The round's deadline bounds everything: what is not answered by then is `Budget`.
 //! - A text longer than `max_text_bytes` is `Budget` without being sent.
 //!
@@ -71,7 +77,7 @@ use super::{
     protocol::{self, CompileFailure, Request, Response},
 };
 
-pub use super::round::Round;
+pub use super::round::{Progress, Resume, Round};
 
 /// The verdict on one text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +104,9 @@ pub struct MatcherStats {
     pub deaths: u64,
     /// Texts answered `Budget`.
     pub budget: u64,
+    /// Texts sent to a worker, counting a text sent again after a worker died: the matching
+    /// work, in the unit a test can count.
+    pub texts: u64,
 }
 
 /// How the current worker hardened itself (from its `Ready` frame).

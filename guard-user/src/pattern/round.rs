@@ -5,6 +5,11 @@
 //! [`BATCH_BYTES`] while answers stream back, all through non-blocking pipes. Between answers it
 //! wakes every quarter of `per_match` to look at the progress page; the same progress word,
 //! in the matching state, for `per_match` means the current regexec overran.
+//!
+//! [`Round::classify_from`] tells a settled verdict (the same list on the same text would give
+//! it again) from one the round could not finish, and hands back where such a text stands
+//! ([`Resume`]), so a caller that keeps it (the daemon's verdict cache) goes on from there in a
+//! later round instead of paying again for the patterns that already overran on it.
 use std::{
     collections::VecDeque,
     time::{Duration, Instant},
@@ -26,6 +31,41 @@ const BATCH_BYTES: usize = 64 << 10;
 /// worker binary, a sandbox that stops every worker): the rest is `Budget`.
 const UNEXPLAINED_DEATHS: u32 = 3;
 
+/// Where a text stands between rounds: what a round that could not settle it learnt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The first pattern still to try: every pattern before it answered "no match" on this
+    /// text or overran on it.
+    pub start: u32,
+    /// Patterns before `start` that overran (or crashed the worker) on this very text. One is
+    /// enough to protect the text whatever the rest say; `strikes` of them settle it as `Budget`.
+    pub overruns: u32,
+}
+
+/// What a round made of one text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Decided. The same list on the same text gives this again: `Matched` and `NoMatch` are
+    /// the patterns' answers, and `Budget` here means patterns overran or ran out of memory on
+    /// this very text (so trying again would only overrun again), or the text is over
+    /// `max_text_bytes`.
+    Settled(MatchOutcome),
+    /// Not decided in this round: its deadline came first, a pattern it still needed was struck
+    /// out on other texts, or the worker could not run. Protect the text now (`Budget`) and go
+    /// on from here in a later round.
+    Unsettled(Resume),
+}
+
+impl Progress {
+    /// The verdict for this round: an unsettled text is `Budget` (protected).
+    pub fn outcome(self) -> MatchOutcome {
+        match self {
+            Progress::Settled(o) => o,
+            Progress::Unsettled(_) => MatchOutcome::Budget,
+        }
+    }
+}
+
 /// One text's way through the worker.
 #[derive(Clone, Copy, Debug)]
 struct Job {
@@ -33,8 +73,20 @@ struct Job {
     index: usize,
     /// The first pattern still to try (after a pattern that overran, the next one).
     start: u32,
-    /// A pattern before `start` could not decide: without a later match, it is `Budget`.
-    undecided: bool,
+    /// Patterns before `start` that overran on this text: with one, the text is `Budget`
+    /// without a later match; at `strikes`, it is `Budget` without trying the rest.
+    overruns: u32,
+}
+
+impl Job {
+    fn resume(&self) -> Resume {
+        Resume { start: self.start, overruns: self.overruns }
+    }
+
+    /// What the text is once no pattern is left to try.
+    fn exhausted(&self) -> Progress {
+        Progress::Settled(if self.overruns > 0 { MatchOutcome::Budget } else { MatchOutcome::NoMatch })
+    }
 }
 
 /// Classify calls that share a deadline and strikes. Made by [`Matcher::round`].
@@ -66,30 +118,43 @@ impl<'m> Round<'m> {
     /// The verdict for each text, in order (see [`MatchOutcome`]). Returns by the round's
     /// deadline; never blocks on the worker beyond it.
     pub fn classify(&mut self, texts: &[&[u8]]) -> Vec<MatchOutcome> {
-        let mut out: Vec<Option<MatchOutcome>> = vec![None; texts.len()];
+        let fresh = vec![Resume::default(); texts.len()];
+        self.classify_from(texts, &fresh).into_iter().map(Progress::outcome).collect()
+    }
+
+    /// [`Round::classify`] for texts that may have been started in an earlier round with the
+    /// same list: `from[i]` is where text `i` stands ([`Resume::default`] for a new one). A text
+    /// on which `strikes` patterns overran is settled as `Budget` without trying the rest: it is
+    /// protected whatever they say, and each of them could cost another `per_match`.
+    pub fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume]) -> Vec<Progress> {
+        assert_eq!(texts.len(), from.len(), "one resume point per text");
         let n = self.matcher.list.len();
-        if matches!(self.matcher.verdict, Some(Ok(()))) && n == 0 {
-            return vec![MatchOutcome::NoMatch; texts.len()];
-        }
-        if matches!(self.matcher.verdict, Some(Ok(()))) {
+        let compiled = matches!(self.matcher.verdict, Some(Ok(())));
+        let mut out: Vec<Option<Progress>> = vec![None; texts.len()];
+        if compiled {
             let max_text = self.matcher.limits.max_text_bytes;
+            let text_strikes = self.matcher.limits.strikes.max(1);
             let mut queue: VecDeque<Job> = VecDeque::new();
-            for (index, text) in texts.iter().enumerate() {
-                if text.len() > max_text {
-                    out[index] = Some(MatchOutcome::Budget);
+            for (index, (text, at)) in texts.iter().zip(from).enumerate() {
+                let job = Job { index, start: at.start, overruns: at.overruns };
+                if text.len() > max_text || job.overruns >= text_strikes {
+                    out[index] = Some(Progress::Settled(MatchOutcome::Budget));
+                } else if job.start as usize >= n {
+                    out[index] = Some(job.exhausted());
                 } else {
-                    queue.push_back(Job { index, start: 0, undecided: false });
+                    queue.push_back(job);
                 }
             }
             self.run(texts, queue, &mut out);
         }
-        let outcomes: Vec<MatchOutcome> = out.into_iter().map(|o| o.unwrap_or(MatchOutcome::Budget)).collect();
-        self.matcher.stats.budget += outcomes.iter().filter(|&&o| o == MatchOutcome::Budget).count() as u64;
-        outcomes
+        let progress: Vec<Progress> =
+            out.into_iter().zip(from).map(|(o, at)| o.unwrap_or(Progress::Unsettled(*at))).collect();
+        self.matcher.stats.budget += progress.iter().filter(|p| p.outcome() == MatchOutcome::Budget).count() as u64;
+        progress
     }
 
-    /// The pipelined loop; leaves undecided texts as `None` (the caller makes them `Budget`).
-    fn run(&mut self, texts: &[&[u8]], mut queue: VecDeque<Job>, out: &mut [Option<MatchOutcome>]) {
+    /// The pipelined loop. Texts it cannot finish are left `Unsettled` where they stand.
+    fn run(&mut self, texts: &[&[u8]], mut queue: VecDeque<Job>, out: &mut [Option<Progress>]) {
         let n = self.matcher.list.len();
         let per_match = self.matcher.limits.per_match;
         let sample = (per_match / 4).max(Duration::from_millis(1));
@@ -124,13 +189,14 @@ impl<'m> Round<'m> {
                 while inflight.len() < WINDOW && pending.len() < BATCH_BYTES {
                     let Some(job) = queue.pop_front() else { break };
                     if job.start as usize >= n {
-                        out[job.index] = Some(if job.undecided { MatchOutcome::Budget } else { MatchOutcome::NoMatch });
+                        out[job.index] = Some(job.exhausted());
                         continue;
                     }
                     let seq = worker.next_seq;
                     worker.next_seq = seq.wrapping_add(1);
                     let text = texts[job.index];
                     protocol::encode_request(&Request::Text { seq, start: job.start, text }, &mut pending);
+                    self.matcher.stats.texts += 1;
                     inflight.push_back((seq, job));
                 }
             }
@@ -224,10 +290,19 @@ impl<'m> Round<'m> {
                 self.matcher.stats.kills += 1;
             }
         }
+        // What was not finished stands where it was sent from: a text cut off mid-run loses only
+        // that run (an earlier pattern may have run out of memory on it, which only its answer
+        // would have said).
+        for (_, job) in inflight.drain(..) {
+            out[job.index] = Some(Progress::Unsettled(job.resume()));
+        }
+        for job in queue.drain(..) {
+            out[job.index] = Some(Progress::Unsettled(job.resume()));
+        }
     }
 
     /// The outcome of an answer for `job`.
-    fn decide(&mut self, job: Job, matched: u32, skipped: bool, out_of_memory: u32) -> MatchOutcome {
+    fn decide(&mut self, job: Job, matched: u32, skipped: bool, out_of_memory: u32) -> Progress {
         let n = self.matcher.list.len();
         if out_of_memory != NONE && (out_of_memory as usize) < n {
             self.strike(out_of_memory as usize);
@@ -235,11 +310,18 @@ impl<'m> Round<'m> {
         // A compromised worker could claim anything; an index it could not have tried is no
         // answer at all.
         if matched != NONE && (matched as usize) < n && matched >= job.start {
-            MatchOutcome::Matched(matched as usize)
-        } else if matched != NONE || job.undecided || skipped || out_of_memory != NONE {
-            MatchOutcome::Budget
+            Progress::Settled(MatchOutcome::Matched(matched as usize))
+        } else if matched != NONE {
+            Progress::Unsettled(job.resume())
+        } else if job.overruns > 0 || out_of_memory != NONE {
+            // A pattern could not decide on this very text: protected, whatever the skipped
+            // patterns would say.
+            Progress::Settled(MatchOutcome::Budget)
+        } else if skipped {
+            // Only patterns struck out on other texts stood between it and a verdict.
+            Progress::Unsettled(job.resume())
         } else {
-            MatchOutcome::NoMatch
+            Progress::Settled(MatchOutcome::NoMatch)
         }
     }
 
@@ -258,7 +340,7 @@ impl<'m> Round<'m> {
         fault: Fault,
         queue: &mut VecDeque<Job>,
         inflight: &mut VecDeque<(u32, Job)>,
-        out: &mut [Option<MatchOutcome>],
+        out: &mut [Option<Progress>],
     ) {
         let n = self.matcher.list.len();
         let mut worker = self.matcher.worker.take().expect("a worker to bury");
@@ -291,15 +373,19 @@ impl<'m> Round<'m> {
                 self.strike(pattern as usize);
                 let job = &mut unanswered[at];
                 job.start = pattern + 1;
-                job.undecided = true;
+                job.overruns += 1;
+                if job.overruns >= self.matcher.limits.strikes.max(1) {
+                    let job = unanswered.remove(at);
+                    out[job.index] = Some(Progress::Settled(MatchOutcome::Budget));
+                }
             }
             None => {
-                // Nothing to blame: the oldest text pays, so a worker that keeps dying still
-                // lets the round move on.
+                // Nothing to blame: the oldest text pays (for this round only), so a worker
+                // that keeps dying still lets the round move on.
                 self.unexplained_deaths += 1;
                 if !unanswered.is_empty() {
                     let job = unanswered.remove(0);
-                    out[job.index] = Some(MatchOutcome::Budget);
+                    out[job.index] = Some(Progress::Unsettled(job.resume()));
                 }
             }
         }
