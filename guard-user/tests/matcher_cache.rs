@@ -34,7 +34,7 @@ const SLOW: &str = "(a|aa)*\\1c";
 fn a_text_on_which_three_patterns_overran_is_budget_without_trying_the_rest() {
     let mut m = Matcher::new(exe(), Limits::default());
     // Five patterns that each overrun on the text, then one that matches it.
-    let mut list: Vec<String> = (0..5).map(|i| format!("{SLOW}{{0,{i}}}")).collect();
+    let mut list: Vec<String> = (1..=5).map(|i| format!("{SLOW}{{1,{i}}}")).collect();
     list.push("^a".into());
     m.set_patterns(&list).unwrap();
     let text = vec![b'a'; 300];
@@ -59,6 +59,8 @@ fn a_round_hands_back_where_an_unfinished_text_stands_and_a_later_round_goes_on_
     let out = m.round(in_secs(30)).classify_from(&[b"aac"], &[fresh]);
     assert_eq!(out, vec![Progress::Settled(Matched(0))]);
     // A text resumed past a pattern that overran on it goes on at the next one: no new overrun.
+    let mut m = Matcher::new(exe(), Limits::default());
+    m.set_patterns(&[SLOW.to_string(), "^a+$".to_string()]).unwrap();
     let kills = m.stats().kills;
     let past_slow = Resume { start: 1, overruns: 1 };
     let out = m.round(in_secs(30)).classify_from(&[&slow, b"b"], &[past_slow, past_slow]);
@@ -107,8 +109,11 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     // Flagged, a year from due: nothing is ever ended, yet status and WARNING need verdicts.
     let clocks = FlagClocks::from([(Comm::new(b"gbmatch"), 1.0)]);
     let mut matcher = Matcher::new(exe(), Limits::default());
+    let compiling = Instant::now();
     matcher.set_patterns(&config.exclude_commands).unwrap();
+    println!("the hostile list compiles in {:?}", compiling.elapsed());
     let mut cache = VerdictCache::default();
+    let cmdlines = procs.0.clone();
     let mut tick = |cache: &mut VerdictCache, matcher: &mut Matcher, budget: Duration| {
         let ask = Ask { view: &view, config: &config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + budget };
         verdicts(cache, &mut procs, matcher, ask)
@@ -119,8 +124,8 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     println!("first tick: {:?}, {work:?}, {after_first:?}", started.elapsed());
     assert!(first.values().all(|v| *v == CmdVerdict::Budget), "every process protected: {first:?}");
     assert_eq!(work, Work { cached: 0, asked: 6, unsettled: 0 }, "all six settled in the first tick");
-    // Three overruns per text at most (not 128): 18 sends of a text to a worker.
-    assert!(after_first.texts <= 18, "{after_first:?}");
+    // Three overruns per text at most, not 128 (each costs a fresh worker that compiles the list).
+    assert!(after_first.kills <= 18, "{after_first:?}");
     for n in 2..=6 {
         let (v, work) = tick(&mut cache, &mut matcher, Duration::from_secs(60));
         assert_eq!(v, first, "tick {n}: the same verdicts");
@@ -130,7 +135,7 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     assert_eq!((s.texts, s.kills, s.spawns), (after_first.texts, after_first.kills, after_first.spawns), "{s:?}");
 
     // One process rewrites its argv: it alone is matched again.
-    procs.0.lock().unwrap().get_mut(&5000).unwrap().push(b'a');
+    cmdlines.lock().unwrap().get_mut(&5000).unwrap().push(b'a');
     let (_, work) = tick(&mut cache, &mut matcher, Duration::from_secs(60));
     assert_eq!(work, Work { cached: 5, asked: 1, unsettled: 0 });
 
