@@ -115,7 +115,8 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     let mut cache = VerdictCache::default();
     let cmdlines = procs.0.clone();
     let mut tick = |cache: &mut VerdictCache, matcher: &mut Matcher, budget: Duration| {
-        let ask = Ask { view: &view, config: &config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + budget };
+        let ask =
+            Ask { view: &view, config: &config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + budget };
         verdicts(cache, &mut procs, matcher, ask)
     };
     let started = Instant::now();

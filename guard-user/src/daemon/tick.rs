@@ -163,7 +163,8 @@ impl Ticker {
                 }
             });
         }
-        let round_ends = (Instant::now() + round_budget(self.opts.interval, self.deadline)).min(began + self.deadline / 2);
+        let round_ends =
+            (Instant::now() + round_budget(self.opts.interval, self.deadline)).min(began + self.deadline / 2);
         let no_clocks = FlagClocks::new();
         let ask = Ask {
             view: &snap.view,

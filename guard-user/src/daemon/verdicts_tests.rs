@@ -75,7 +75,8 @@ fn run(
     config: &Config,
 ) -> (HashMap<ProcId, CmdVerdict>, Work) {
     let clocks = FlagClocks::new();
-    let ask = Ask { view, config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + Duration::from_secs(5) };
+    let ask =
+        Ask { view, config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + Duration::from_secs(5) };
     verdicts(cache, procs, classifier, ask)
 }
 
@@ -90,7 +91,8 @@ fn an_unchanged_process_is_matched_once_over_many_ticks() {
         let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
         assert_eq!(v[&id(10, 1)], CmdVerdict::Excluded { index: 0 });
         assert_eq!(v[&id(11, 1)], CmdVerdict::End);
-        let expected = if tick == 0 { Work { cached: 0, asked: 2, unsettled: 0 } } else { Work { cached: 2, ..Work::default() } };
+        let expected =
+            if tick == 0 { Work { cached: 0, asked: 2, unsettled: 0 } } else { Work { cached: 2, ..Work::default() } };
         assert_eq!(work, expected, "tick {tick}");
     }
     assert_eq!(c.asked.len(), 2);
