@@ -137,7 +137,10 @@ impl<'m> Round<'m> {
             let mut queue: VecDeque<Job> = VecDeque::new();
             for (index, (text, at)) in texts.iter().zip(from).enumerate() {
                 let job = Job { index, start: at.start, overruns: at.overruns };
-                if text.len() > max_text || job.overruns >= text_strikes {
+                if n == 0 {
+                    // Nothing can match, whatever the text's length.
+                    out[index] = Some(Progress::Settled(MatchOutcome::NoMatch));
+                } else if text.len() > max_text || job.overruns >= text_strikes {
                     out[index] = Some(Progress::Settled(MatchOutcome::Budget));
                 } else if job.start as usize >= n {
                     out[index] = Some(job.exhausted());
