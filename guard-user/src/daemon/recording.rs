@@ -180,7 +180,7 @@ impl Classifier for InProcessClassifier {
                 let first = self.compiled.iter().skip(at.start as usize).position(|p| p.is_match(t));
                 Progress::Settled(match first {
                     Some(i) => MatchOutcome::Matched(at.start as usize + i),
-                    None if at.overruns > 0 => MatchOutcome::Budget,
+                    None if at.failures > 0 => MatchOutcome::Budget,
                     None => MatchOutcome::NoMatch,
                 })
             })

@@ -51,11 +51,11 @@ use crate::{
 pub const MAX_ENTRIES: usize = 16_384;
 
 /// The matching round's share of a tick: a twentieth of the interval (3 s of a 60 s tick, so a
-/// list that overruns on every command line costs at most 5 % of a core), at least 1 s (one
-/// overrun and a fresh worker fit, so every round makes progress), and never more than half the
-/// tick's deadline.
+/// list that overruns on every command line costs at most 5 % of a core), at least 2 s (a fresh
+/// worker, the list compiled in it and one overrun fit even on a loaded host, so every round
+/// makes progress), and never more than half the tick's deadline.
 pub fn round_budget(interval: Duration, deadline: Duration) -> Duration {
-    (interval / 20).max(Duration::from_secs(1)).min(deadline / 2)
+    (interval / 20).max(Duration::from_secs(2)).min(deadline / 2)
 }
 
 /// A command line as the cache remembers it.

@@ -185,7 +185,7 @@ fn an_unsettled_text_is_protected_now_and_goes_on_from_where_it_stood() {
     let cfg = config(&["(a*)*\\1x", "b", "c"]);
     let mut cache = VerdictCache::default();
     let mut c = Scripted::default();
-    let stood = Resume { start: 1, overruns: 1 };
+    let stood = Resume { start: 1, failures: 1 };
     c.answers.insert(b"w aaaa".to_vec(), Progress::Unsettled(stood));
     let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
     assert_eq!(v[&id(10, 1)], CmdVerdict::Budget, "protected, never ended, while unsettled");
@@ -238,10 +238,11 @@ fn the_name_flagged_longest_is_matched_first() {
 }
 
 #[test]
-fn the_round_budget_is_a_twentieth_of_the_interval_between_one_second_and_half_the_deadline() {
+fn the_round_budget_is_a_twentieth_of_the_interval_between_two_seconds_and_half_the_deadline() {
     let s = Duration::from_secs;
     assert_eq!(round_budget(s(60), s(30)), s(3));
-    assert_eq!(round_budget(s(4), s(4)), s(1));
+    assert_eq!(round_budget(s(10), s(10)), s(2));
+    assert_eq!(round_budget(s(4), s(4)), s(2));
     assert_eq!(round_budget(s(1), s(1)), Duration::from_millis(500));
     assert_eq!(round_budget(s(3600), s(30)), s(15));
 }

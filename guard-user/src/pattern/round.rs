@@ -30,6 +30,8 @@ const BATCH_BYTES: usize = 64 << 10;
 /// Deaths in one round that no pattern explains, after which the round gives up (a broken
 /// worker binary, a sandbox that stops every worker): the rest is `Budget`.
 const UNEXPLAINED_DEATHS: u32 = 3;
+/// Longest the regexec running at a round's deadline may go on past it (see `Round::run`).
+const GRACE: Duration = Duration::from_millis(500);
 
 /// Where a text stands between rounds: what a round that could not settle it learnt.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,9 +39,10 @@ pub struct Resume {
     /// The first pattern still to try: every pattern before it answered "no match" on this
     /// text or overran on it.
     pub start: u32,
-    /// Patterns before `start` that overran (or crashed the worker) on this very text. One is
-    /// enough to protect the text whatever the rest say; `strikes` of them settle it as `Budget`.
-    pub overruns: u32,
+    /// Patterns before `start` that overran, crashed the worker or ran out of memory on this
+    /// very text. One is enough to protect the text whatever the rest say; `strikes` of them
+    /// settle it as `Budget`.
+    pub failures: u32,
 }
 
 /// What a round made of one text.
@@ -73,19 +76,38 @@ struct Job {
     index: usize,
     /// The first pattern still to try (after a pattern that overran, the next one).
     start: u32,
-    /// Patterns before `start` that overran on this text: with one, the text is `Budget`
-    /// without a later match; at `strikes`, it is `Budget` without trying the rest.
-    overruns: u32,
+    /// Patterns before `start` that failed on this text (overran, crashed the worker, ran out
+    /// of memory): with one, the text is `Budget` without a later match; at `strikes`, it is
+    /// `Budget` without trying the rest.
+    failures: u32,
+}
+
+/// What an answer makes of a text.
+enum Answered {
+    Done(Progress),
+    /// A pattern ran out of memory on it: go on after that pattern.
+    Again(Job),
 }
 
 impl Job {
     fn resume(&self) -> Resume {
-        Resume { start: self.start, overruns: self.overruns }
+        Resume { start: self.start, failures: self.failures }
+    }
+
+    /// After a pattern failed on it: on from the next one, or settled at the failure cap.
+    fn failed_at(mut self, pattern: u32, cap: u32) -> Answered {
+        self.start = pattern + 1;
+        self.failures += 1;
+        if self.failures >= cap {
+            Answered::Done(Progress::Settled(MatchOutcome::Budget))
+        } else {
+            Answered::Again(self)
+        }
     }
 
     /// What the text is once no pattern is left to try.
     fn exhausted(&self) -> Progress {
-        Progress::Settled(if self.overruns > 0 { MatchOutcome::Budget } else { MatchOutcome::NoMatch })
+        Progress::Settled(if self.failures > 0 { MatchOutcome::Budget } else { MatchOutcome::NoMatch })
     }
 }
 
@@ -136,11 +158,11 @@ impl<'m> Round<'m> {
             let text_strikes = self.matcher.limits.strikes.max(1);
             let mut queue: VecDeque<Job> = VecDeque::new();
             for (index, (text, at)) in texts.iter().zip(from).enumerate() {
-                let job = Job { index, start: at.start, overruns: at.overruns };
+                let job = Job { index, start: at.start, failures: at.failures };
                 if n == 0 {
                     // Nothing can match, whatever the text's length.
                     out[index] = Some(Progress::Settled(MatchOutcome::NoMatch));
-                } else if text.len() > max_text || job.overruns >= text_strikes {
+                } else if text.len() > max_text || job.failures >= text_strikes {
                     out[index] = Some(Progress::Settled(MatchOutcome::Budget));
                 } else if job.start as usize >= n {
                     out[index] = Some(job.exhausted());
@@ -166,9 +188,32 @@ impl<'m> Round<'m> {
         let mut written = 0;
         // The progress word last seen, and since when.
         let mut watch: Option<(u32, Instant)> = None;
+        // The regexec running when the deadline came (its progress word): it may go on until it
+        // ends or reaches its own per-match bound (at most `GRACE` past the deadline), so a round
+        // that started a pattern on a text learns something that lasts (an answer, or an overrun
+        // to resume past) instead of losing it to the deadline.
+        let mut grace: Option<u32> = None;
+        let grace_ends = self.deadline + (per_match + sample).min(GRACE);
         while !(queue.is_empty() && inflight.is_empty()) {
-            if Instant::now() >= self.deadline || self.unexplained_deaths >= UNEXPLAINED_DEATHS {
+            if self.unexplained_deaths >= UNEXPLAINED_DEATHS {
                 break;
+            }
+            let now = Instant::now();
+            let past = now >= self.deadline;
+            if now >= grace_ends {
+                break;
+            }
+            if past {
+                let matching = self.matcher.worker.as_ref().is_some_and(|w| w.compiled) && !inflight.is_empty();
+                let word = self.matcher.page.as_ref().map(SharedPage::progress);
+                match word {
+                    Some(w)
+                        if matching && SharedPage::state_of(w) == STATE_MATCHING && grace.is_none_or(|g| g == w) =>
+                    {
+                        grace = Some(w)
+                    }
+                    _ => break,
+                }
             }
             let needs_worker = self.matcher.worker.as_ref().is_none_or(|w| !w.compiled);
             if needs_worker {
@@ -180,8 +225,9 @@ impl<'m> Round<'m> {
             }
             let worker = self.matcher.worker.as_mut().expect("ensured above");
 
-            // 1. Fill: the skip set first when it changed, else texts up to the window.
-            if written == pending.len() {
+            // 1. Fill (not past the deadline): the skip set first when it changed, else texts up
+            //    to the window.
+            if written == pending.len() && !past {
                 pending.clear();
                 written = 0;
                 let wanted: Vec<u32> = (0..n).filter(|&j| self.undecidable[j]).map(|j| j as u32).collect();
@@ -243,7 +289,10 @@ impl<'m> Round<'m> {
                 match inflight.front() {
                     Some(&(s, job)) if s == seq => {
                         inflight.pop_front();
-                        out[job.index] = Some(self.decide(job, matched, skipped, out_of_memory));
+                        match self.decide(job, matched, skipped, out_of_memory) {
+                            Answered::Done(p) => out[job.index] = Some(p),
+                            Answered::Again(job) => queue.push_back(job),
+                        }
                         progressed = true;
                     }
                     _ => {
@@ -281,7 +330,11 @@ impl<'m> Round<'m> {
                     libc::pollfd { fd: stdin_fd, events: libc::POLLOUT, revents: 0 },
                 ];
                 let count = if written < pending.len() { 2 } else { 1 };
-                let wake = if inflight.is_empty() { self.deadline } else { self.deadline.min(Instant::now() + sample) };
+                let wake = match (past, inflight.is_empty()) {
+                    (true, _) => grace_ends.min(Instant::now() + sample),
+                    (false, true) => self.deadline,
+                    (false, false) => self.deadline.min(Instant::now() + sample),
+                };
                 let _ = poll_until(&mut fds[..count], wake);
             }
         }
@@ -291,11 +344,9 @@ impl<'m> Round<'m> {
             if let Some(mut w) = self.matcher.worker.take() {
                 w.kill();
                 self.matcher.stats.kills += 1;
+                self.note_where_cut(&mut inflight);
             }
         }
-        // What was not finished stands where it was sent from: a text cut off mid-run loses only
-        // that run (an earlier pattern may have run out of memory on it, which only its answer
-        // would have said).
         for (_, job) in inflight.drain(..) {
             out[job.index] = Some(Progress::Unsettled(job.resume()));
         }
@@ -305,27 +356,44 @@ impl<'m> Round<'m> {
     }
 
     /// The outcome of an answer for `job`.
-    fn decide(&mut self, job: Job, matched: u32, skipped: bool, out_of_memory: u32) -> Progress {
+    fn decide(&mut self, job: Job, matched: u32, skipped: bool, out_of_memory: u32) -> Answered {
         let n = self.matcher.list.len();
-        if out_of_memory != NONE && (out_of_memory as usize) < n {
-            self.strike(out_of_memory as usize);
-        }
         // A compromised worker could claim anything; an index it could not have tried is no
         // answer at all.
-        if matched != NONE && (matched as usize) < n && matched >= job.start {
-            Progress::Settled(MatchOutcome::Matched(matched as usize))
+        let tried = |j: u32| (j as usize) < n && j >= job.start;
+        if matched != NONE && tried(matched) {
+            Answered::Done(Progress::Settled(MatchOutcome::Matched(matched as usize)))
         } else if matched != NONE {
-            Progress::Unsettled(job.resume())
-        } else if job.overruns > 0 || out_of_memory != NONE {
+            Answered::Done(Progress::Unsettled(job.resume()))
+        } else if out_of_memory != NONE && tried(out_of_memory) {
+            self.strike(out_of_memory as usize);
+            job.failed_at(out_of_memory, self.matcher.limits.strikes.max(1))
+        } else if out_of_memory != NONE || job.failures > 0 {
             // A pattern could not decide on this very text: protected, whatever the skipped
             // patterns would say.
-            Progress::Settled(MatchOutcome::Budget)
+            Answered::Done(Progress::Settled(MatchOutcome::Budget))
         } else if skipped {
             // Only patterns struck out on other texts stood between it and a verdict.
-            Progress::Unsettled(job.resume())
+            Answered::Done(Progress::Unsettled(job.resume()))
         } else {
-            Progress::Settled(MatchOutcome::NoMatch)
+            Answered::Done(Progress::Settled(MatchOutcome::NoMatch))
         }
+    }
+
+    /// The worker was killed at the round's end: the text it was matching goes on, next time,
+    /// at the pattern it was running. Every pattern before that answered "no match" on it: a
+    /// failure would have ended the run with an answer, and a match too. Patterns this round
+    /// skipped were not run, so the text goes on no further than the first of them.
+    fn note_where_cut(&self, inflight: &mut VecDeque<(u32, Job)>) {
+        let Some(page) = self.matcher.page.as_ref() else { return };
+        let (state, seq, pattern) = page.last_noted();
+        if state != STATE_MATCHING {
+            return;
+        }
+        let Some((_, job)) = inflight.iter_mut().find(|(s, _)| *s == seq) else { return };
+        let first_skipped = (job.start..pattern).find(|&j| self.undecidable.get(j as usize).copied().unwrap_or(true));
+        let reached = first_skipped.unwrap_or(pattern).min(self.matcher.list.len() as u32);
+        job.start = job.start.max(reached);
     }
 
     fn strike(&mut self, pattern: usize) {
@@ -352,7 +420,10 @@ impl<'m> Round<'m> {
             match inflight.front() {
                 Some(&(s, job)) if s == seq => {
                     inflight.pop_front();
-                    out[job.index] = Some(self.decide(job, matched, skipped, out_of_memory));
+                    match self.decide(job, matched, skipped, out_of_memory) {
+                        Answered::Done(p) => out[job.index] = Some(p),
+                        Answered::Again(job) => queue.push_back(job),
+                    }
                 }
                 _ => break,
             }
@@ -374,12 +445,10 @@ impl<'m> Round<'m> {
         match blamed {
             Some(at) => {
                 self.strike(pattern as usize);
-                let job = &mut unanswered[at];
-                job.start = pattern + 1;
-                job.overruns += 1;
-                if job.overruns >= self.matcher.limits.strikes.max(1) {
-                    let job = unanswered.remove(at);
-                    out[job.index] = Some(Progress::Settled(MatchOutcome::Budget));
+                let job = unanswered.remove(at);
+                match job.failed_at(pattern, self.matcher.limits.strikes.max(1)) {
+                    Answered::Done(p) => out[job.index] = Some(p),
+                    Answered::Again(job) => unanswered.insert(at, job),
                 }
             }
             None => {
