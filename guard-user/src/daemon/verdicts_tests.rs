@@ -246,3 +246,12 @@ fn the_round_budget_is_a_twentieth_of_the_interval_between_two_seconds_and_half_
     assert_eq!(round_budget(s(1), s(1)), Duration::from_millis(500));
     assert_eq!(round_budget(s(3600), s(30)), s(15));
 }
+
+#[test]
+fn an_entry_costs_at_most_64_bytes_whatever_the_command_line() {
+    // The documented cap (about 1 MiB at MAX_ENTRIES) rests on this; hashbrown adds one control
+    // byte per bucket.
+    assert!(std::mem::size_of::<(ProcId, Entry)>() <= 64, "{}", std::mem::size_of::<(ProcId, Entry)>());
+    let cache = VerdictCache::default();
+    assert_eq!(cache.key(&vec![b'a'; 1 << 20]).len, 1 << 20);
+}
