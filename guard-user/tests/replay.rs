@@ -604,3 +604,34 @@ fn unknown_keys_are_warned_about_256_times_a_run_then_once_that_the_rest_are_not
     assert!(capped[0].starts_with("WARN config_unknown_keys_unreported limit=256 path="), "{}", capped[0]);
     assert_eq!(r.lines("TICK_COMPLETE").len(), 6, "every tick completes: {:#?}", r.log);
 }
+
+#[test]
+fn a_flagged_name_not_yet_due_has_its_unchanged_processes_matched_once_not_every_tick() {
+    let keep = r#"{"threshold": 5, "timeout": "1h", "excludeCommands": ["--keep"]}"#;
+    let r = replay(Setup {
+        fixture: "handmade-steady.trace",
+        config: keep,
+        run_for: Duration::from_secs(630),
+        // A new pattern list at 7 min: every verdict is reached again.
+        config_changes: vec![(
+            Duration::from_secs(420),
+            r#"{"threshold": 5, "timeout": "1h", "excludeCommands": ["--keep", "queue c$"]}"#,
+        )],
+        ..Default::default()
+    });
+    let ticks = r.lines("TICK_COMPLETE");
+    assert!(ticks.len() >= 10, "{:#?}", r.log);
+    assert!(r.signals().is_empty(), "nothing is due within the hour");
+    // Five at the first tick, the rewritten one once more, five for the new list: not five a tick.
+    assert_eq!(*r.rec.classified.lock().unwrap(), 5 + 1 + 5, "{:#?}", r.log);
+    // The counts stay exact from the cache: before the rewrite, after it, with the new list.
+    let statuses = r.rec.status.0.lock().unwrap().clone();
+    let counts: Vec<(u64, Option<u32>, Option<u32>)> = statuses
+        .iter()
+        .filter_map(|s| s.names.iter().find(|n| n.name == "worker").map(|n| (s.ticks, n.would_skip, n.would_end)))
+        .collect();
+    let at = |tick: u64| counts.iter().find(|c| c.0 == tick).map(|c| (c.1, c.2));
+    assert_eq!(at(3), Some((Some(2), Some(3))), "{counts:?}");
+    assert_eq!(at(7), Some((Some(1), Some(4))), "{counts:?}");
+    assert_eq!(counts.last().map(|c| (c.1, c.2)), Some((Some(2), Some(3))), "{counts:?}");
+}

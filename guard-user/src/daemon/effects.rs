@@ -13,7 +13,7 @@ use crate::{
     event::ProcState,
     log::Logger,
     mirror::{Heartbeat, Mirror, StreamEvent},
-    pattern::{Limits, MatchOutcome, Matcher, PatternSetError},
+    pattern::{Limits, Matcher, PatternSetError, Progress, Resume},
     policy::line::Line,
     procfs,
     safefs::{atomic_replace, FsIdentity},
@@ -67,8 +67,10 @@ pub trait ProcessReader: Send {
 pub trait Classifier: Send {
     /// Compiles `patterns` unless they are the list already compiled.
     fn set_patterns(&mut self, patterns: &[String]) -> Result<(), PatternSetError>;
-    /// The first matching pattern of each text, `NoMatch`, or `Budget` (undecided: protect).
-    fn classify(&mut self, texts: &[&[u8]], deadline: std::time::Instant) -> Vec<MatchOutcome>;
+    /// One round by `deadline`: for each text, from where `from` says it stands, its settled
+    /// verdict (the first matching pattern, `NoMatch`, or `Budget`) or, when the round could not
+    /// finish it, where it stands now (protect it meanwhile). See [`crate::pattern::Round::classify_from`].
+    fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume], deadline: std::time::Instant) -> Vec<Progress>;
     /// Longer texts are `Budget` without being read whole.
     fn max_text_bytes(&self) -> usize;
 }
@@ -78,8 +80,8 @@ impl Classifier for Matcher {
         Matcher::set_patterns(self, patterns)
     }
 
-    fn classify(&mut self, texts: &[&[u8]], deadline: std::time::Instant) -> Vec<MatchOutcome> {
-        Matcher::classify(self, texts, deadline)
+    fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume], deadline: std::time::Instant) -> Vec<Progress> {
+        self.round(deadline).classify_from(texts, from)
     }
 
     fn max_text_bytes(&self) -> usize {

@@ -7,6 +7,7 @@
 //! - [`pump`]: the one owner of the [`crate::table::ProcessTable`]; answers snapshot requests.
 //! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
 //! - [`tick`]: one tick — gather, [`crate::policy::decide`], apply.
+//! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache.
 //! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
 //! - [`supervise`]: the tick loop, deadlines, hang detection, watchdog, SIGHUP, stop.
 //! - [`instance`]: one daemon per (account, home).
@@ -35,6 +36,7 @@ pub mod report;
 pub mod source;
 pub mod supervise;
 pub mod tick;
+pub mod verdicts;
 
 pub use effects::Effects;
 pub use source::{EventSource, ProcfsSource};

@@ -16,7 +16,7 @@ use crate::{
     enforcer::Outcome,
     event::ProcState,
     mirror::{Heartbeat, StreamEvent},
-    pattern::{check_static, Limits, MatchOutcome, Pattern, PatternSetError},
+    pattern::{check_static, Limits, MatchOutcome, Pattern, PatternSetError, Progress, Resume},
     policy::line::Line,
     safefs::SafeFsError,
     state::{State, StateError},
@@ -146,6 +146,8 @@ impl ProcessReader for FakeProcs {
 pub struct InProcessClassifier {
     source: Vec<String>,
     compiled: Vec<Pattern>,
+    /// Texts classified so far (the matching work a replay can count).
+    pub classified: Arc<Mutex<u64>>,
 }
 
 impl Classifier for InProcessClassifier {
@@ -169,12 +171,18 @@ impl Classifier for InProcessClassifier {
         Ok(())
     }
 
-    fn classify(&mut self, texts: &[&[u8]], _deadline: std::time::Instant) -> Vec<MatchOutcome> {
+    fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume], _deadline: std::time::Instant) -> Vec<Progress> {
+        *lock(&self.classified) += texts.len() as u64;
         texts
             .iter()
-            .map(|t| match self.compiled.iter().position(|p| p.is_match(t)) {
-                Some(i) => MatchOutcome::Matched(i),
-                None => MatchOutcome::NoMatch,
+            .zip(from)
+            .map(|(t, at)| {
+                let first = self.compiled.iter().skip(at.start as usize).position(|p| p.is_match(t));
+                Progress::Settled(match first {
+                    Some(i) => MatchOutcome::Matched(at.start as usize + i),
+                    None if at.failures > 0 => MatchOutcome::Budget,
+                    None => MatchOutcome::NoMatch,
+                })
             })
             .collect()
     }
@@ -255,6 +263,8 @@ pub struct Recorder {
     pub cpu: FakeCpu,
     /// Seconds the replay's wall clock is stepped by (see [`TokioClock`]).
     pub wall_step: Arc<Mutex<f64>>,
+    /// Texts the classifier was asked about, over the whole run.
+    pub classified: Arc<Mutex<u64>>,
 }
 
 impl Recorder {
@@ -266,7 +276,7 @@ impl Recorder {
             status: Box::new(self.status.clone()),
             signals: Box::new(self.signals.clone()),
             procs: Box::new(self.procs.clone()),
-            classifier: Box::new(InProcessClassifier::default()),
+            classifier: Box::new(InProcessClassifier { classified: self.classified.clone(), ..Default::default() }),
             cpu: Box::new(self.cpu.clone()),
             mirror: Arc::new(self.mirror.clone()),
             clock: Arc::new(TokioClock { wall_step: self.wall_step.clone(), ..TokioClock::new(base_unix) }),

@@ -2,7 +2,7 @@
 //! the command-line verdicts), [`decide`] (pure), apply (the effects). Blocking: the supervisor
 //! runs it on a blocking thread and watches its deadline.
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::BTreeSet,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -11,16 +11,15 @@ use super::{
     effects::Effects,
     pump::{PumpHandle, PumpStats},
     report::{ConfigOutage, TickFigures, Totals, VitalsSampler},
+    verdicts::{round_budget, verdicts, Ask, VerdictCache},
     DaemonOptions,
 };
 use crate::{
     config::{self, Config, ConfigError},
-    event::ProcId,
     mirror::StreamEvent,
-    pattern::MatchOutcome,
     policy::{
         self, after_signals, complete, decide, line::Line, stall::StallState, time, AccountView, AfterSignals,
-        CmdVerdict, Incidents, Now, TickInput, TickPlan,
+        FlagClocks, Incidents, Now, TickInput, TickPlan,
     },
     safefs::FsIdentity,
     state::State,
@@ -70,10 +69,12 @@ pub struct Ticker {
     stall: StallState,
     /// The sandboxed matcher could not run at the last tick (warned once per outage).
     matcher_down: bool,
-    /// The tick deadline (docs/operations.md): the matching round gets half of it.
+    /// The tick deadline (docs/operations.md): the matching round gets at most half of it.
     deadline: Duration,
     /// Whether the config is invalid, for the stream's once-per-outage events.
     config_outage: ConfigOutage,
+    /// Verdicts of unchanged processes, so they are matched once, not every tick.
+    verdicts: VerdictCache,
 }
 
 impl Ticker {
@@ -98,6 +99,7 @@ impl Ticker {
             matcher_down: false,
             deadline: super::supervise::tick_deadline(opts_interval),
             config_outage: ConfigOutage::default(),
+            verdicts: VerdictCache::for_daemon(),
         }
     }
 
@@ -163,7 +165,18 @@ impl Ticker {
                 }
             });
         }
-        let verdicts = self.verdicts(&snap.view, &config, matcher_ok, began + self.deadline / 2);
+        let round_ends =
+            (Instant::now() + round_budget(self.opts.interval, self.deadline)).min(began + self.deadline / 2);
+        let no_clocks = FlagClocks::new();
+        let ask = Ask {
+            view: &snap.view,
+            config: &config,
+            clocks: self.state.as_ref().map_or(&no_clocks, |s| &s.clocks),
+            matcher_ok,
+            deadline: round_ends,
+        };
+        let (verdicts, work) = verdicts(&mut self.verdicts, &mut *self.fx.procs, &mut *self.fx.classifier, ask);
+        tracing::debug!(?work, cached = self.verdicts.len(), "command-line verdicts");
         let now = self.fx.clock.now();
         let held = self.state.take().unwrap_or_default();
         let incidents = Incidents { warned: held.warned.clone(), repeats: held.repeats.clone() };
@@ -224,56 +237,6 @@ impl Ticker {
         });
         let next_deadline = plan.next_deadline.filter(|_| self.opts.deadline_timer);
         TickReport { next_deadline, took: began.elapsed(), tracked: snap.view.tracked_account(), flagged: plan.flagged }
-    }
-
-    /// The verdict on the command line of every process a tick may end: read (capped), then
-    /// matched in one bounded round that ends by `deadline` (what is left undecided is protected).
-    fn verdicts(
-        &mut self,
-        view: &AccountView,
-        config: &Config,
-        matcher_ok: bool,
-        deadline: Instant,
-    ) -> HashMap<ProcId, CmdVerdict> {
-        let max = self.fx.classifier.max_text_bytes();
-        let mut out = HashMap::new();
-        let mut ids = Vec::new();
-        let mut texts = Vec::new();
-        for (name, procs) in &view.members {
-            if config.is_excluded(name) {
-                continue;
-            }
-            for p in procs {
-                match self.fx.procs.cmdline(p.id.pid, max) {
-                    None => {
-                        out.insert(p.id, CmdVerdict::Gone);
-                    }
-                    // Longer than the matcher takes: never matched on a cut prefix; protected.
-                    Some(cmd) if cmd.len() > max || !matcher_ok => {
-                        out.insert(p.id, CmdVerdict::Budget);
-                    }
-                    Some(cmd) => {
-                        ids.push(p.id);
-                        texts.push(cmd);
-                    }
-                }
-            }
-        }
-        if !texts.is_empty() {
-            let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
-            let outcomes = self.fx.classifier.classify(&refs, deadline);
-            for (id, o) in ids.into_iter().zip(outcomes) {
-                out.insert(
-                    id,
-                    match o {
-                        MatchOutcome::Matched(index) => CmdVerdict::Excluded { index },
-                        MatchOutcome::NoMatch => CmdVerdict::End,
-                        MatchOutcome::Budget => CmdVerdict::Budget,
-                    },
-                );
-            }
-        }
-        out
     }
 
     /// The stall watch: one CPU sample of the account's processes, its lines (report only). Its

@@ -86,6 +86,7 @@ pub const SUITE: &[(&str, Place)] = &[
         "guard-user.matcher",
         Place::Host { why: "glibc's regex engine behind the bounds (the sandbox is matcher_sandbox)" },
     ),
+    ("guard-user.matcher_cache", Place::Host { why: "the verdict cache and round budget over a real worker" }),
     ("guard-user.matcher_measure", Place::Host { why: "a measurement, ignored by default" }),
     ("guard-user.metrics", Place::Host { why: "the Prometheus text" }),
     ("guard-user.mirror_offline", Place::Host { why: "endpoint and fleet text" }),
