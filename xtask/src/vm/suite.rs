@@ -94,6 +94,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
     ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
+    ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.status_view", Place::Host { why: "the status file's reader" }),
     ("integration-tests.lib", Place::Host { why: "the harness, no tests" }),
     ("integration-tests.bin-guard-probe", Place::Host { why: "the probe, no tests" }),
