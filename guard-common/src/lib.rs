@@ -18,7 +18,10 @@ pub mod kind {
     pub const EXIT: u32 = 3;
     /// The thread-group leader was renamed (prctl(PR_SET_NAME) or a write to /proc/PID/comm).
     pub const RENAME: u32 = 4;
-    /// The effective uid of a thread-group leader changed without exec (setuid family).
+    /// The credentials of a thread-group leader changed: its effective uid entered or left the
+    /// watched account (the `commit_creds` hook: the setuid family, exec of a set-user-ID
+    /// binary), or, where only the syscall tracepoints attach, it called the setuid family. The
+    /// record carries the new effective uid.
     pub const SETUID: u32 = 5;
 }
 
@@ -48,9 +51,12 @@ impl RawEvent {
 // The layouts the other side relies on: a field added without its padding breaks the build.
 const _: () = assert!(RawEvent::SIZE == 40);
 const _: () = assert!(TaskRecord::SIZE == 56);
+const _: () = assert!(core::mem::size_of::<CpuCtl>() == 24);
 
-/// Kernel structure offsets, found by user space in the running kernel's BTF and handed to the
-/// programs through the `OFFSETS` array map, so one object works on every kernel.
+/// Kernel structure offsets, found by user space in the running kernel's BTF and written into the
+/// programs' read-only data at load (`GUARD_OFFSETS`), so one object works on every kernel. The
+/// verifier sees them as constants (a frozen read-only map), so a program adds them to the typed
+/// BTF pointers it gets from its tracepoint and loads fields directly (no helper call per field).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelOffsets {
@@ -77,6 +83,9 @@ pub struct KernelOffsets {
     pub signal_live: u32,
     /// `cred::euid`
     pub cred_euid: u32,
+    /// `cred::uid` (the real uid: exec of a set-user-ID binary keeps it, so an exec that takes a
+    /// process out of the account is still reported where the credential hook is missing).
+    pub cred_uid: u32,
     /// Byte of `task_struct::in_execve` (a one-bit field, set from alloc_bprm() to
     /// free_bprm()), so the rename that exec itself does (`__set_task_comm` in
     /// begin_new_exec(), before the new credentials) is left to the EXEC event.
@@ -86,8 +95,6 @@ pub struct KernelOffsets {
     pub in_execve_mask: u32,
     /// Non-zero when `sched_process_exit` carries `group_dead` as its second argument.
     pub exit_has_group_dead: u32,
-    /// Non-zero once user space filled this struct; programs emit nothing before.
-    pub ready: u32,
     /// `task_struct::exit_state` (`EXIT_ZOMBIE`, `EXIT_DEAD`), for the task iterator.
     pub task_exit_state: u32,
     /// `task_struct::se` + `sched_entity::sum_exec_runtime`: the thread's CPU time in ns.
@@ -96,6 +103,35 @@ pub struct KernelOffsets {
     /// already released (`__exit_signal()` adds each one's `sum_exec_runtime` there).
     pub signal_sum_sched_runtime: u32,
 }
+
+impl KernelOffsets {
+    /// All zero: the value in the object file, which the loader replaces (a `static` needs a
+    /// `const` initializer, which `Default` is not).
+    pub const ZERO: KernelOffsets = KernelOffsets {
+        task_pid: 0,
+        task_tgid: 0,
+        task_flags: 0,
+        task_comm: 0,
+        task_cred: 0,
+        task_start_boottime: 0,
+        task_group_leader: 0,
+        task_signal: 0,
+        signal_live: 0,
+        cred_euid: 0,
+        cred_uid: 0,
+        task_in_execve: 0,
+        in_execve_mask: 0,
+        exit_has_group_dead: 0,
+        task_exit_state: 0,
+        task_sum_exec_runtime: 0,
+        signal_sum_sched_runtime: 0,
+    };
+}
+
+/// `GUARD_UID` for programs that report every account's processes (no filter). No process can
+/// have this effective uid: `(uid_t)-1` is the kernel's invalid uid (setresuid reads it as
+/// "unchanged").
+pub const ALL_ACCOUNTS: u32 = u32::MAX;
 
 /// One record of the `task_iter` program (`iter/task`), written with `bpf_seq_write`: the
 /// iterator visits every task (thread) of the machine once, in tid order, and emits one record
@@ -160,7 +196,7 @@ pub struct CpuRun {
     pub comm: [u8; COMM_LEN],
 }
 
-/// What user space tells the accounting program (`CPU_CTL[0]`). 16 bytes.
+/// What user space tells the accounting program (`CPU_CTL[0]`). 24 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuCtl {
@@ -172,6 +208,10 @@ pub struct CpuCtl {
     /// space flips it, then drains the other one.
     pub generation: u32,
     pub _pad: u32,
+    /// Processes younger than this (ns since the leader started, boot clock) are not accounted:
+    /// none can be in a stall-watch incident yet, and a fork storm's short-lived processes
+    /// would each cost an entry the next sample drains.
+    pub min_age_ns: u64,
 }
 
 /// Entries of each of the two accounting maps: processes of the account that may run in one

@@ -1,6 +1,7 @@
 //! guard's BPF programs.
 //!
-//! Each program turns one kernel event into a [`RawEvent`] in the `EVENTS` ring buffer:
+//! Each event program turns one kernel event about a process of the watched account into a
+//! [`RawEvent`] in the `EVENTS` ring buffer:
 //!
 //! | program | attach point | emits |
 //! |---|---|---|
@@ -9,24 +10,52 @@
 //! | `sched_process_exit_gd` | tp_btf `sched_process_exit(p, group_dead)` (Linux ≥ 6.16) | EXIT once the last thread is gone |
 //! | `sched_process_exit_live` | tp_btf `sched_process_exit(p)` (older kernels) | EXIT when `signal->live` reached 0 (two threads exiting at once may both see 0: a duplicate EXIT, which the table ignores) |
 //! | `task_rename` | tp_btf `task_rename(task, comm)` | RENAME of a group leader (not the rename exec does itself) |
-//! | `sys_exit_setuid` | tracepoint `syscalls/sys_exit_set{,re,res}uid` | SETUID of a group leader |
+//! | `commit_creds` | fentry `commit_creds(new)` (`commit_creds_probe` where `bpf_get_current_task_btf` is missing, Linux < 5.11) | SETUID when a leader's euid enters or leaves the account |
+//! | `sys_exit_setuid` | tracepoint `syscalls/sys_exit_set{,re,res}uid` (only where the fentry cannot attach) | SETUID of a group leader |
 //! | `task_iter` | iterator `iter/task` (Linux ≥ 5.8) | one [`TaskRecord`] per task to the reader of the iterator fd (start-up, resync, audit, CPU samples) |
-//! | `sched_stat_runtime` | tp_btf `sched_stat_runtime(task, runtime)` | no record: adds the runtime to the task's process in `CPU_RUN_A`/`_B` (the stall watch's samples), for the watched account only |
+//! | `sched_stat_runtime` | tp_btf `sched_stat_runtime(task, runtime)` | no record: adds the runtime to the task's process in `CPU_RUN_A`/`_B` (the stall watch's samples), for the watched account's processes old enough to matter |
+//!
+//! # The account filter
+//!
+//! A daemon guards one account, so its programs report only what concerns that account: its
+//! processes, and processes entering or leaving it. The account's uid is a load-time constant
+//! (`GUARD_UID` in read-only data; [`ALL_ACCOUNTS`] reports every process), and every program
+//! tests it first, with one or two loads, before anything else. A process's account is its
+//! group leader's effective uid in `real_cred` (what /proc/PID/status and `ps -u` show).
+//! Which credentials each event tests, so that nothing entering or leaving the account is
+//! missed:
+//! - fork: the child's `real_cred` (copy_creds() gave it the forking thread's credentials);
+//! - exec: the new `real_cred` (committed before the tracepoint): its euid, or its real uid (a
+//!   set-user-ID binary run by the account keeps the real uid: the process leaves; reported
+//!   here too in case the credential hook is missing), or any exec by a thread other than the
+//!   leader (it becomes the leader, with its own credentials, without a credential commit);
+//! - exit: the leader's `real_cred` (a zombie leader keeps its credentials until it is released);
+//! - rename: the renamed leader's `real_cred`;
+//! - a credential change (`commit_creds`, which every setuid-family call and exec's credential
+//!   install go through, and the only writer of `real_cred` after fork): the leader's old euid
+//!   and the new one, reported when exactly one is the account's (a change within the account,
+//!   or outside it, changes nothing the daemon's table holds).
+//!
+//! # Reading the kernel's structures
 //!
 //! Structure offsets are not compiled in: user space reads them from the running kernel's BTF
-//! (/sys/kernel/btf/vmlinux) and stores them in `OFFSETS`. A record that cannot be reserved
-//! (ring buffer full) or read is counted in `LOST`, and user space rebuilds its table from /proc.
-//! A run the kernel skips (a program does not nest on one CPU; a preempted one blocks the next
-//! task's run there) never reaches us: the kernel counts it (`recursion_misses`), and user space
-//! adds those counts to `LOST`'s.
+//! (/sys/kernel/btf/vmlinux) and writes them into `GUARD_OFFSETS` before loading. That data is
+//! a frozen read-only map, so the verifier knows each offset as a constant: a program adds it to
+//! the typed BTF pointer its tracepoint hands over and loads the field directly (a plain load,
+//! no helper call), and pointers loaded that way are typed again. `__rcu` pointers such as
+//! `real_cred` may be NULL to the verifier, so each loaded pointer is checked. Where a task
+//! pointer is not typed (the iterator's context, `bpf_get_current_task()`), fields are copied
+//! with `bpf_probe_read_kernel` instead.
 //!
-//! Wake-ups are batched: a record is submitted without waking user space until the ring holds a
-//! sixteenth of its size; user space also drains on a short timer (`guard::ebpf::DRAIN_PERIOD`).
-//! An idle host's few events then cost one wake-up per period instead of one per event.
+//! A record that cannot be reserved (ring buffer full) or built is counted in `LOST`, and user
+//! space rebuilds its table. A run the kernel skips (a program does not nest on one CPU; a
+//! preempted one blocks the next task's run there) never reaches us: the kernel counts it
+//! (`recursion_misses`), and user space adds those counts to `LOST`'s.
 //!
-//! Task pointers are read out of the context with `bpf_probe_read_kernel`, which makes them
-//! plain scalars for the verifier: we add run-time offsets to them, which it refuses on typed
-//! BTF pointers.
+//! Wake-ups are batched: a record is submitted without waking user space until the ring holds
+//! `GUARD_WAKE_BYTES` (a sixteenth of its size); user space also drains on a short timer
+//! (`guard::ebpf::DRAIN_PERIOD`). An idle host's few events then cost one wake-up per period
+//! instead of one per event.
 #![no_std]
 #![no_main]
 // `atomic_xadd`: core's atomic types offer no fetch_add on the BPF target (it has no
@@ -34,28 +63,44 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
+use core::ptr::{addr_of, read_volatile};
+
 use aya_ebpf::{
     bindings::seq_file,
     cty::c_void,
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write},
-    macros::{btf_tracepoint, map, tracepoint},
+    helpers::{
+        bpf_get_current_task, bpf_get_current_task_btf, bpf_ktime_get_boot_ns, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write,
+    },
+    macros::{btf_tracepoint, fentry, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext, TracePointContext},
     EbpfContext,
 };
 use guard_common::{
-    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, TaskRecord, COMM_LEN, CPU_RUN_ENTRIES, DEFAULT_RING_BYTES,
-    PF_KTHREAD, TASK_MARK_BROKEN, TASK_MARK_END,
+    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, TaskRecord, ALL_ACCOUNTS, COMM_LEN, CPU_RUN_ENTRIES,
+    DEFAULT_RING_BYTES, PF_KTHREAD, TASK_MARK_BROKEN, TASK_MARK_END,
 };
+
+/// The watched account's uid (effective uid, initial user namespace), or [`ALL_ACCOUNTS`].
+/// Written by the loader (`EbpfLoader::override_global`).
+#[unsafe(no_mangle)]
+static GUARD_UID: u32 = ALL_ACCOUNTS;
+
+/// The running kernel's structure offsets, written by the loader (see the crate doc).
+#[unsafe(no_mangle)]
+static GUARD_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
+
+/// Unread bytes in the ring at which a record wakes user space (a sixteenth of the ring),
+/// written by the loader; 0 wakes it for every record.
+#[unsafe(no_mangle)]
+static GUARD_WAKE_BYTES: u64 = 0;
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
-#[map]
-static OFFSETS: Array<KernelOffsets> = Array::with_max_entries(1, 0);
 
 /// The stall watch's per-process CPU time, two maps so user space drains one while the program
 /// adds to the other (`CpuCtl::generation`). Preallocated (tracing programs may only update
@@ -75,24 +120,82 @@ static CPU_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 type Res = Result<(), i64>;
 
+/// One offset of `GUARD_OFFSETS`, as the verifier's constant (a volatile read, so the compiler
+/// neither folds the object file's zero into the code nor merges reads).
+macro_rules! off {
+    ($field:ident) => {
+        // SAFETY: a field of a static; volatile only keeps the load.
+        unsafe { read_volatile(addr_of!(GUARD_OFFSETS.$field)) }
+    };
+}
+
+/// Whether `euid` is the watched account's (always, when the programs watch every account). The
+/// verifier knows `GUARD_UID`, so it drops the branch that cannot run.
 #[inline(always)]
-fn offsets() -> Result<&'static KernelOffsets, i64> {
-    match OFFSETS.get(0) {
-        Some(o) if o.ready != 0 => Ok(o),
-        _ => Err(0),
+fn watched(euid: u32) -> bool {
+    // SAFETY: a read of a static (see `off!`).
+    let uid = unsafe { read_volatile(addr_of!(GUARD_UID)) };
+    uid == ALL_ACCOUNTS || euid == uid
+}
+
+/// A kernel pointer the verifier types from BTF (a tracepoint's argument, or a pointer field
+/// loaded through one): fields are read with plain loads at the offsets of `GUARD_OFFSETS`.
+#[derive(Clone, Copy)]
+struct Kptr(*const u8);
+
+impl Kptr {
+    /// The field at `off` (a fault reads as zero: the verifier makes such loads fault-safe).
+    #[inline(always)]
+    fn get<T: Copy>(self, off: u32) -> T {
+        // SAFETY: the verifier turns a load through a BTF pointer into a fault-safe load.
+        unsafe { read_volatile(self.0.add(off as usize) as *const T) }
+    }
+
+    /// The pointer field at `off`, or `None` when it is NULL.
+    #[inline(always)]
+    fn ptr(self, off: u32) -> Option<Kptr> {
+        let p: *const u8 = self.get(off);
+        (!p.is_null()).then_some(Kptr(p))
+    }
+
+    fn addr(self) -> u64 {
+        self.0 as u64
     }
 }
 
-/// Reads a `T` at `base + off` in kernel memory.
+/// The `n`th argument of a tp_btf or fentry program, as the typed pointer it is.
+#[inline(always)]
+fn arg_ptr(ctx: *mut c_void, n: usize) -> Option<Kptr> {
+    // SAFETY: the context is an array of u64 arguments; the verifier checks the index.
+    let p = unsafe { read_volatile((ctx as *const *const u8).add(n)) };
+    (!p.is_null()).then_some(Kptr(p))
+}
+
+/// The `n`th argument as an integer (an argument of integer type).
+#[inline(always)]
+fn arg_u64(ctx: *mut c_void, n: usize) -> u64 {
+    // SAFETY: as above.
+    unsafe { read_volatile((ctx as *const u64).add(n)) }
+}
+
+/// The `n`th argument copied out of the context, for an argument the verifier would not let us
+/// load (`const char *` on kernels before 5.16: "not a struct").
+#[inline(always)]
+fn arg_raw(ctx: *mut c_void, n: usize) -> Result<u64, i64> {
+    // SAFETY: reads one u64 of the context.
+    unsafe { bpf_probe_read_kernel((ctx as *const u64).add(n)) }.map_err(|e| e as i64)
+}
+
+/// The effective uid in a task's `real_cred`, or `None` when it has none.
+#[inline(always)]
+fn euid_of(task: Kptr) -> Option<u32> {
+    Some(task.ptr(off!(task_cred))?.get(off!(cred_euid)))
+}
+
+/// Reads a `T` at `base + off` in kernel memory, for an untyped `base` (see the crate doc).
 #[inline(always)]
 fn read<T>(base: u64, off: u32) -> Result<T, i64> {
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.map_err(|e| e as i64)
-}
-
-/// The `n`th tp_btf argument as a plain scalar (see the crate doc for why).
-#[inline(always)]
-fn arg(ctx: &BtfTracePointContext, n: usize) -> Result<u64, i64> {
-    unsafe { bpf_probe_read_kernel((ctx.as_ptr() as *const u64).add(n)) }.map_err(|e| e as i64)
 }
 
 fn count_lost() {
@@ -110,36 +213,47 @@ fn count_in(counter: &PerCpuArray<u64>) {
     }
 }
 
-/// `BPF_RB_FORCE_WAKEUP` once the unread data reaches 1/16 of the ring, else
+/// `BPF_RB_FORCE_WAKEUP` once the unread data reaches `GUARD_WAKE_BYTES`, else
 /// `BPF_RB_NO_WAKEUP` (user space's drain timer picks the records up).
 #[inline(always)]
 fn wakeup_flag() -> u64 {
     const BPF_RB_NO_WAKEUP: u64 = 1;
     const BPF_RB_FORCE_WAKEUP: u64 = 2;
     const BPF_RB_AVAIL_DATA: u64 = 0;
-    const BPF_RB_RING_SIZE: u64 = 1;
-    if EVENTS.query(BPF_RB_AVAIL_DATA) >= EVENTS.query(BPF_RB_RING_SIZE) / 16 {
+    // SAFETY: a read of a static (see `off!`).
+    let wake = unsafe { read_volatile(addr_of!(GUARD_WAKE_BYTES)) };
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= wake {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
     }
 }
 
-/// Fills and submits one record for the process whose leader is `leader`.
+/// The leader's comm (16 bytes, NUL padded). A helper copy: the verifier reads a char array
+/// directly only on newer kernels.
 #[inline(always)]
-fn emit(o: &KernelOffsets, event_kind: u32, task: u64, aux: u32, comm: Option<[u8; COMM_LEN]>) -> Res {
-    let leader: u64 = read(task, o.task_group_leader)?;
-    let tgid: u32 = read(task, o.task_tgid)?;
-    let cred: u64 = read(task, o.task_cred)?;
-    let euid: u32 = read(cred, o.cred_euid)?;
-    let start: u64 = read(leader, o.task_start_boottime)?;
+fn comm_of(leader: Kptr) -> Result<[u8; COMM_LEN], i64> {
+    read(leader.addr(), off!(task_comm))
+}
+
+/// Fills and submits one record for the process of `task`, whose effective uid is `euid`.
+#[inline(always)]
+fn emit(event_kind: u32, task: Kptr, aux: u32, euid: u32, comm: Option<[u8; COMM_LEN]>) -> Res {
+    let leader = task.ptr(off!(task_group_leader)).ok_or(1)?;
+    let tgid: u32 = task.get(off!(task_tgid));
+    let start: u64 = leader.get(off!(task_start_boottime));
     let comm = match comm {
         Some(c) => c,
-        None => read(leader, o.task_comm)?,
+        None => comm_of(leader)?,
     };
+    submit(RawEvent { kind: event_kind, pid: tgid, aux, euid, start_boottime_ns: start, comm })
+}
+
+#[inline(always)]
+fn submit(ev: RawEvent) -> Res {
     match EVENTS.reserve::<RawEvent>(0) {
         Some(mut slot) => {
-            slot.write(RawEvent { kind: event_kind, pid: tgid, aux, euid, start_boottime_ns: start, comm });
+            slot.write(ev);
             slot.submit(wakeup_flag());
             Ok(())
         }
@@ -150,102 +264,111 @@ fn emit(o: &KernelOffsets, event_kind: u32, task: u64, aux: u32, comm: Option<[u
 /// Runs a handler; any failure to build or queue a record counts as a lost event.
 #[inline(always)]
 fn finish(r: Res) -> i32 {
-    if let Err(code) = r {
-        // code 0: offsets not loaded yet (before start-up finished): nothing to report.
-        if code != 0 {
-            count_lost();
-        }
+    if r.is_err() {
+        count_lost();
     }
     0
 }
 
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
-    finish(try_fork(&ctx))
+    finish(try_fork(ctx.as_ptr()))
 }
 
-fn try_fork(ctx: &BtfTracePointContext) -> Res {
-    let o = offsets()?;
-    let parent = arg(ctx, 0)?;
-    let child = arg(ctx, 1)?;
-    let pid: u32 = read(child, o.task_pid)?;
-    let tgid: u32 = read(child, o.task_tgid)?;
-    if pid != tgid {
-        return Ok(()); // a thread: the process already counts once
-    }
-    let flags: u32 = read(child, o.task_flags)?;
-    if flags & PF_KTHREAD != 0 {
+fn try_fork(ctx: *mut c_void) -> Res {
+    let Some(child) = arg_ptr(ctx, 1) else { return Ok(()) };
+    let Some(euid) = euid_of(child) else { return Ok(()) };
+    if !watched(euid) {
         return Ok(());
     }
-    let parent_tgid: u32 = read(parent, o.task_tgid)?;
-    emit(o, kind::FORK, child, parent_tgid, None)
+    if child.get::<u32>(off!(task_pid)) != child.get::<u32>(off!(task_tgid)) {
+        return Ok(()); // a thread: the process already counts once
+    }
+    if child.get::<u32>(off!(task_flags)) & PF_KTHREAD != 0 {
+        return Ok(());
+    }
+    let parent_tgid = match arg_ptr(ctx, 0) {
+        Some(parent) => parent.get(off!(task_tgid)),
+        None => 0,
+    };
+    emit(kind::FORK, child, parent_tgid, euid, None)
 }
 
 #[btf_tracepoint(function = "sched_process_exec")]
 pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
-    finish(try_exec(&ctx))
+    finish(try_exec(ctx.as_ptr()))
 }
 
-fn try_exec(ctx: &BtfTracePointContext) -> Res {
-    let o = offsets()?;
-    let task = arg(ctx, 0)?;
-    let old_pid = arg(ctx, 1)? as u32;
-    emit(o, kind::EXEC, task, old_pid, None)
+fn try_exec(ctx: *mut c_void) -> Res {
+    let Some(task) = arg_ptr(ctx, 0) else { return Ok(()) };
+    let Some(cred) = task.ptr(off!(task_cred)) else { return Ok(()) };
+    let euid: u32 = cred.get(off!(cred_euid));
+    let old_pid = arg_u64(ctx, 1) as u32;
+    // See the crate doc: the account's euid, its real uid, or an exec by a non-leader thread.
+    if !watched(euid) && !watched(cred.get(off!(cred_uid))) && old_pid == task.get::<u32>(off!(task_pid)) {
+        return Ok(());
+    }
+    emit(kind::EXEC, task, old_pid, euid, None)
 }
 
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit_gd(ctx: BtfTracePointContext) -> i32 {
-    finish(try_exit(&ctx, true))
+    finish(try_exit(ctx.as_ptr(), true))
 }
 
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit_live(ctx: BtfTracePointContext) -> i32 {
-    finish(try_exit(&ctx, false))
+    finish(try_exit(ctx.as_ptr(), false))
 }
 
-fn try_exit(ctx: &BtfTracePointContext, has_group_dead: bool) -> Res {
-    let o = offsets()?;
-    let task = arg(ctx, 0)?;
+fn try_exit(ctx: *mut c_void, has_group_dead: bool) -> Res {
+    let Some(task) = arg_ptr(ctx, 0) else { return Ok(()) };
     let group_dead = if has_group_dead {
-        arg(ctx, 1)? & 0xff != 0
+        arg_u64(ctx, 1) & 0xff != 0
     } else {
         // do_exit() decrements signal->live before it fires the tracepoint.
-        let signal: u64 = read(task, o.task_signal)?;
-        let live: i32 = read(signal, o.signal_live)?;
-        live == 0
+        match task.ptr(off!(task_signal)) {
+            Some(signal) => signal.get::<i32>(off!(signal_live)) == 0,
+            None => false,
+        }
     };
     if !group_dead {
         return Ok(());
     }
-    let flags: u32 = read(task, o.task_flags)?;
-    if flags & PF_KTHREAD != 0 {
+    let Some(leader) = task.ptr(off!(task_group_leader)) else { return Ok(()) };
+    let Some(euid) = euid_of(leader) else { return Ok(()) };
+    if !watched(euid) {
         return Ok(());
     }
-    emit(o, kind::EXIT, task, 0, None)
+    if task.get::<u32>(off!(task_flags)) & PF_KTHREAD != 0 {
+        return Ok(());
+    }
+    emit(kind::EXIT, task, 0, euid, None)
 }
 
 #[btf_tracepoint(function = "task_rename")]
 pub fn task_rename(ctx: BtfTracePointContext) -> i32 {
-    finish(try_rename(&ctx))
+    finish(try_rename(ctx.as_ptr()))
 }
 
-fn try_rename(ctx: &BtfTracePointContext) -> Res {
-    let o = offsets()?;
-    let task = arg(ctx, 0)?;
-    let pid: u32 = read(task, o.task_pid)?;
-    let tgid: u32 = read(task, o.task_tgid)?;
-    if pid != tgid {
+fn try_rename(ctx: *mut c_void) -> Res {
+    let Some(task) = arg_ptr(ctx, 0) else { return Ok(()) };
+    let Some(euid) = euid_of(task) else { return Ok(()) };
+    if !watched(euid) {
+        return Ok(());
+    }
+    if task.get::<u32>(off!(task_pid)) != task.get::<u32>(off!(task_tgid)) {
         return Ok(()); // a thread's name is not the process's name
     }
-    let flags: u32 = read(task, o.task_flags)?;
-    if flags & PF_KTHREAD != 0 {
+    if task.get::<u32>(off!(task_flags)) & PF_KTHREAD != 0 {
         return Ok(());
     }
     // exec renames the task itself (begin_new_exec → __set_task_comm) before it commits the
     // new credentials; the EXEC event that follows reports both, so skip this one.
-    if o.in_execve_mask != 0 && task == unsafe { bpf_get_current_task() } {
-        let byte: u8 = read(task, o.task_in_execve)?;
-        if byte as u32 & o.in_execve_mask != 0 {
+    let mask = off!(in_execve_mask);
+    if mask != 0 && task.addr() == unsafe { bpf_get_current_task() } {
+        let byte: u8 = read(task.addr(), off!(task_in_execve))?;
+        if byte as u32 & mask != 0 {
             return Ok(());
         }
     }
@@ -254,15 +377,74 @@ fn try_rename(ctx: &BtfTracePointContext) -> Res {
     // with its NUL (strscpy_pad, strlcpy before 6.x): at most 15 bytes. The helper writes at
     // most `len - 1` bytes and a NUL, so the buffer is the whole 16 bytes, never 15 (that kept
     // 14 and the name never matched /proc again).
-    let src = arg(ctx, 1)?;
+    let src = arg_raw(ctx, 1)?;
     let mut comm = [0u8; COMM_LEN];
     unsafe { bpf_probe_read_kernel_str_bytes(src as *const u8, &mut comm) }.map_err(|e| e as i64)?;
-    emit(o, kind::RENAME, task, 0, Some(comm))
+    emit(kind::RENAME, task, 0, euid, Some(comm))
 }
 
-/// Attached to `syscalls/sys_exit_setuid`, `sys_exit_setreuid` and `sys_exit_setresuid`: the
-/// caller's credentials are committed by then, so we report the current state, whatever the
-/// return value. Only the leader's euid is the process's (what `ps -u` shows).
+/// fentry on `commit_creds(new)` (kernel/cred.c): the calling task's credentials are about to
+/// become `new`. A leader whose euid enters or leaves the account is reported with the new
+/// euid (the table adds or drops it at once; before this hook only the 10-minute audit saw a
+/// uid change where the syscall tracepoints could not attach). The current task comes typed
+/// from `bpf_get_current_task_btf` (Linux ≥ 5.11).
+#[fentry(function = "commit_creds")]
+pub fn commit_creds(ctx: FEntryContext) -> i32 {
+    finish(try_commit_creds(ctx.as_ptr()))
+}
+
+fn try_commit_creds(ctx: *mut c_void) -> Res {
+    let Some(new) = arg_ptr(ctx, 0) else { return Ok(()) };
+    let new_euid: u32 = new.get(off!(cred_euid));
+    // SAFETY: no preconditions; the result is typed (and never NULL) for the verifier.
+    let task = Kptr(unsafe { bpf_get_current_task_btf() } as *const u8);
+    let Some(old_euid) = euid_of(task) else { return Ok(()) };
+    if watched(old_euid) == watched(new_euid) {
+        return Ok(());
+    }
+    if task.get::<u32>(off!(task_pid)) != task.get::<u32>(off!(task_tgid)) {
+        return Ok(()); // a thread's own credentials are not the process's
+    }
+    emit(kind::SETUID, task, 0, new_euid, None)
+}
+
+/// [`commit_creds`] for kernels without `bpf_get_current_task_btf` (before 5.11): the current
+/// task's fields are copied with helper calls.
+#[fentry(function = "commit_creds")]
+pub fn commit_creds_probe(ctx: FEntryContext) -> i32 {
+    finish(try_commit_creds_probe(ctx.as_ptr()))
+}
+
+fn try_commit_creds_probe(ctx: *mut c_void) -> Res {
+    let Some(new) = arg_ptr(ctx, 0) else { return Ok(()) };
+    let new_euid: u32 = new.get(off!(cred_euid));
+    let task = unsafe { bpf_get_current_task() };
+    let cred: u64 = read(task, off!(task_cred))?;
+    if watched(read(cred, off!(cred_euid))?) == watched(new_euid) {
+        return Ok(());
+    }
+    let ids: u64 = read(task, off!(task_pid))?;
+    if ids as u32 != (ids >> 32) as u32 {
+        return Ok(());
+    }
+    emit_untyped(kind::SETUID, task, new_euid)
+}
+
+/// [`emit`] for a task pointer the verifier does not type.
+#[inline(always)]
+fn emit_untyped(event_kind: u32, task: u64, euid: u32) -> Res {
+    let leader: u64 = read(task, off!(task_group_leader))?;
+    let tgid: u32 = read(task, off!(task_tgid))?;
+    let start: u64 = read(leader, off!(task_start_boottime))?;
+    let comm = read(leader, off!(task_comm))?;
+    submit(RawEvent { kind: event_kind, pid: tgid, aux: 0, euid, start_boottime_ns: start, comm })
+}
+
+/// Attached to `syscalls/sys_exit_setuid`, `sys_exit_setreuid` and `sys_exit_setresuid` only
+/// where the `commit_creds` hook cannot attach: the caller's credentials are committed by then,
+/// so we report the current state, whatever the return value. Only the leader's euid is the
+/// process's (what `ps -u` shows). The old euid is gone by then, so every leader's call is
+/// reported (the table drops a process that is not the account's).
 #[tracepoint]
 pub fn sys_exit_setuid(ctx: TracePointContext) -> i32 {
     let _ = &ctx;
@@ -270,55 +452,56 @@ pub fn sys_exit_setuid(ctx: TracePointContext) -> i32 {
 }
 
 fn try_setuid() -> Res {
-    let o = offsets()?;
     let task = unsafe { bpf_get_current_task() };
-    let pid: u32 = read(task, o.task_pid)?;
-    let tgid: u32 = read(task, o.task_tgid)?;
-    if pid != tgid {
+    let ids: u64 = read(task, off!(task_pid))?;
+    if ids as u32 != (ids >> 32) as u32 {
         return Ok(());
     }
-    emit(o, kind::SETUID, task, 0, None)
+    let cred: u64 = read(task, off!(task_cred))?;
+    emit_untyped(kind::SETUID, task, read(cred, off!(cred_euid))?)
 }
 
 /// The stall watch's accounting: the scheduler reports every stretch of CPU a task used
 /// (`update_curr()`: at each switch and scheduler tick, so a lone spinner too, every tick);
-/// for a process of the watched account it is added to that process's entry in this
-/// interval's map. Its cost follows the scheduler's activity, never the number of idle
-/// processes, and it returns at once while the stall watch is off.
+/// for a process of the watched account at least `CpuCtl::min_age_ns` old it is added to that
+/// process's entry in this interval's map. Its cost follows the scheduler's activity, never
+/// the number of idle processes; a fork storm's short-lived processes make no entry; and it
+/// returns at once while the stall watch is off.
 #[btf_tracepoint(function = "sched_stat_runtime")]
 pub fn sched_stat_runtime(ctx: BtfTracePointContext) -> i32 {
-    if let Err(code) = try_runtime(&ctx) {
-        if code != 0 {
-            count_in(&CPU_LOST);
-        }
+    if try_runtime(ctx.as_ptr()).is_err() {
+        count_in(&CPU_LOST);
     }
     0
 }
 
 #[inline(always)]
-fn try_runtime(ctx: &BtfTracePointContext) -> Res {
+fn try_runtime(ctx: *mut c_void) -> Res {
     let ctl = match CPU_CTL.get(0) {
         Some(c) if c.enabled != 0 => *c,
         _ => return Ok(()),
     };
-    let o = offsets()?;
-    let task = arg(ctx, 0)?;
-    let cred: u64 = read(task, o.task_cred)?;
-    if read::<u32>(cred, o.cred_euid)? != ctl.uid {
+    let Some(task) = arg_ptr(ctx, 0) else { return Ok(()) };
+    if euid_of(task) != Some(ctl.uid) {
         return Ok(());
     }
-    let ns = arg(ctx, 1)?;
-    let tgid: u32 = read(task, o.task_tgid)?;
+    let Some(leader) = task.ptr(off!(task_group_leader)) else { return Ok(()) };
+    let start: u64 = leader.get(off!(task_start_boottime));
+    // SAFETY: no preconditions (Linux ≥ 5.8; the same clock as `start_boottime`).
+    if ctl.min_age_ns != 0 && unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(start) < ctl.min_age_ns {
+        return Ok(());
+    }
+    let ns = arg_u64(ctx, 1);
+    let tgid: u32 = task.get(off!(task_tgid));
     let map = if ctl.generation & 1 == 0 { &CPU_RUN_A } else { &CPU_RUN_B };
     if add_runtime(map, tgid, ns) {
         return Ok(());
     }
     // A new entry: the task iterator's rule, kernel threads never count (they run as uid 0).
-    if read::<u32>(task, o.task_flags)? & PF_KTHREAD != 0 {
+    if task.get::<u32>(off!(task_flags)) & PF_KTHREAD != 0 {
         return Ok(());
     }
-    let leader: u64 = read(task, o.task_group_leader)?;
-    let run = CpuRun { ns, start_boottime_ns: read(leader, o.task_start_boottime)?, comm: read(leader, o.task_comm)? };
+    let run = CpuRun { ns, start_boottime_ns: start, comm: comm_of(leader)? };
     // BPF_NOEXIST: another CPU may have created the entry since; then add to it.
     if map.insert(tgid, run, 1).is_ok() || add_runtime(map, tgid, ns) {
         Ok(())
@@ -351,7 +534,8 @@ fn add_runtime(map: &HashMap<u32, CpuRun>, tgid: u32, ns: u64) -> bool {
 /// of the reader's pid namespace, threads included, in tid order, while user space read()s the
 /// iterator's fd; a last call with `task == NULL` ends each session. It writes one
 /// [`TaskRecord`] per task that is not a kernel thread (see the record's doc for how user space
-/// folds threads into their process).
+/// folds threads into their process). It reports every account: the CPU samples' fallback and
+/// the machine-wide checks need them; the daemon keeps its account's.
 ///
 /// aya-ebpf 0.2 has no macro and no context type for iterator programs, so the entry point is
 /// written by hand: the `iter/task` section is what makes aya load it as `programs::Iter`, and
@@ -382,33 +566,33 @@ pub fn task_iter(ctx: *mut c_void) -> i32 {
 }
 
 /// The record for the task in `ctx`; `None` for a kernel thread. The call without a task (the
-/// session's last) yields the end marker.
+/// session's last) yields the end marker. The task pointer may be NULL to the verifier, so it
+/// is copied out as a scalar and its fields with helper calls.
 #[inline(always)]
 fn try_task_iter(ctx: *mut c_void) -> Result<Option<TaskRecord>, i64> {
-    let o = offsets()?;
-    // ctx->task, as a scalar (see the crate doc): runtime offsets get added to it.
+    // ctx->task, as a scalar (see the crate doc): offsets get added to it.
     let task: u64 = read(ctx as u64, 8)?;
     if task == 0 {
         return Ok(Some(TaskRecord { tgid: 0, tid: TASK_MARK_END, ..TaskRecord::default() }));
     }
-    let flags: u32 = read(task, o.task_flags)?;
+    let flags: u32 = read(task, off!(task_flags))?;
     if flags & PF_KTHREAD != 0 {
         return Ok(None);
     }
     // pid and tgid are adjacent `pid_t`s (user space checks it: `KernelOffsets::task_tgid`), so
     // one read brings both; a probe read costs more than the task iterator's own step.
-    let ids: u64 = read(task, o.task_pid)?;
+    let ids: u64 = read(task, off!(task_pid))?;
     let (tid, tgid) = (ids as u32, (ids >> 32) as u32);
-    let mut rec = TaskRecord { tgid, tid, cpu_ns: read(task, o.task_sum_exec_runtime)?, ..TaskRecord::default() };
+    let mut rec = TaskRecord { tgid, tid, cpu_ns: read(task, off!(task_sum_exec_runtime))?, ..TaskRecord::default() };
     if tid == tgid {
-        rec.exit_state = read(task, o.task_exit_state)?;
-        let signal: u64 = read(task, o.task_signal)?;
-        rec.live = read::<i32>(signal, o.signal_live)? as u32;
-        rec.cpu_ns += read::<u64>(signal, o.signal_sum_sched_runtime)?;
-        let cred: u64 = read(task, o.task_cred)?;
-        rec.euid = read(cred, o.cred_euid)?;
-        rec.start_boottime_ns = read(task, o.task_start_boottime)?;
-        rec.comm = read(task, o.task_comm)?;
+        rec.exit_state = read(task, off!(task_exit_state))?;
+        let signal: u64 = read(task, off!(task_signal))?;
+        rec.live = read::<i32>(signal, off!(signal_live))? as u32;
+        rec.cpu_ns += read::<u64>(signal, off!(signal_sum_sched_runtime))?;
+        let cred: u64 = read(task, off!(task_cred))?;
+        rec.euid = read(cred, off!(cred_euid))?;
+        rec.start_boottime_ns = read(task, off!(task_start_boottime))?;
+        rec.comm = read(task, off!(task_comm))?;
     }
     Ok(Some(rec))
 }

@@ -286,19 +286,21 @@ impl Btf {
     }
 
     /// A BTF blob for aya's program loaders, parsed in a few milliseconds: aya only needs the
-    /// kernel's type ids of the tracepoints' `btf_trace_<name>` typedefs and of the iterator's
-    /// `bpf_iter_<name>` function (`BtfTracePoint::load`, `Iter::load`), while parsing the whole
-    /// vmlinux BTF costs it ~20 ms of CPU and megabytes of heap on every start. The stub keeps
-    /// every type id of the kernel up to the last one asked for: the asked-for types are real
-    /// (name and kind), every other id is an anonymous `void *`.
-    pub fn aya_stub(&self, tracepoints: &[&str], iterators: &[&str]) -> Result<aya::Btf, BtfError> {
-        let blob = self.stub_blob(tracepoints, iterators)?;
+    /// kernel's type ids of the tracepoints' `btf_trace_<name>` typedefs and of the functions
+    /// it attaches to or iterates with (`commit_creds`, `bpf_iter_task`: `BtfTracePoint::load`,
+    /// `FEntry::load`, `Iter::load`), while parsing the whole vmlinux BTF costs it ~20 ms of CPU
+    /// and megabytes of heap on every start. The stub keeps every type id of the kernel up to
+    /// the last one asked for: the asked-for types are real (name and kind), every other id is
+    /// an anonymous `void *`. A function the kernel does not have is left out (its program then
+    /// fails to load, and the caller falls back).
+    pub fn aya_stub(&self, tracepoints: &[&str], functions: &[&str]) -> Result<aya::Btf, BtfError> {
+        let blob = self.stub_blob(tracepoints, functions)?;
         aya::Btf::parse(&blob, aya::Endianness::Little)
             .map_err(|_| BtfError::Format { path: self.path.clone(), what: "aya refused the stub BTF" })
     }
 
     /// The bytes of [`Self::aya_stub`].
-    fn stub_blob(&self, tracepoints: &[&str], iterators: &[&str]) -> Result<Vec<u8>, BtfError> {
+    fn stub_blob(&self, tracepoints: &[&str], functions: &[&str]) -> Result<Vec<u8>, BtfError> {
         let mut wanted: Vec<(u32, String)> = Vec::new();
         for tp in tracepoints {
             let name = format!("btf_trace_{tp}");
@@ -307,14 +309,10 @@ impl Btf {
                 .ok_or_else(|| BtfError::Tracepoint { path: self.path.clone(), name: tp.to_string() })?;
             wanted.push((id, name));
         }
-        for it in iterators {
-            let name = format!("bpf_iter_{it}");
-            let id = self.find(&name, KIND_FUNC).ok_or_else(|| BtfError::Missing {
-                path: self.path.clone(),
-                ty: name.clone(),
-                member: "(function)".into(),
-            })?;
-            wanted.push((id, name));
+        for name in functions {
+            if let Some(id) = self.find(name, KIND_FUNC) {
+                wanted.push((id, name.to_string()));
+            }
         }
         wanted.sort();
         let last = wanted.last().map_or(0, |w| w.0);
@@ -348,7 +346,7 @@ impl Btf {
         Ok(blob)
     }
 
-    /// Every offset the BPF programs need; `ready` is left 0 for the loader to set last.
+    /// Every offset the BPF programs need.
     pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
         let t = |m, size| self.sized_member("task_struct", m, size);
         // sched_process_exit(p) became sched_process_exit(p, group_dead) in Linux 6.16
@@ -378,10 +376,10 @@ impl Btf {
             task_signal: t("signal", 8)?,
             signal_live: self.sized_member("signal_struct", "live", 4)?,
             cred_euid: self.sized_member("cred", "euid", 4)?,
+            cred_uid: self.sized_member("cred", "uid", 4)?,
             task_in_execve,
             in_execve_mask,
             exit_has_group_dead: exit_has_group_dead as u32,
-            ready: 0,
             task_exit_state: t("exit_state", 4)?,
             task_sum_exec_runtime: se + sum_exec_runtime,
             signal_sum_sched_runtime: self.sized_member("signal_struct", "sum_sched_runtime", 8)?,
@@ -472,18 +470,19 @@ mod tests {
     #[test]
     fn the_aya_stub_keeps_the_kernels_ids_for_what_aya_looks_up() {
         let Some(btf) = kernel_btf() else { return };
-        let blob = btf.stub_blob(&["sched_process_fork", "task_rename"], &["task"]).unwrap();
+        let blob = btf.stub_blob(&["sched_process_fork", "task_rename"], &["bpf_iter_task", "commit_creds"]).unwrap();
         let stub = Btf::parse(Path::new("stub"), blob.clone()).unwrap();
         for (name, kind) in [
             ("btf_trace_sched_process_fork", KIND_TYPEDEF),
             ("btf_trace_task_rename", KIND_TYPEDEF),
             ("bpf_iter_task", KIND_FUNC),
+            ("commit_creds", KIND_FUNC),
         ] {
             assert_eq!(stub.find(name, kind), btf.find(name, kind), "{name}");
             assert!(stub.find(name, kind).is_some(), "{name}");
         }
         assert!(blob.len() < 12 * btf.types.len() + 1024, "fillers are 12 bytes each");
-        btf.aya_stub(&["sched_process_fork"], &["task"]).expect("aya parses the stub");
+        btf.aya_stub(&["sched_process_fork"], &["bpf_iter_task", "no_such_function"]).expect("aya parses the stub");
         assert!(matches!(btf.aya_stub(&["no_such_tracepoint"], &[]), Err(BtfError::Tracepoint { .. })));
     }
 

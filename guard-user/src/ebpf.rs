@@ -1,9 +1,14 @@
-//! The `ebpf` event source: loads guard's BPF programs, attaches them to the process
-//! tracepoints, hands the offsets from [`crate::btf`] to them, and drains the ring buffer.
+//! The `ebpf` event source: loads guard's BPF programs with the offsets from [`crate::btf`]
+//! and the watched account's uid as load-time constants, attaches them to the process
+//! tracepoints and the credential hook, and drains the ring buffer.
 //!
-//! Order matters: attach everything first, then mark `OFFSETS` ready (the programs emit
-//! nothing before), then the daemon scans /proc (see `daemon` for why that order misses
-//! nothing).
+//! Filtered in the kernel: with [`EbpfOptions::account`] set, the programs report only that
+//! account's processes and those entering or leaving it (guard-ebpf's crate doc says which
+//! credentials each event tests), so every other account's fork, exec, exit and rename costs a
+//! daemon one credential load in the kernel and nothing in user space.
+//!
+//! Order matters: attach everything first, then the daemon scans (see `daemon` for why that
+//! order misses nothing).
 //!
 //! Reading follows the BPF ring buffer's wake-up rule (kernel/bpf/ringbuf.c,
 //! `bpf_ringbuf_commit`): the kernel wakes the reader only for a record submitted while the
@@ -21,11 +26,11 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, ProgramError, TracePoint},
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, FEntry, ProgramError, TracePoint},
     Ebpf, EbpfLoader,
 };
-use guard_common::{KernelOffsets, DEFAULT_RING_BYTES, LOST_INDEX};
+use guard_common::{KernelOffsets, ALL_ACCOUNTS, DEFAULT_RING_BYTES, LOST_INDEX};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::{
@@ -39,8 +44,8 @@ pub mod task_iter;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
 
-/// Where classic tracepoints (the setuid family) are looked up, and where we mount tracefs
-/// when nothing is mounted. tp_btf programs do not need it.
+/// Where classic tracepoints (the setuid family, the credential hook's fallback) are looked up,
+/// and where we mount tracefs when nothing is mounted. tp_btf and fentry programs do not need it.
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// The older location, under debugfs; aya looks there too.
 const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
@@ -49,12 +54,21 @@ const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 const ATTACHED_TRACEPOINTS: [&str; 4] =
     ["sched_process_fork", "sched_process_exec", "sched_process_exit", "task_rename"];
 
-/// Uid-changing syscalls whose exit we watch. setfsuid does not change the euid; the `*32`
-/// variants exist only for 32-bit ABIs, which raise no syscall tracepoints on x86_64.
+/// The kernel function every credential change goes through (kernel/cred.c): the setuid
+/// family, exec's install of the new credentials, and a few that never change the euid
+/// (setfsuid, capset, keyrings). The only writer of `task->real_cred` after fork.
+const CRED_HOOK: &str = "commit_creds";
+
+/// Uid-changing syscalls whose exit we watch where the credential hook cannot attach. setfsuid
+/// does not change the euid; the `*32` variants exist only for 32-bit ABIs, which raise no
+/// syscall tracepoints on x86_64.
 const SETUID_SYSCALLS: [&str; 3] = ["sys_exit_setuid", "sys_exit_setreuid", "sys_exit_setresuid"];
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EbpfOptions {
+    /// The account whose processes are reported (effective uid); None = every process of the
+    /// machine (tools and tests that watch everything).
+    pub account: Option<u32>,
     /// Ring buffer bytes (a power of two ≥ the page size); None = `DEFAULT_RING_BYTES` (256 KiB).
     pub ring_bytes: Option<u32>,
     /// Entries of each CPU accounting map; None = `CPU_RUN_ENTRIES`. Tests shrink it to reach
@@ -86,6 +100,8 @@ pub enum EbpfError {
     Attach { program: String, tracepoint: String, detail: String },
     #[error("BPF map `{name}` is missing or of the wrong type")]
     Map { name: &'static str },
+    #[error("the account's uid {0} is the value that means every account")]
+    Account(u32),
 }
 
 impl EbpfError {
@@ -98,7 +114,7 @@ impl EbpfError {
             EbpfError::Btf(_) => "no_btf",
             EbpfError::Permission { .. } => "permission_denied",
             EbpfError::PerfParanoid { .. } => "perf_event_paranoid",
-            EbpfError::Load { .. } | EbpfError::Map { .. } => "load_failed",
+            EbpfError::Load { .. } | EbpfError::Map { .. } | EbpfError::Account(_) => "load_failed",
             EbpfError::Attach { .. } => "attach_failed",
         }
     }
@@ -176,7 +192,7 @@ fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
     if kernel_btf.has_tracepoint(cpu_runtime::TRACEPOINT) {
         tracepoints.push(cpu_runtime::TRACEPOINT);
     }
-    let stub = kernel_btf.aya_stub(&tracepoints, &["task"])?;
+    let stub = kernel_btf.aya_stub(&tracepoints, &[task_iter::BTF_FUNCTION, CRED_HOOK])?;
     Ok((offsets, stub))
 }
 
@@ -215,8 +231,8 @@ pub struct EbpfSource {
     ring: RingBuf<MapData>,
     /// Records the programs could not queue or build, per CPU.
     lost: PerCpuArray<MapData, u64>,
-    /// Why uid changes without exec are not reported, if they are not.
-    setuid_problem: Option<EbpfError>,
+    /// How credential changes reach the ring.
+    creds: CredTracking,
     /// The task iterator for snapshots, or why there is none (then /proc is read instead).
     task_iter: Result<task_iter::TaskIter, task_iter::TaskIterError>,
     /// The stall watch's CPU accounting until the daemon takes it, or why there is none.
@@ -235,9 +251,38 @@ pub struct EbpfSource {
 /// at 10 execs/s.
 pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
 
+/// How a process entering or leaving the account through a credential change (the setuid
+/// family, an exec of a set-user-ID binary) reaches the table.
+#[derive(Debug)]
+pub enum CredTracking {
+    /// The fentry hook on `commit_creds`: every change, at once.
+    Hook,
+    /// The hook could not attach (why); the setuid-family syscall tracepoints did. An exec of
+    /// a set-user-ID binary that takes a process out of the account is still reported by the
+    /// exec program when the process's real uid is the account's; otherwise the audit sees it.
+    Syscalls { hook: EbpfError },
+    /// Neither attached: uid changes without exec reach the table through the audit only.
+    Audit { hook: EbpfError, syscalls: EbpfError },
+}
+
+impl CredTracking {
+    /// `fallback=` of `WARN setuid_untracked`, and the hook's failure, when the hook is missing.
+    pub fn fallback(&self) -> Option<(&'static str, &EbpfError)> {
+        match self {
+            CredTracking::Hook => None,
+            CredTracking::Syscalls { hook } => Some(("syscall_tracepoints", hook)),
+            CredTracking::Audit { hook, .. } => Some(("audit", hook)),
+        }
+    }
+}
+
 impl EbpfSource {
     pub fn load(opts: &EbpfOptions) -> Result<EbpfSource, EbpfError> {
         limit_heap();
+        let uid = opts.account.unwrap_or(ALL_ACCOUNTS);
+        if opts.account == Some(ALL_ACCOUNTS) {
+            return Err(EbpfError::Account(ALL_ACCOUNTS));
+        }
         let ring_bytes = opts.ring_bytes.unwrap_or(DEFAULT_RING_BYTES);
         let page = page_size();
         if ring_bytes < page || !ring_bytes.is_power_of_two() {
@@ -249,7 +294,7 @@ impl EbpfSource {
         // EbpfLoader::new() parses the whole vmlinux BTF (aya reads it for relocations; ~20 ms
         // of CPU), and we parse it for the offsets: on two threads, the start-up's longest step
         // takes the time of one. Where no thread can be made, one after the other.
-        let ((mut offsets, aya_btf), mut loader) = std::thread::scope(|sc| {
+        let ((offsets, aya_btf), mut loader) = std::thread::scope(|sc| {
             let loader = std::thread::Builder::new().name("guard-btf".into()).spawn_scoped(sc, EbpfLoader::new);
             let ours = kernel_btf_parts();
             let loader = match loader {
@@ -262,7 +307,13 @@ impl EbpfSource {
         let _ = aya::features();
         crate::startup_phase("aya features probed");
         let cpu_run_entries = opts.cpu_run_entries.unwrap_or(guard_common::CPU_RUN_ENTRIES).max(1);
+        // The programs' constants (guard-ebpf's crate doc): in a frozen read-only map, so the
+        // verifier folds them into the code it checks.
+        let wake_bytes = u64::from(ring_bytes / 16);
         let mut ebpf = loader
+            .override_global("GUARD_UID", &uid, true)
+            .override_global("GUARD_OFFSETS", &offsets, true)
+            .override_global("GUARD_WAKE_BYTES", &wake_bytes, true)
             .map_max_entries("EVENTS", ring_bytes)
             .map_max_entries("CPU_RUN_A", cpu_run_entries)
             .map_max_entries("CPU_RUN_B", cpu_run_entries)
@@ -299,8 +350,8 @@ impl EbpfSource {
             p.attach().map_err(|e| program_error(prog, tp, e))?;
             crate::startup_phase(prog);
         }
-        let setuid_problem = ensure_tracefs().and_then(|()| attach_setuid(&mut ebpf)).err();
-        crate::startup_phase("setuid tracepoints");
+        let (creds, cred_program) = attach_creds(&mut ebpf, &aya_btf);
+        crate::startup_phase("credential hook");
         let task_iter = task_iter::TaskIter::load(&mut ebpf, &aya_btf);
         crate::startup_phase("task iterator");
         let cpu_runtime = Some(cpu_runtime::RuntimeCpu::load(&mut ebpf, &aya_btf, cpu_run_entries));
@@ -310,30 +361,21 @@ impl EbpfSource {
             .map_err(|_| EbpfError::Map { name: "EVENTS" })?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").ok_or(EbpfError::Map { name: "LOST" })?)
             .map_err(|_| EbpfError::Map { name: "LOST" })?;
-        let mut offs: Array<_, KernelOffsets> =
-            Array::try_from(ebpf.map_mut("OFFSETS").ok_or(EbpfError::Map { name: "OFFSETS" })?)
-                .map_err(|_| EbpfError::Map { name: "OFFSETS" })?;
-        // Last: from here on the programs emit.
-        offsets.ready = 1;
-        offs.set(0, offsets, 0)
-            .map_err(|e| EbpfError::Load { detail: format!("writing OFFSETS: {}", describe(&e)) })?;
         let mut event_programs = vec!["sched_process_fork", "sched_process_exec", exit_prog, "task_rename"];
-        if setuid_problem.is_none() {
-            event_programs.push(SETUID_PROGRAM);
-        }
+        event_programs.extend(cred_program);
         let missed = event_programs.into_iter().map(|p| (p, AtomicU64::new(0))).collect();
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, setuid_problem, task_iter, cpu_runtime, missed, ebpf })
+        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, creds, task_iter, cpu_runtime, missed, ebpf })
     }
 
-    /// Whether uid changes without exec are reported (the syscall tracepoints attached).
+    /// Whether uid changes without exec are reported at once (the credential hook, or the
+    /// setuid-family tracepoints).
     pub fn setuid_tracked(&self) -> bool {
-        self.setuid_problem.is_none()
+        !matches!(self.creds, CredTracking::Audit { .. })
     }
 
-    /// Why [`Self::setuid_tracked`] is false (for a `WARN` line; the audit still catches uid
-    /// changes, later).
-    pub fn setuid_problem(&self) -> Option<&EbpfError> {
-        self.setuid_problem.as_ref()
+    /// How credential changes are tracked (for the `WARN setuid_untracked` line and tests).
+    pub fn cred_tracking(&self) -> &CredTracking {
+        &self.creds
     }
 
     /// The task iterator, for snapshots off the pump's thread (clone it into the blocking
@@ -462,6 +504,43 @@ impl EbpfSource {
 /// One program on the three syscall-exit tracepoints of the setuid family.
 const SETUID_PROGRAM: &str = "sys_exit_setuid";
 
+/// The credential hook on `commit_creds` (its typed variant, else the one for kernels before
+/// 5.11), else the setuid-family tracepoints, else nothing (the audit). Returns the tracking
+/// and the program that reports, for the lost-event count.
+fn attach_creds(ebpf: &mut Ebpf, btf: &aya::Btf) -> (CredTracking, Option<&'static str>) {
+    let mut hook_error = None;
+    for prog in ["commit_creds", "commit_creds_probe"] {
+        match attach_fentry(ebpf, btf, prog) {
+            Ok(()) => return (CredTracking::Hook, Some(prog)),
+            Err(e) => {
+                tracing::debug!("{prog}: {e}");
+                // The first program's error says why (the second only exists for old kernels).
+                hook_error.get_or_insert(e);
+            }
+        }
+    }
+    let hook = hook_error.expect("two attempts");
+    match ensure_tracefs().and_then(|()| attach_setuid(ebpf)) {
+        Ok(()) => (CredTracking::Syscalls { hook }, Some(SETUID_PROGRAM)),
+        Err(syscalls) => (CredTracking::Audit { hook, syscalls }, None),
+    }
+}
+
+fn attach_fentry(ebpf: &mut Ebpf, btf: &aya::Btf, prog: &str) -> Result<(), EbpfError> {
+    let p: &mut FEntry = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| EbpfError::Attach {
+            program: prog.into(),
+            tracepoint: CRED_HOOK.into(),
+            detail: "not in the object".into(),
+        })?
+        .try_into()
+        .map_err(|e| program_error(prog, CRED_HOOK, e))?;
+    p.load(CRED_HOOK, btf).map_err(|e| program_error(prog, CRED_HOOK, e))?;
+    p.attach().map_err(|e| program_error(prog, CRED_HOOK, e))?;
+    Ok(())
+}
+
 fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
     const PROG: &str = SETUID_PROGRAM;
     let p: &mut TracePoint = ebpf
@@ -508,7 +587,9 @@ mod tests {
             return;
         }
         let btf = AyaBtf::from_sys_fs().unwrap();
-        let mut ebpf = EbpfLoader::new().btf(Some(&btf)).load(OBJECT).unwrap();
+        let offsets = Btf::from_file(Path::new(VMLINUX)).unwrap().kernel_offsets().unwrap();
+        let mut ebpf =
+            EbpfLoader::new().btf(Some(&btf)).override_global("GUARD_OFFSETS", &offsets, true).load(OBJECT).unwrap();
         for prog in ["sched_process_exit_gd", "sched_process_exit_live"] {
             let p: &mut BtfTracePoint = ebpf.program_mut(prog).unwrap().try_into().unwrap();
             p.load("sched_process_exit", &btf).unwrap_or_else(|e| panic!("{prog}: {}", describe(&e)));

@@ -9,8 +9,9 @@
 //!   verdicts) into a tick plan (lines, signals, clocks, status rows). Start reading here.
 //! - [`config`], [`duration`], [`pattern`]: the operator's configuration, validated into types;
 //!   `excludeCommands` patterns with bash's `[[ =~ ]]` meaning (libc `regcomp`).
-//! - [`event`], [`comm`], [`table`]: typed process events and the live process table with
-//!   per-(uid, name) counts, maintained incrementally.
+//! - [`event`], [`comm`], [`table`]: typed process events and the live table of the account's
+//!   processes with per-name counts, maintained incrementally. [`machine`]: the machine's
+//!   process count (what `ps -e` lists) without a table of every process.
 //! - [`procfs`]: reading /proc (bootstrap, resync, audit, the `procfs` backend, identity checks).
 //! - [`btf`], [`ebpf`]: structure offsets from the running kernel's BTF; loading and attaching the
 //!   BPF programs, draining the ring buffer, the kernel's lost-event counter.
@@ -42,6 +43,7 @@ pub mod escape;
 pub mod event;
 pub mod install;
 pub mod log;
+pub mod machine;
 pub mod metrics;
 pub mod mirror;
 pub mod pattern;

@@ -48,8 +48,8 @@ pub struct MetricsInput {
     pub interval_secs: f64,
     /// Live processes of the account (every name, excluded ones too).
     pub tracked_processes: u64,
-    /// Live processes of every uid in the table.
-    pub machine_processes: u64,
+    /// Every process of the machine as `ps -e` counts them (`crate::machine`), when known.
+    pub machine_processes: Option<u64>,
     /// Live processes of the account per name, in any order.
     pub names: Vec<(Comm, u32)>,
     /// Flagged names (at or over the threshold), in any order.
@@ -204,7 +204,14 @@ pub fn render(m: &MetricsInput) -> String {
         w.sample("guard_timeout_seconds", &[], t);
     }
     w.one("guard_tracked_processes", Gauge, "Live processes of the guarded account.", m.tracked_processes as f64);
-    w.one("guard_machine_processes", Gauge, "Live processes of every user on the machine.", m.machine_processes as f64);
+    w.family(
+        "guard_machine_processes",
+        Gauge,
+        "Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included.",
+    );
+    if let Some(n) = m.machine_processes {
+        w.sample("guard_machine_processes", &[], n as f64);
+    }
 
     let mut names: BTreeMap<&[u8], u64> = BTreeMap::new();
     for (name, count) in &m.names {

@@ -30,7 +30,7 @@ use crate::{
     comm::Comm,
     daemon::source::{EventSource, Scanner},
     event::{Event, ProcId, ProcState},
-    table::ProcessTable,
+    table::{ProcessTable, Scope},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -236,8 +236,8 @@ impl Trace {
         let records = &self.records[..upto.min(self.records.len())];
         let from = records.iter().rposition(|(_, r)| matches!(r, Record::Scan(_)));
         let mut table = match from.map(|i| &records[i].1) {
-            Some(Record::Scan(procs)) => ProcessTable::from_snapshot(procs.iter().copied(), None),
-            _ => ProcessTable::new(None),
+            Some(Record::Scan(procs)) => ProcessTable::from_snapshot(procs.iter().copied(), Scope::account(self.uid)),
+            _ => ProcessTable::new(Scope::account(self.uid)),
         };
         for (_, r) in &records[from.map_or(0, |i| i + 1)..] {
             if let Record::Event { event, .. } = r {

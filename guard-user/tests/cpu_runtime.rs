@@ -50,7 +50,7 @@ fn spawn(uid: u32, script: &str) -> Child {
 /// out of them; `None`, with the reason printed, where they cannot load: not root, a kernel
 /// without BTF, a build without the BPF object (plain `cargo test`; `cargo xtask test` has it).
 fn load(test: &str, entries: Option<u32>) -> Option<(EbpfSource, RuntimeCpu)> {
-    let opts = EbpfOptions { ring_bytes: Some(64 << 10), cpu_run_entries: entries };
+    let opts = EbpfOptions { ring_bytes: Some(64 << 10), cpu_run_entries: entries, ..Default::default() };
     let mut src = ebpf_harness::load(test, &opts)?;
     let rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
     Some((src, rt))

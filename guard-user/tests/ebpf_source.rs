@@ -227,9 +227,11 @@ impl Drop for Child {
     }
 }
 
-/// The source, or None (with the reason printed) where this machine cannot run the test.
+/// The source watching root's processes (the children here run as root; one that changes its
+/// uid leaves the account), or None (with the reason printed) where this machine cannot run the
+/// test.
 fn load(ring_bytes: Option<u32>) -> Option<EbpfSource> {
-    ebpf_harness::load("ebpf_source", &EbpfOptions { ring_bytes, ..Default::default() })
+    ebpf_harness::load("ebpf_source", &EbpfOptions { account: Some(0), ring_bytes, ..Default::default() })
 }
 
 /// Drains events of `pid` into `seen` until `done(seen)` or the deadline; returns `done`.
@@ -377,7 +379,7 @@ async fn renaming_the_leader_gives_rename_and_renaming_a_thread_does_not() {
 async fn setresuid_of_the_leader_gives_setuid_with_the_new_euid() {
     let Some(mut src) = load(None) else { return };
     if !src.setuid_tracked() {
-        panic!("setuid tracepoints did not attach: {}", src.setuid_problem().unwrap());
+        panic!("neither the credential hook nor the setuid tracepoints attached: {:?}", src.cred_tracking());
     }
     let mut child = Child::helper("setuid");
     let pid = child.pid();

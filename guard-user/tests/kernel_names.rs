@@ -24,7 +24,7 @@ use guard::{
     enforcer::Enforcer,
     event::ProcState,
     procfs,
-    table::ProcessTable,
+    table::{ProcessTable, Scope},
 };
 
 const HELPER_ENV: &str = "GUARD_NAMES_HELPER";
@@ -221,7 +221,7 @@ fn disagreements(src: &EbpfSource, table: &ProcessTable, cases: &[Case]) -> Vec<
         if *tracked != scanned {
             out.push(format!("{}: the BPF events say {tracked:?}, /proc {scanned:?}", c.label()));
         }
-        if !table.processes_of(0, &Comm::new(kept)).iter().any(|p| p.id.pid == pid) {
+        if !table.processes_of(&Comm::new(kept)).iter().any(|p| p.id.pid == pid) {
             out.push(format!("{}: the table does not count pid {pid} under the kept name", c.label()));
         }
         if let Err(r) = enforcer.verify(tracked) {
@@ -240,7 +240,7 @@ fn all_sources_agree(test: &str, names: &[Vec<u8>]) {
     }
     let dir = tempfile::tempdir().unwrap();
     let cases = spawn_cases(dir.path(), names);
-    let mut table = ProcessTable::new(None);
+    let mut table = ProcessTable::new(Scope::account(0));
     let deadline = Instant::now() + WAIT;
     loop {
         src.drain(usize::MAX, |e| table.apply(&e.expect("every record decodes")));

@@ -19,7 +19,7 @@ fn tick() -> MetricsInput {
         tick_duration_secs: 0.004,
         interval_secs: 60.0,
         tracked_processes: 45,
-        machine_processes: 412,
+        machine_processes: Some(412),
         names: vec![(Comm::new(b"bash"), 4), (Comm::new(b"sleep"), 31), (Comm::new(b"agentihooks"), 10)],
         flagged: vec![FlaggedName { name: Comm::new(b"sleep"), age_secs: 120.0, time_left_secs: 3480.0 }],
         threshold: Some(30),
@@ -79,7 +79,7 @@ guard_timeout_seconds{user="alice"} 3600
 # HELP guard_tracked_processes Live processes of the guarded account.
 # TYPE guard_tracked_processes gauge
 guard_tracked_processes{user="alice"} 45
-# HELP guard_machine_processes Live processes of every user on the machine.
+# HELP guard_machine_processes Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included.
 # TYPE guard_machine_processes gauge
 guard_machine_processes{user="alice"} 412
 # HELP guard_names Distinct names among the guarded account's live processes.

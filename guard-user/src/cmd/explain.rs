@@ -19,7 +19,7 @@ use crate::{
     safefs::FsIdentity,
     state,
     status::escape_for_terminal,
-    table::ProcessTable,
+    table::{ProcessTable, Scope},
 };
 
 /// One process, explained.
@@ -81,8 +81,9 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let name = Comm::new(args.name.as_bytes());
-    let table = ProcessTable::from_snapshot(procfs::snapshot()?, Some(std::process::id()));
-    let view = table.view(account.uid, 1);
+    let scope = Scope { account: account.uid, ignore_pid: Some(std::process::id()) };
+    let table = ProcessTable::from_snapshot(procfs::snapshot()?, scope);
+    let view = table.view(1);
     let procs = view.members.get(&name).cloned().unwrap_or_default();
     let patterns = &config.exclude_commands;
     let mut matcher = crate::daemon::effects::sandboxed_matcher();

@@ -55,11 +55,16 @@ pub trait MetricsSink: Send {
     fn write(&mut self, text: &str);
 }
 
-/// Reading a live process beyond the table: its command line.
+/// Reading the machine beyond the table: a live process's command line, the machine's count.
 pub trait ProcessReader: Send {
     /// docs/configuration.md's command line, read up to `max` bytes (a longer one comes back longer than `max`,
     /// cut); `None` when the process is gone.
     fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>>;
+    /// Every process of the machine as `ps -e` counts them (`crate::machine`); `None` when
+    /// unknown (replays).
+    fn machine_processes(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// `excludeCommands` matching (docs/configuration.md, docs/architecture.md): compiled once per change of the list, each match
@@ -247,11 +252,18 @@ impl MetricsSink for MetricsFile {
 }
 
 /// /proc of the machine.
-pub struct Procfs;
+#[derive(Default)]
+pub struct Procfs {
+    machine: crate::machine::MachineCount,
+}
 
 impl ProcessReader for Procfs {
     fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>> {
         procfs::cmdline_capped(pid, max)
+    }
+
+    fn machine_processes(&mut self) -> Option<u64> {
+        self.machine.read()
     }
 }
 
@@ -299,7 +311,7 @@ pub fn real(account: &Account, log: Logger, mirror: Mirror, metrics_file: Option
             self_pid: std::process::id(),
             grace: Duration::from_millis(500),
         }),
-        procs: Box::new(Procfs),
+        procs: Box::new(Procfs::default()),
         classifier: Box::new(sandboxed_matcher()),
         cpu: Box::new(ProcfsCpu),
         mirror: Arc::new(mirror),

@@ -95,6 +95,25 @@ fn may_load_bpf() -> bool {
     has(21) || (has(38) && has(39))
 }
 
+/// `WARN setuid_untracked reason=<why the hook failed> fallback=<what tracks instead>` (one
+/// line, docs/log.md) and the details on stderr, when the credential hook did not attach.
+fn cred_warning(creds: &crate::ebpf::CredTracking) -> Option<Line> {
+    use crate::ebpf::CredTracking;
+    let (fallback, hook) = creds.fallback()?;
+    match creds {
+        CredTracking::Audit { syscalls, .. } => tracing::warn!(
+            "uid changes without exec reach the table through the audit only: the commit_creds hook did not \
+             attach ({hook}), nor did the setuid tracepoints ({syscalls})"
+        ),
+        _ => tracing::warn!(
+            "the commit_creds hook did not attach ({hook}); the setuid tracepoints report uid changes, and an exec \
+             of a set-user-ID binary by a process whose real uid is not the account's reaches the table through \
+             the audit"
+        ),
+    }
+    Some(Line::new("WARN").word("setuid_untracked").with("reason", hook.reason()).with("fallback", fallback))
+}
+
 /// This host's name for the heartbeat key.
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -141,8 +160,12 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
             "loading BPF programs needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run guard-user as root".to_string(),
         ))),
         Backend::Ebpf | Backend::Auto => Some(
-            EbpfSource::load(&EbpfOptions { ring_bytes: opts.ring_bytes, ..Default::default() })
-                .map_err(|e| (e.reason(), e.to_string())),
+            EbpfSource::load(&EbpfOptions {
+                account: Some(opts.account.uid),
+                ring_bytes: opts.ring_bytes,
+                ..Default::default()
+            })
+            .map_err(|e| (e.reason(), e.to_string())),
         ),
     };
     let mut source = match loaded {
@@ -169,9 +192,10 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         tracing::warn!("start-up, resyncs and CPU samples read /proc instead of the task iterator: {problem}");
         logger.raw(&Line::new("WARN").word("task_iter_fallback").with("reason", problem.reason()).body());
     }
-    if let Some(problem) = source.as_ref().and_then(|s| s.setuid_problem()) {
-        tracing::warn!("uid changes without exec are seen by the audit only: {problem}");
-        logger.raw(&Line::new("WARN").word("setuid_untracked").with("reason", problem.reason()).body());
+    if let Some(src) = source.as_ref() {
+        if let Some(line) = cred_warning(src.cred_tracking()) {
+            logger.raw(&line.body());
+        }
     }
     let warn_log = logger.clone();
     let mirror = Mirror::spawn(
@@ -185,7 +209,10 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
     // of the task iterator, else /proc (the fallbacks visit every process).
     let forced_procfs = crate::ebpf::task_iter::forced_procfs();
     match source.as_mut().and_then(|s| s.take_cpu_runtime()) {
-        Some(Ok(rt)) if !forced_procfs => fx.cpu = Box::new(effects::RuntimeCpu(rt)),
+        Some(Ok(mut rt)) if !forced_procfs => {
+            rt.set_min_age(crate::config::MIN_PEGGED_FOR);
+            fx.cpu = Box::new(effects::RuntimeCpu(rt))
+        }
         other => {
             if let Some(Err(e)) = other {
                 tracing::warn!("the stall watch samples with a pass over every process instead: {e}");
@@ -227,7 +254,7 @@ pub async fn run_with<S: EventSource>(
             .with("dry_run", opts.dry_run as u8)
             .with("pid", std::process::id()),
     );
-    let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval);
+    let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval, opts.account.uid);
     let settings =
         supervise::LoopSettings { interval: opts.interval, deadline: supervise::tick_deadline(opts.interval) };
     let ticker = tick::Ticker::new(opts, backend, fx, pump.clone());

@@ -17,7 +17,7 @@ use super::{
 use crate::{
     event::{Event, ProcState},
     policy::{line::Line, AccountView},
-    table::ProcessTable,
+    table::{ProcessTable, Scope},
 };
 
 /// The pump's counters, as of its reply.
@@ -41,7 +41,7 @@ pub struct Snapshot {
 pub enum Request {
     /// Drain the source, then reply with the account's view (members of names with at least
     /// `min_count` processes). Queued until the start-up table is complete.
-    Snapshot { uid: u32, min_count: u32, reply: oneshot::Sender<Snapshot> },
+    Snapshot { min_count: u32, reply: oneshot::Sender<Snapshot> },
     /// Liveness: answered when the pump's loop turns.
     Ping { reply: oneshot::Sender<PumpStats> },
     /// Answered once the start-up table is complete.
@@ -58,9 +58,9 @@ impl PumpHandle {
     /// From a blocking thread (the tick). `None` when the pump is gone. It blocks as long as the
     /// pump does not answer: a wedged pump makes the tick overrun, which the supervisor turns into
     /// `STOPPED reason=hang`.
-    pub fn snapshot_blocking(&self, uid: u32, min_count: u32) -> Option<Snapshot> {
+    pub fn snapshot_blocking(&self, min_count: u32) -> Option<Snapshot> {
         let (reply, rx) = oneshot::channel();
-        self.tx.blocking_send(Request::Snapshot { uid, min_count, reply }).ok()?;
+        self.tx.blocking_send(Request::Snapshot { min_count, reply }).ok()?;
         rx.blocking_recv().ok()
     }
 
@@ -99,29 +99,36 @@ struct Pump<S: EventSource> {
     stats: PumpStats,
     last_lost: u64,
     batch: Vec<Event>,
-    ignore_pid: Option<u32>,
+    /// The account the table holds, and the daemon's own pid.
+    scope: Scope,
     /// The start-up table's phase was traced.
     announced: bool,
     /// Snapshot requests answered (for the test-only fault hook).
     snapshots: u64,
 }
 
-/// Starts the pump; it ends when every [`PumpHandle`] is dropped or the source fails.
-pub fn spawn<S: EventSource>(src: S, log: Arc<dyn LogSink>, audit_every: Duration) -> (PumpHandle, JoinHandle<()>) {
+/// Starts the pump for the table of `account`; it ends when every [`PumpHandle`] is dropped or
+/// the source fails.
+pub fn spawn<S: EventSource>(
+    src: S,
+    log: Arc<dyn LogSink>,
+    audit_every: Duration,
+    account: u32,
+) -> (PumpHandle, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(16);
-    let ignore_pid = Some(std::process::id());
+    let scope = Scope { account, ignore_pid: Some(std::process::id()) };
     let last_lost = src.lost();
     let pump = Pump {
         scanner: src.scanner(),
         src,
         log,
-        table: ProcessTable::new(ignore_pid),
+        table: ProcessTable::new(scope),
         rebuild: Rebuilder::new(),
         scan: None,
         stats: PumpStats { lost: last_lost, ..Default::default() },
         last_lost,
         batch: Vec::with_capacity(BATCH),
-        ignore_pid,
+        scope,
         announced: false,
         snapshots: 0,
     };
@@ -159,10 +166,10 @@ impl<S: EventSource> Pump<S> {
                             }
                         }
                         req if !self.rebuild.ready() => waiting.push(req),
-                        Request::Snapshot { uid, min_count, reply } => {
+                        Request::Snapshot { min_count, reply } => {
                             self.count_snapshot();
                             self.drain_all();
-                            let _ = reply.send(self.snapshot(uid, min_count));
+                            let _ = reply.send(self.snapshot(min_count));
                         }
                         Request::WhenReady { reply } => { let _ = reply.send(()); }
                     }
@@ -178,12 +185,12 @@ impl<S: EventSource> Pump<S> {
                     self.scan = None;
                     if rescans {
                         match scan {
-                            Ok(procs) => self.table = ProcessTable::from_snapshot(procs, self.ignore_pid),
+                            Ok(procs) => self.table = ProcessTable::from_snapshot(procs, self.scope),
                             Err(e) => tracing::warn!("cannot read /proc: {e}"),
                         }
                         for req in waiting.drain(..) {
-                            if let Request::Snapshot { uid, min_count, reply } = req {
-                                let _ = reply.send(self.snapshot(uid, min_count));
+                            if let Request::Snapshot { min_count, reply } = req {
+                                let _ = reply.send(self.snapshot(min_count));
                             }
                         }
                         continue;
@@ -192,9 +199,9 @@ impl<S: EventSource> Pump<S> {
                     if self.rebuild.ready() {
                         for req in waiting.drain(..) {
                             match req {
-                                Request::Snapshot { uid, min_count, reply } => {
+                                Request::Snapshot { min_count, reply } => {
                                     self.drain_all();
-                                    let _ = reply.send(self.snapshot(uid, min_count));
+                                    let _ = reply.send(self.snapshot(min_count));
                                 }
                                 Request::WhenReady { reply } => { let _ = reply.send(()); }
                                 Request::Ping { reply } => { let _ = reply.send(self.stats); }
@@ -209,8 +216,8 @@ impl<S: EventSource> Pump<S> {
         }
     }
 
-    fn snapshot(&self, uid: u32, min_count: u32) -> Snapshot {
-        Snapshot { view: self.table.view(uid, min_count), stats: self.stats }
+    fn snapshot(&self, min_count: u32) -> Snapshot {
+        Snapshot { view: self.table.view(min_count), stats: self.stats }
     }
 
     fn start_scan(&mut self) {
@@ -260,7 +267,7 @@ impl<S: EventSource> Pump<S> {
     }
 
     fn finish_scan(&mut self, scan: io::Result<Vec<ProcState>>) {
-        let done = self.rebuild.on_scan(&self.table, scan, self.ignore_pid);
+        let done = self.rebuild.on_scan(&self.table, scan, self.scope);
         if let Some(e) = &done.failed {
             tracing::warn!("/proc scan failed: {e}");
         }

@@ -13,7 +13,7 @@ use std::io;
 use crate::{
     event::{Event, ProcState},
     policy::line::Line,
-    table::ProcessTable,
+    table::{ProcessTable, Scope},
 };
 
 /// Why a rebuild runs; `RESYNC reason=…`.
@@ -138,19 +138,15 @@ impl Rebuilder {
         self.begin(Reason::Audit, 0)
     }
 
-    /// The scan finished. `current` is the live table (to tell whether an audit found drift).
-    pub fn on_scan(
-        &mut self,
-        current: &ProcessTable,
-        scan: io::Result<Vec<ProcState>>,
-        ignore_pid: Option<u32>,
-    ) -> Finished {
+    /// The scan finished (every process it read; the table keeps those of `scope`). `current`
+    /// is the live table (to tell whether an audit found drift).
+    pub fn on_scan(&mut self, current: &ProcessTable, scan: io::Result<Vec<ProcState>>, scope: Scope) -> Finished {
         let Some(a) = self.active.take() else {
             return Finished { table: None, resync: None, next: Step::Nothing, failed: None };
         };
         let mut out = match scan {
             Ok(procs) => {
-                let mut fresh = ProcessTable::from_snapshot(procs, ignore_pid);
+                let mut fresh = ProcessTable::from_snapshot(procs, scope);
                 for e in &a.recorded {
                     fresh.apply(e);
                 }

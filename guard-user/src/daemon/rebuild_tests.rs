@@ -1,6 +1,8 @@
 use super::*;
 use crate::{comm::Comm, event::ProcId};
 
+const SCOPE: Scope = Scope { account: 1000, ignore_pid: None };
+
 fn st(pid: u32, start: u64, name: &str) -> ProcState {
     ProcState { id: ProcId { pid, start_ticks: start }, euid: 1000, comm: Comm::new(name.as_bytes()) }
 }
@@ -19,10 +21,10 @@ fn start_up_replays_what_happened_during_the_scan_and_becomes_ready() {
         Event::Fork { child: st(11, 5, "x"), parent_pid: 1 },
         Event::Exit(ProcId { pid: 10, start_ticks: 1 }),
     ]);
-    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![st(10, 1, "a"), st(12, 2, "b")]), None);
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![st(10, 1, "a"), st(12, 2, "b")]), SCOPE);
     assert!(r.ready() && !r.scanning());
     let t = f.table.unwrap();
-    assert_eq!(t, ProcessTable::from_snapshot(vec![st(11, 5, "x"), st(12, 2, "b")], None));
+    assert_eq!(t, ProcessTable::from_snapshot(vec![st(11, 5, "x"), st(12, 2, "b")], SCOPE));
     assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=startup lost=0"));
     assert_eq!(f.next, Step::Nothing);
 }
@@ -33,9 +35,9 @@ fn losses_during_a_scan_ask_for_another_scan_after_it() {
     r.start_up();
     assert_eq!(r.on_lost(3), Step::Nothing, "a scan is running: queue, do not abandon it");
     assert_eq!(r.on_lost(2), Step::Nothing);
-    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
     assert_eq!(f.next, Step::Scan);
-    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
     assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=lost_events lost=5"));
     assert_eq!(f.next, Step::Nothing);
 }
@@ -44,12 +46,12 @@ fn losses_during_a_scan_ask_for_another_scan_after_it() {
 fn an_audit_logs_only_when_the_table_had_drifted() {
     let mut r = Rebuilder::new();
     r.start_up();
-    let live = r.on_scan(&ProcessTable::new(None), Ok(vec![st(10, 1, "a")]), None).table.unwrap();
+    let live = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![st(10, 1, "a")]), SCOPE).table.unwrap();
     assert_eq!(r.on_audit(), Step::Scan);
-    let f = r.on_scan(&live, Ok(vec![st(10, 1, "a")]), None);
+    let f = r.on_scan(&live, Ok(vec![st(10, 1, "a")]), SCOPE);
     assert!(f.resync.is_none(), "no drift, no line");
     assert_eq!(r.on_audit(), Step::Scan);
-    let f = r.on_scan(&live, Ok(vec![st(10, 1, "renamed")]), None);
+    let f = r.on_scan(&live, Ok(vec![st(10, 1, "renamed")]), SCOPE);
     assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=drift lost=0"));
 }
 
@@ -57,7 +59,7 @@ fn an_audit_logs_only_when_the_table_had_drifted() {
 fn a_failed_start_up_scan_is_retried_and_nothing_is_ready_meanwhile() {
     let mut r = Rebuilder::new();
     r.start_up();
-    let f = r.on_scan(&ProcessTable::new(None), Err(io::Error::other("EMFILE")), None);
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Err(io::Error::other("EMFILE")), SCOPE);
     assert!(f.failed.is_some() && f.table.is_none());
     assert_eq!(f.next, Step::Scan);
     assert!(!r.ready());
@@ -70,7 +72,7 @@ fn too_many_recorded_events_restart_the_scan_with_the_same_reason() {
     let ev = Event::Exec(st(10, 1, "a"));
     assert_eq!(r.on_events(&[ev, ev]), Step::Nothing);
     assert_eq!(r.on_events(&[ev]), Step::Scan, "over the cap: restart");
-    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
     assert_eq!(body(&f.resync).as_deref(), Some("RESYNC reason=lost_events lost=7"));
     assert_eq!(f.table.unwrap().len(), 0, "the events recorded before the restart are not replayed");
 }
@@ -80,7 +82,7 @@ fn an_audit_while_scanning_and_a_stray_scan_result_change_nothing() {
     let mut r = Rebuilder::new();
     r.start_up();
     assert_eq!(r.on_audit(), Step::Nothing);
-    r.on_scan(&ProcessTable::new(None), Ok(vec![]), None);
-    let f = r.on_scan(&ProcessTable::new(None), Ok(vec![st(1, 1, "x")]), None);
+    r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![st(1, 1, "x")]), SCOPE);
     assert!(f.table.is_none() && f.resync.is_none());
 }

@@ -148,7 +148,7 @@ impl Ticker {
         self.fx.log.set_max_bytes(config.log_max_bytes);
         self.warn_unknown_keys(&config);
         let asked = Instant::now();
-        let Some(snap) = self.pump.snapshot_blocking(self.opts.account.uid, config.threshold) else {
+        let Some(snap) = self.pump.snapshot_blocking(config.threshold) else {
             tracing::error!("the event pump is gone; this tick cannot see the table");
             return TickReport { took: began.elapsed(), ..Default::default() };
         };
@@ -314,7 +314,7 @@ impl Ticker {
         let reason = e.log_reason();
         self.fx.log.write(&Line::new("ERROR").word(reason.clone()));
         self.fx.log.write(&complete(0, 0, 1));
-        let snap = self.pump.snapshot_blocking(self.opts.account.uid, u32::MAX);
+        let snap = self.pump.snapshot_blocking(u32::MAX);
         self.totals.config_errors += 1;
         let (view, stats) = snap.map(|s| (s.view, s.stats)).unwrap_or_default();
         let took = began.elapsed().as_secs_f64();
@@ -353,6 +353,7 @@ impl Ticker {
             now,
             interval: self.opts.interval,
             view,
+            machine: self.fx.procs.machine_processes(),
             stats,
             totals: self.totals,
             names,

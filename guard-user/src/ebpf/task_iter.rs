@@ -39,6 +39,8 @@ use crate::{
 
 /// The program's name in the BPF object.
 const PROGRAM: &str = "task_iter";
+/// The kernel's function the iterator is typed by (its BTF id is what aya looks up).
+pub const BTF_FUNCTION: &str = "bpf_iter_task";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskIterError {

@@ -30,8 +30,6 @@ pub struct AccountView {
     /// The processes of every name whose count reached the pump's `min_count`, sorted by pid:
     /// the ones a tick may classify and end.
     pub members: BTreeMap<Comm, Vec<ProcState>>,
-    /// Every process the table tracks, all accounts (for status).
-    pub tracked_total: u64,
 }
 
 impl AccountView {
