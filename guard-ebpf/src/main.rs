@@ -11,7 +11,7 @@
 //! | `sched_process_exit_live` | tp_btf `sched_process_exit(p)` (older kernels) | EXIT when `signal->live` reached 0 (two threads exiting at once may both see 0: a duplicate EXIT, which the table ignores) |
 //! | `task_rename` | tp_btf `task_rename(task, comm)` | RENAME of a group leader (not the rename exec does itself) |
 //! | `commit_creds` | fentry `commit_creds(new)` (`commit_creds_probe` where `bpf_get_current_task_btf` is missing, Linux < 5.11) | SETUID when a leader's euid enters or leaves the account |
-//! | `sys_exit_setuid` | tracepoint `syscalls/sys_exit_set{,re,res}uid` (only where the fentry cannot attach) | SETUID of a group leader |
+//! | `sys_enter_setuid`, `sys_exit_setuid` | tracepoints `syscalls/sys_{enter,exit}_set{,re,res}uid` (only where the fentry cannot attach) | SETUID when a leader's euid enters or leaves the account (the enter side notes a leader of the account in `SETUID_FROM`) |
 //! | `task_iter` | iterator `iter/task` (Linux ≥ 5.8) | one [`TaskRecord`] per task to the reader of the iterator fd (start-up, resync, audit, CPU samples) |
 //! | `sched_stat_runtime` | tp_btf `sched_stat_runtime(task, runtime)` | no record: adds the runtime to the task's process in `CPU_RUN_A`/`_B` (the stall watch's samples), for the watched account's processes old enough to matter |
 //!
@@ -118,6 +118,12 @@ static CPU_CTL: Array<CpuCtl> = Array::with_max_entries(1, 0);
 #[map]
 static CPU_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// The setuid tracepoints' fallback: leaders that entered a setuid-family call with the
+/// account's euid (tid → 1), so the exit side knows one that leaves. Threads in such a call at
+/// once: a few; one that finds the map full counts as a lost event (a rebuild follows).
+#[map]
+static SETUID_FROM: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
 type Res = Result<(), i64>;
 
 /// One offset of `GUARD_OFFSETS`, as the verifier's constant (a volatile read, so the compiler
@@ -133,9 +139,25 @@ macro_rules! off {
 /// verifier knows `GUARD_UID`, so it drops the branch that cannot run.
 #[inline(always)]
 fn watched(euid: u32) -> bool {
-    // SAFETY: a read of a static (see `off!`).
-    let uid = unsafe { read_volatile(addr_of!(GUARD_UID)) };
+    let uid = guard_uid();
     uid == ALL_ACCOUNTS || euid == uid
+}
+
+#[inline(always)]
+fn guard_uid() -> u32 {
+    // SAFETY: a read of a static (see `off!`).
+    unsafe { read_volatile(addr_of!(GUARD_UID)) }
+}
+
+/// Whether a credential change from `old` to `new` euid is news: it enters or leaves the
+/// account, or, watching every account, the euid changed at all.
+#[inline(always)]
+fn cred_news(old: u32, new: u32) -> bool {
+    if guard_uid() == ALL_ACCOUNTS {
+        old != new
+    } else {
+        watched(old) != watched(new)
+    }
 }
 
 /// A kernel pointer the verifier types from BTF (a tracepoint's argument, or a pointer field
@@ -399,7 +421,7 @@ fn try_commit_creds(ctx: *mut c_void) -> Res {
     // SAFETY: no preconditions; the result is typed (and never NULL) for the verifier.
     let task = Kptr(unsafe { bpf_get_current_task_btf() } as *const u8);
     let Some(old_euid) = euid_of(task) else { return Ok(()) };
-    if watched(old_euid) == watched(new_euid) {
+    if !cred_news(old_euid, new_euid) {
         return Ok(());
     }
     if task.get::<u32>(off!(task_pid)) != task.get::<u32>(off!(task_tgid)) {
@@ -420,7 +442,7 @@ fn try_commit_creds_probe(ctx: *mut c_void) -> Res {
     let new_euid: u32 = new.get(off!(cred_euid));
     let task = unsafe { bpf_get_current_task() };
     let cred: u64 = read(task, off!(task_cred))?;
-    if watched(read(cred, off!(cred_euid))?) == watched(new_euid) {
+    if !cred_news(read(cred, off!(cred_euid))?, new_euid) {
         return Ok(());
     }
     let ids: u64 = read(task, off!(task_pid))?;
@@ -440,11 +462,37 @@ fn emit_untyped(event_kind: u32, task: u64, euid: u32) -> Res {
     submit(RawEvent { kind: event_kind, pid: tgid, aux: 0, euid, start_boottime_ns: start, comm })
 }
 
+/// Attached to `syscalls/sys_enter_setuid`, `sys_enter_setreuid` and `sys_enter_setresuid`
+/// only where the `commit_creds` hook cannot attach: notes a leader of the account (its euid is
+/// about to change, or not), for [`sys_exit_setuid`].
+#[tracepoint]
+pub fn sys_enter_setuid(ctx: TracePointContext) -> i32 {
+    let _ = &ctx;
+    finish(try_setuid_enter())
+}
+
+fn try_setuid_enter() -> Res {
+    if guard_uid() == ALL_ACCOUNTS {
+        return Ok(()); // the exit side reports every call
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let ids: u64 = read(task, off!(task_pid))?;
+    let tid = ids as u32;
+    if tid != (ids >> 32) as u32 {
+        return Ok(());
+    }
+    let cred: u64 = read(task, off!(task_cred))?;
+    if !watched(read(cred, off!(cred_euid))?) {
+        return Ok(());
+    }
+    SETUID_FROM.insert(&tid, &1, 0).map_err(|e| e as i64)
+}
+
 /// Attached to `syscalls/sys_exit_setuid`, `sys_exit_setreuid` and `sys_exit_setresuid` only
-/// where the `commit_creds` hook cannot attach: the caller's credentials are committed by then,
-/// so we report the current state, whatever the return value. Only the leader's euid is the
-/// process's (what `ps -u` shows). The old euid is gone by then, so every leader's call is
-/// reported (the table drops a process that is not the account's).
+/// where the `commit_creds` hook cannot attach: the caller's credentials are committed by then.
+/// Only the leader's euid is the process's (what `ps -u` shows). Reported when the new euid is
+/// the account's and the enter side did not note it (entering), or the enter side noted it and
+/// the new one is not (leaving); watching every account, every leader's call.
 #[tracepoint]
 pub fn sys_exit_setuid(ctx: TracePointContext) -> i32 {
     let _ = &ctx;
@@ -454,11 +502,23 @@ pub fn sys_exit_setuid(ctx: TracePointContext) -> i32 {
 fn try_setuid() -> Res {
     let task = unsafe { bpf_get_current_task() };
     let ids: u64 = read(task, off!(task_pid))?;
-    if ids as u32 != (ids >> 32) as u32 {
+    let tid = ids as u32;
+    if tid != (ids >> 32) as u32 {
         return Ok(());
     }
     let cred: u64 = read(task, off!(task_cred))?;
-    emit_untyped(kind::SETUID, task, read(cred, off!(cred_euid))?)
+    let euid: u32 = read(cred, off!(cred_euid))?;
+    if guard_uid() != ALL_ACCOUNTS {
+        // SAFETY: the value is only tested for presence.
+        let was = unsafe { SETUID_FROM.get(&tid) }.is_some();
+        if was {
+            let _ = SETUID_FROM.remove(&tid);
+        }
+        if was == watched(euid) {
+            return Ok(());
+        }
+    }
+    emit_untyped(kind::SETUID, task, euid)
 }
 
 /// The stall watch's accounting: the scheduler reports every stretch of CPU a task used

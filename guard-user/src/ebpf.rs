@@ -62,7 +62,7 @@ const CRED_HOOK: &str = "commit_creds";
 /// Uid-changing syscalls whose exit we watch where the credential hook cannot attach. setfsuid
 /// does not change the euid; the `*32` variants exist only for 32-bit ABIs, which raise no
 /// syscall tracepoints on x86_64.
-const SETUID_SYSCALLS: [&str; 3] = ["sys_exit_setuid", "sys_exit_setreuid", "sys_exit_setresuid"];
+const SETUID_SYSCALLS: [&str; 3] = ["setuid", "setreuid", "setresuid"];
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EbpfOptions {
@@ -74,6 +74,8 @@ pub struct EbpfOptions {
     /// Entries of each CPU accounting map; None = `CPU_RUN_ENTRIES`. Tests shrink it to reach
     /// the overflow with a few hundred processes.
     pub cpu_run_entries: Option<u32>,
+    /// Leave the `commit_creds` hook out, as if it could not attach (tests of the fallback).
+    pub skip_cred_hook: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -350,7 +352,7 @@ impl EbpfSource {
             p.attach().map_err(|e| program_error(prog, tp, e))?;
             crate::startup_phase(prog);
         }
-        let (creds, cred_program) = attach_creds(&mut ebpf, &aya_btf);
+        let (creds, cred_program) = attach_creds(&mut ebpf, &aya_btf, opts.skip_cred_hook);
         crate::startup_phase("credential hook");
         let task_iter = task_iter::TaskIter::load(&mut ebpf, &aya_btf);
         crate::startup_phase("task iterator");
@@ -501,15 +503,21 @@ impl EbpfSource {
     }
 }
 
-/// One program on the three syscall-exit tracepoints of the setuid family.
+/// One program on the three syscall-exit tracepoints of the setuid family (it reports), and one
+/// on their enter tracepoints (it notes who may leave).
 const SETUID_PROGRAM: &str = "sys_exit_setuid";
+const SETUID_ENTER_PROGRAM: &str = "sys_enter_setuid";
 
 /// The credential hook on `commit_creds` (its typed variant, else the one for kernels before
 /// 5.11), else the setuid-family tracepoints, else nothing (the audit). Returns the tracking
 /// and the program that reports, for the lost-event count.
-fn attach_creds(ebpf: &mut Ebpf, btf: &aya::Btf) -> (CredTracking, Option<&'static str>) {
-    let mut hook_error = None;
-    for prog in ["commit_creds", "commit_creds_probe"] {
+fn attach_creds(ebpf: &mut Ebpf, btf: &aya::Btf, skip_hook: bool) -> (CredTracking, Option<&'static str>) {
+    let mut hook_error = skip_hook.then(|| EbpfError::Attach {
+        program: "commit_creds".into(),
+        tracepoint: CRED_HOOK.into(),
+        detail: "left out on request (EbpfOptions::skip_cred_hook)".into(),
+    });
+    for prog in ["commit_creds", "commit_creds_probe"].into_iter().filter(|_| !skip_hook) {
         match attach_fentry(ebpf, btf, prog) {
             Ok(()) => return (CredTracking::Hook, Some(prog)),
             Err(e) => {
@@ -541,28 +549,32 @@ fn attach_fentry(ebpf: &mut Ebpf, btf: &aya::Btf, prog: &str) -> Result<(), Ebpf
     Ok(())
 }
 
+/// The enter program on the three enter tracepoints first (so no exit misses its enter), then
+/// the exit program on the three exit tracepoints.
 fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
-    const PROG: &str = SETUID_PROGRAM;
-    let p: &mut TracePoint = ebpf
-        .program_mut(PROG)
-        .ok_or_else(|| EbpfError::Attach {
-            program: PROG.into(),
-            tracepoint: "syscalls".into(),
-            detail: "not in the object".into(),
-        })?
-        .try_into()
-        .map_err(|e| program_error(PROG, "syscalls", e))?;
-    p.load().map_err(|e| program_error(PROG, "syscalls", e))?;
-    for sc in SETUID_SYSCALLS {
-        p.attach("syscalls", sc).map_err(|e| match program_error(PROG, &format!("syscalls/{sc}"), e) {
-            // Debian's default level 3 (a distribution patch) restricts perf_event_open, which
-            // classic tracepoints attach through, to CAP_SYS_ADMIN whatever CAP_PERFMON says.
-            EbpfError::Permission { what, detail } => match perf_event_paranoid() {
-                Some(level) if level > 2 => EbpfError::PerfParanoid { what, level, detail },
-                _ => EbpfError::Permission { what, detail },
-            },
-            other => other,
-        })?;
+    for (prog, side) in [(SETUID_ENTER_PROGRAM, "enter"), (SETUID_PROGRAM, "exit")] {
+        let p: &mut TracePoint = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| EbpfError::Attach {
+                program: prog.into(),
+                tracepoint: "syscalls".into(),
+                detail: "not in the object".into(),
+            })?
+            .try_into()
+            .map_err(|e| program_error(prog, "syscalls", e))?;
+        p.load().map_err(|e| program_error(prog, "syscalls", e))?;
+        for sc in SETUID_SYSCALLS {
+            let tp = format!("sys_{side}_{sc}");
+            p.attach("syscalls", &tp).map_err(|e| match program_error(prog, &format!("syscalls/{tp}"), e) {
+                // Debian's default level 3 (a distribution patch) restricts perf_event_open, which
+                // classic tracepoints attach through, to CAP_SYS_ADMIN whatever CAP_PERFMON says.
+                EbpfError::Permission { what, detail } => match perf_event_paranoid() {
+                    Some(level) if level > 2 => EbpfError::PerfParanoid { what, level, detail },
+                    _ => EbpfError::Permission { what, detail },
+                },
+                other => other,
+            })?;
+        }
     }
     Ok(())
 }

@@ -36,6 +36,13 @@ pub const SUITE: &[(&str, Place)] = &[
         },
     ),
     ("guard-user.ebpf_source", Place::Guests { why: "BPF load, verifier and tracepoint arguments", only: &[] }),
+    (
+        "guard-user.ebpf_filter",
+        Place::Guests {
+            why: "the account filter and the commit_creds hook (or its fallbacks) on each kernel",
+            only: &[],
+        },
+    ),
     ("guard-user.task_iter", Place::Guests { why: "the BPF task iterator against /proc", only: &[] }),
     (
         "guard-user.kernel_names",
