@@ -164,3 +164,34 @@ fn kernel_threads_are_never_sampled_even_for_root() {
         assert!(p.id.pid != 2 && ppid != 2, "a kernel thread was sampled: {p:?}");
     }
 }
+
+/// The daemon sets a minimum age (the shortest `peggedFor`): a process younger than that makes no
+/// entry, however hard it spins (a fork storm's processes never cost the sample anything), while
+/// one older than that is in every sample it ran in; the young one joins once it is old enough.
+#[test]
+fn a_young_spinner_is_not_accounted_until_it_is_old_enough_and_an_old_one_is() {
+    const MIN_AGE: Duration = Duration::from_secs(3);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((_src, mut rt)) = load("cpu_runtime young", None) else { return };
+    rt.set_min_age(MIN_AGE);
+    let mut kids = Kids(vec![spawn(UID, "while :; do :; done")]);
+    let old = kids.0[0].id();
+    std::thread::sleep(MIN_AGE + Duration::from_millis(500));
+    assert!(rt.sample(UID).unwrap().is_empty(), "the first sample starts the accounting");
+    kids.0.push(spawn(UID, "while :; do :; done"));
+    let young = kids.0[1].id();
+    std::thread::sleep(Duration::from_millis(1000));
+    let s = rt.sample(UID).unwrap();
+    let pids: Vec<u32> = s.iter().map(|(p, _)| p.id.pid).collect();
+    assert!(pids.contains(&old), "the old spinner is missing: {pids:?}");
+    assert!(!pids.contains(&young), "a spinner of 1 s was accounted with a minimum age of 3 s: {pids:?}");
+    std::thread::sleep(MIN_AGE);
+    let s = rt.sample(UID).unwrap();
+    let pids: Vec<u32> = s.iter().map(|(p, _)| p.id.pid).collect();
+    assert!(pids.contains(&old) && pids.contains(&young), "both are old enough now: {pids:?}");
+    let busy = s.iter().find(|(p, _)| p.id.pid == young).unwrap().1;
+    assert!(
+        busy > 100_000_000,
+        "the young spinner's first accounted interval holds its CPU since it turned 3 s old: {busy} ns"
+    );
+}
