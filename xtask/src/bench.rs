@@ -10,6 +10,9 @@
 //!   guard that ends and reaps them on drop, and the /proc readers.
 //! - `snapshot`: start-up, snapshot and CPU-sample costs, /proc scan against the task iterator.
 //! - `matcher`: the daemon's and its matcher's CPU per tick under a hostile pattern list.
+//! - `cost`, `bpfstats`: what a daemon costs the rest of the machine (its programs' kernel time
+//!   per event, other accounts' storms under 0/1/8 daemons, the stall watch in a storm).
+//! - `scale`: 0, 10,000 and 50,000 processes of the account: start-up, tick, RSS and its profile.
 use std::{
     ffi::CString,
     fs,
@@ -22,8 +25,11 @@ use std::{
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
+mod bpfstats;
+mod cost;
 mod matcher;
 mod procs;
+mod scale;
 mod snapshot;
 
 use procs::{Account, Daemon, Sleepers};
@@ -42,8 +48,8 @@ pub struct Options {
     /// The account whose processes are spawned and guarded.
     #[arg(long, default_value = "guardtest1")]
     pub user: String,
-    /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, matcher, idle.
-    /// Default: all but idle (idle comes with --long).
+    /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, matcher, idle,
+    /// bpf, accounts, stall, scale. Default: all but idle (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -75,12 +81,14 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     raise_limits();
     let mut b = Bench { opts: &opts, who, binary, out: out.clone(), runs: 0 };
     let started = Instant::now();
+    let load_at_start = loadavg();
 
     let mut rows: Vec<Row> = Vec::new();
     let mut raw = serde_json::Map::new();
     for f in &opts.only {
         anyhow::ensure!(
-            ["tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle"].contains(&f.as_str()),
+            ["tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle", "bpf", "accounts", "stall", "scale"]
+                .contains(&f.as_str()),
             "--only {f}: no such figure"
         );
     }
@@ -105,7 +113,26 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     if opts.wants("idle") {
         b.idle(&mut rows, &mut raw)?;
     }
+    if opts.wants("bpf") {
+        b.bpf_cost(&mut rows, &mut raw)?;
+    }
+    if opts.wants("accounts") {
+        b.accounts_cost(&mut rows, &mut raw)?;
+    }
+    if opts.wants("stall") {
+        b.stall_cost(&mut rows, &mut raw)?;
+    }
+    if opts.wants("scale") {
+        b.scale(&mut rows, &mut raw)?;
+    }
 
+    // The machine is shared while developing: each run says how busy it was.
+    let load = [load_at_start, loadavg()];
+    println!(
+        "
+load average (1, 5, 15 min): {} at the start, {} at the end",
+        load[0], load[1]
+    );
     print_table(&rows);
     let doc = json!({
         "reps": opts.reps,
@@ -115,6 +142,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         "cores": thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         "runtime_secs": started.elapsed().as_secs_f64(),
+        "loadavg": load,
         "figures": rows.iter().map(Row::to_json).collect::<Vec<_>>(),
         "samples": raw,
     });
@@ -498,6 +526,12 @@ fn wait_for_file(path: &Path, timeout: Duration) -> anyhow::Result<Instant> {
         thread::sleep(Duration::from_micros(500));
     }
     Ok(Instant::now())
+}
+
+/// The first three fields of /proc/loadavg.
+fn loadavg() -> String {
+    let text = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
 fn unix_now() -> f64 {

@@ -89,6 +89,36 @@ impl Drop for Sleepers {
     }
 }
 
+/// The account `name`, created (`useradd`, no home, no login shell, uid `uid` when free) if it
+/// does not exist: the figures that need accounts of their own (guarded or not) make them.
+pub fn ensure_account(name: &str, uid: u32) -> anyhow::Result<Account> {
+    if let Some(a) = lookup(name) {
+        return Ok(a);
+    }
+    let uid_taken = lookup_uid(uid);
+    let mut cmd = Command::new("useradd");
+    cmd.args(["-M", "-s", "/usr/sbin/nologin"]);
+    if !uid_taken {
+        cmd.args(["-u", &uid.to_string()]);
+    }
+    let st = cmd.arg(name).stdout(Stdio::null()).status().context("running useradd")?;
+    anyhow::ensure!(st.success(), "useradd {name} failed: {st}");
+    println!("bench: created account {name}");
+    lookup(name).with_context(|| format!("useradd made no account {name}"))
+}
+
+fn lookup(name: &str) -> Option<Account> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: getpwnam's static result is read before any other passwd call.
+    let pw = unsafe { libc::getpwnam(c.as_ptr()) };
+    (!pw.is_null()).then(|| unsafe { Account { uid: (*pw).pw_uid, gid: (*pw).pw_gid } })
+}
+
+fn lookup_uid(uid: u32) -> bool {
+    // SAFETY: only tests the result for NULL.
+    !unsafe { libc::getpwuid(uid) }.is_null()
+}
+
 /// In a freshly forked child: take the name, drop root for the account; `_exit` on failure.
 unsafe fn become_account(comm: &CString, who: Account) {
     libc::prctl(libc::PR_SET_NAME, comm.as_ptr() as libc::c_ulong, 0, 0, 0);
@@ -108,7 +138,18 @@ pub struct StormResult {
 /// One worker per core, each running fork + exec(/bin/true) + wait as fast as it can, as the
 /// account, for `duration`. Returns once all have been reaped.
 pub fn storm(workers: usize, duration: Duration, who: Account) -> anyhow::Result<StormResult> {
+    storm_with(workers, duration, who, false)
+}
+
+/// [`storm`] whose children also rename themselves (prctl) before the exec: every event a
+/// daemon's programs see, once per process (the BPF cost figure).
+pub fn storm_renaming(workers: usize, duration: Duration, who: Account) -> anyhow::Result<StormResult> {
+    storm_with(workers, duration, who, true)
+}
+
+fn storm_with(workers: usize, duration: Duration, who: Account, rename: bool) -> anyhow::Result<StormResult> {
     let prog = CString::new("/bin/true")?;
+    let child_name = CString::new("gbrenamed")?;
     let argv = [prog.as_ptr(), std::ptr::null()];
     let comm = CString::new("gbstorm")?;
     let before = children_cpu_secs();
@@ -129,6 +170,9 @@ pub fn storm(workers: usize, duration: Duration, who: Account) -> anyhow::Result
                 while monotonic_ns() < deadline {
                     let c = libc::fork();
                     if c == 0 {
+                        if rename {
+                            libc::prctl(libc::PR_SET_NAME, child_name.as_ptr() as libc::c_ulong, 0, 0, 0);
+                        }
                         libc::execv(prog.as_ptr(), argv.as_ptr());
                         libc::_exit(127);
                     }
