@@ -91,7 +91,7 @@ fn hostile_world() -> (AccountView, FakeProcs) {
         cmd.extend(std::iter::repeat_n(b'a', 3000));
         procs.0.lock().unwrap().insert(id.pid, cmd);
     }
-    let view = AccountView { counts: vec![(comm, 6)], members: BTreeMap::from([(comm, members)]), tracked_total: 6 };
+    let view = AccountView { counts: vec![(comm, 6)], members: BTreeMap::from([(comm, members)]) };
     (view, procs)
 }
 

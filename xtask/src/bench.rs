@@ -87,8 +87,11 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let mut raw = serde_json::Map::new();
     for f in &opts.only {
         anyhow::ensure!(
-            ["tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle", "bpf", "accounts", "stall", "scale"]
-                .contains(&f.as_str()),
+            [
+                "tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle", "bpf", "accounts", "stall",
+                "scale"
+            ]
+            .contains(&f.as_str()),
             "--only {f}: no such figure"
         );
     }

@@ -54,11 +54,7 @@ fn world(name: &str, members: &[(ProcId, &str)]) -> (AccountView, FakeProcs) {
         states.push(ProcState { id: *id, euid: 1000, comm });
         procs.0.lock().unwrap().insert(id.pid, cmd.as_bytes().to_vec());
     }
-    let view = AccountView {
-        counts: vec![(comm, members.len() as u32)],
-        members: BTreeMap::from([(comm, states)]),
-        tracked_total: members.len() as u64,
-    };
+    let view = AccountView { counts: vec![(comm, members.len() as u32)], members: BTreeMap::from([(comm, states)]) };
     (view, procs)
 }
 
@@ -226,7 +222,6 @@ fn the_name_flagged_longest_is_matched_first() {
             (a, vec![ProcState { id: id(1, 1), euid: 1000, comm: a }]),
             (b, vec![ProcState { id: id(2, 1), euid: 1000, comm: b }]),
         ]),
-        tracked_total: 2,
     };
     let clocks = FlagClocks::from([(a, 2000.0), (b, 1000.0)]);
     let cfg = config(&["x"]);
