@@ -52,6 +52,10 @@ pub struct Options {
     /// bpf, accounts, stall, scale. Default: all but idle (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Measure this guard-user instead of building one (before/after runs against another
+    /// build of the same figures).
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
 }
 
 impl Options {
@@ -75,7 +79,10 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     );
     anyhow::ensure!(opts.reps >= 3, "--reps must be at least 3");
     let who = account(&opts.user)?;
-    let binary = crate::build::build(true)?;
+    let binary = match &opts.binary {
+        Some(b) => fs::canonicalize(b).with_context(|| format!("--binary {}", b.display()))?,
+        None => crate::build::build(true)?,
+    };
     let out = crate::build_ebpf::target_dir().join("bench");
     fs::create_dir_all(&out)?;
     raise_limits();
