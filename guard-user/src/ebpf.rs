@@ -589,8 +589,10 @@ mod tests {
 
     use super::*;
 
-    /// Kernels before 6.16 get `sched_process_exit_live`, which this kernel never loads on its
-    /// own: make sure the verifier accepts it too (loading checks it; no attach needed).
+    /// Kernels before 6.16 get `sched_process_exit_live`, which a newer kernel never loads on its
+    /// own: make sure the verifier accepts it on every kernel (loading checks it; no attach
+    /// needed). `sched_process_exit_gd` loads its `group_dead` argument directly, which only a
+    /// kernel whose tracepoint has it accepts.
     #[test]
     fn both_exit_variants_pass_the_verifier() {
         // SAFETY: geteuid has no preconditions.
@@ -602,7 +604,12 @@ mod tests {
         let offsets = Btf::from_file(Path::new(VMLINUX)).unwrap().kernel_offsets().unwrap();
         let mut ebpf =
             EbpfLoader::new().btf(Some(&btf)).override_global("GUARD_OFFSETS", &offsets, true).load(OBJECT).unwrap();
-        for prog in ["sched_process_exit_gd", "sched_process_exit_live"] {
+        let variants: &[&str] = if offsets.exit_has_group_dead != 0 {
+            &["sched_process_exit_gd", "sched_process_exit_live"]
+        } else {
+            &["sched_process_exit_live"]
+        };
+        for &prog in variants {
             let p: &mut BtfTracePoint = ebpf.program_mut(prog).unwrap().try_into().unwrap();
             p.load("sched_process_exit", &btf).unwrap_or_else(|e| panic!("{prog}: {}", describe(&e)));
         }

@@ -147,7 +147,8 @@ impl Bench<'_> {
             let mut daemons = Vec::new();
             for (i, (name, who)) in others.iter().enumerate() {
                 let home = self.home_as(&format!("accounts-{name}"), NEVER, *who)?;
-                daemons.push(Daemon::start(&self.binary, name, &home, "ebpf", true)?);
+                // The production cadence: the figure is what their programs cost others.
+                daemons.push(Daemon::start_with(&self.binary, name, &home, "ebpf", true, "60s", &[])?);
                 if i == 0 {
                     daemons[0].wait_ticks(1, Duration::from_secs(30))?;
                     one.push(rate(procs::storm(workers, Duration::from_secs(secs), self.who)?));
