@@ -485,7 +485,7 @@ fn try_setuid_enter() -> Res {
     if !watched(read(cred, off!(cred_euid))?) {
         return Ok(());
     }
-    SETUID_FROM.insert(&tid, &1, 0).map_err(|e| e as i64)
+    SETUID_FROM.insert(tid, 1, 0).map_err(|e| e as i64)
 }
 
 /// Attached to `syscalls/sys_exit_setuid`, `sys_exit_setreuid` and `sys_exit_setresuid` only
@@ -510,9 +510,9 @@ fn try_setuid() -> Res {
     let euid: u32 = read(cred, off!(cred_euid))?;
     if guard_uid() != ALL_ACCOUNTS {
         // SAFETY: the value is only tested for presence.
-        let was = unsafe { SETUID_FROM.get(&tid) }.is_some();
+        let was = unsafe { SETUID_FROM.get(tid) }.is_some();
         if was {
-            let _ = SETUID_FROM.remove(&tid);
+            let _ = SETUID_FROM.remove(tid);
         }
         if was == watched(euid) {
             return Ok(());

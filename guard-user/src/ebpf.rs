@@ -204,8 +204,10 @@ fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
 /// transient buffers of start-up and of every snapshot (the BTF file, the type index, the
 /// snapshot's vectors) are mmapped and go back to the kernel when freed. By default glibc raises
 /// the threshold to the size of the largest mmapped block freed, after which such buffers stay
-/// in the heap.
-fn limit_heap() {
+/// in the heap. The daemon calls it before it starts any thread (a thread that allocates before
+/// it gets an arena of its own, which stays: measured, 0.7 MiB at 10,000 tracked); loading the
+/// programs calls it again for the other users of this module.
+pub fn limit_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters.
     unsafe {

@@ -53,6 +53,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
+    crate::ebpf::limit_heap();
     // Blocking-pool threads (ticks, /proc rebuilds) are kept for the daemon's life: with tokio's
     // 10 s default a 60 s tick would need a new thread each time, and when a fork bomb has
     // exhausted the pid space (exactly when the guard must act) thread creation fails.

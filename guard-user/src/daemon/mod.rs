@@ -10,6 +10,7 @@
 //! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache.
 //! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
 //! - [`supervise`]: the tick loop, deadlines, hang detection, watchdog, SIGHUP, stop.
+//! - [`trim`]: memory given back after start-up and rebuilds.
 //! - [`instance`]: one daemon per (account, home).
 //!
 //! [`run`] wires the real world; [`run_with`] takes any source and effects (replay tests).
@@ -36,6 +37,7 @@ pub mod report;
 pub mod source;
 pub mod supervise;
 pub mod tick;
+pub mod trim;
 pub mod verdicts;
 
 pub use effects::Effects;
@@ -183,11 +185,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
     };
     // Parsing the kernel's BTF (twice: ours for offsets, aya's for tp_btf) leaves megabytes of
     // freed small allocations in the heap; give them back (measured: see docs/BENCH.md).
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap memory.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    trim::heap();
     if let Some(problem) = source.as_ref().and_then(|s| s.task_iter_problem()) {
         tracing::warn!("start-up, resyncs and CPU samples read /proc instead of the task iterator: {problem}");
         logger.raw(&Line::new("WARN").word("task_iter_fallback").with("reason", problem.reason()).body());

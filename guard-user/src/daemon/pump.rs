@@ -277,6 +277,8 @@ impl<S: EventSource> Pump<S> {
                 crate::startup_phase("table consistent (/proc scan + replay)");
             }
             self.table = t;
+            // The scan's and the replay's buffers are freed; give their pages back.
+            super::trim::heap();
         }
         if let Some(line) = done.resync {
             self.stats.resyncs += 1;

@@ -228,6 +228,11 @@ pub async fn tick_loop(
                 match done {
                     Ok((t, report)) => {
                         idle = Some(t);
+                        if !ready_sent {
+                            // Start-up is over: what only it needed leaves the process.
+                            super::trim::startup_pages();
+                            super::trim::heap();
+                        }
                         if !ready_sent || reloading {
                             notifier.ready();
                             ready_sent = true;
