@@ -505,6 +505,30 @@ impl EbpfSource {
     }
 }
 
+/// The benchmark's measurement floor: guard-ebpf's `noop` program attached to
+/// `sched_process_fork` (`cargo xtask bench`, the `bpf` figure, runs it beside a daemon: with
+/// `kernel.bpf_stats_enabled` every run's time includes the kernel's clock reads around it, and
+/// this program's time is only that). The programs stay attached while the returned value lives.
+pub fn load_noop_probe() -> Result<Ebpf, EbpfError> {
+    if OBJECT.is_empty() {
+        return Err(EbpfError::NoObject);
+    }
+    let btf = Btf::from_file(Path::new(VMLINUX))?.aya_stub(&["sched_process_fork"], &[])?;
+    let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(|e| EbpfError::Load { detail: describe(&e) })?;
+    let p: &mut BtfTracePoint = ebpf
+        .program_mut("noop")
+        .ok_or_else(|| EbpfError::Attach {
+            program: "noop".into(),
+            tracepoint: "sched_process_fork".into(),
+            detail: "not in the object".into(),
+        })?
+        .try_into()
+        .map_err(|e| program_error("noop", "sched_process_fork", e))?;
+    p.load("sched_process_fork", &btf).map_err(|e| program_error("noop", "sched_process_fork", e))?;
+    p.attach().map_err(|e| program_error("noop", "sched_process_fork", e))?;
+    Ok(ebpf)
+}
+
 /// One program on the three syscall-exit tracepoints of the setuid family (it reports), and one
 /// on their enter tracepoints (it notes who may leave).
 const SETUID_PROGRAM: &str = "sys_exit_setuid";

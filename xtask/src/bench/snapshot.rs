@@ -29,7 +29,7 @@ impl Bench<'_> {
         rows: &mut Vec<Row>,
         raw: &mut serde_json::Map<String, Value>,
     ) -> anyhow::Result<()> {
-        let probe = build_probe()?;
+        let probe = build_example("snapshot_cost")?;
         let t = Instant::now();
         let sleepers = procs::Sleepers::spawn(N, "gbsnap", self.who)?;
         println!("bench: {} sleepers up in {:.2} s", sleepers.len(), t.elapsed().as_secs_f64());
@@ -103,16 +103,16 @@ impl Bench<'_> {
     }
 }
 
-/// Builds guard-user's `snapshot_cost` example (release, with the BPF object) and returns it.
-fn build_probe() -> anyhow::Result<std::path::PathBuf> {
+/// Builds one of guard-user's examples (release, with the BPF object) and returns it.
+pub(super) fn build_example(name: &str) -> anyhow::Result<std::path::PathBuf> {
     let object = build_ebpf::build(&build_ebpf::Options::default())?;
     let mut cargo = crate::build::host_cargo();
     cargo
-        .args(["build", "--release", "-p", "guard-user", "--example", "snapshot_cost"])
+        .args(["build", "--release", "-p", "guard-user", "--example", name])
         .env("GUARD_EBPF_OBJ", &object)
         .current_dir(build_ebpf::workspace_root());
-    build_ebpf::run_checked(&mut cargo, "building the snapshot_cost example")?;
-    let path = build_ebpf::target_dir().join("release/examples/snapshot_cost");
+    build_ebpf::run_checked(&mut cargo, &format!("building the {name} example"))?;
+    let path = build_ebpf::target_dir().join("release/examples").join(name);
     anyhow::ensure!(path.is_file(), "no {}", path.display());
     Ok(path)
 }
