@@ -270,7 +270,19 @@ const BASH_INNER: &str = "guard_user";
 fn bash_extras(script: &str, cmd: &Command) -> Option<String> {
     let mut out = script.to_string();
     let files = "COMPREPLY=($(compgen -f \"${cur}\"))";
-    for long in ["user"] {
+    // Every option that takes an account (ValueHint::Username), anywhere in the tree.
+    let mut accounts: Vec<&str> = std::iter::once(cmd)
+        .chain(cmd.get_subcommands())
+        .flat_map(|c| c.get_arguments())
+        .filter(|a| a.get_value_hint() == clap::ValueHint::Username)
+        .filter_map(|a| a.get_long())
+        .collect();
+    accounts.sort_unstable();
+    accounts.dedup();
+    if accounts.is_empty() {
+        return None;
+    }
+    for long in accounts {
         let before = format!("--{long})\n                    {files}");
         let after = format!("--{long})\n                    COMPREPLY=($(compgen -u -- \"${{cur}}\"))");
         if !out.contains(&before) {
