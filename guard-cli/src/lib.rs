@@ -48,6 +48,14 @@ pub enum Command {
     /// Record one account's process events from the kernel into a trace file (for replay tests).
     Record(RecordArgs),
     /// Check a config file and print every problem with its fix (exit 1 when invalid).
+    #[command(long_about = "Check a config file and print every problem with its fix, one line each \
+                      (<key>: <what is wrong>; <how to fix it>), then a verdict; exit 0 when valid, 1 when not. \
+                      The file is read with the account's rights, as the daemon reads it, and its patterns are \
+                      compiled in the daemon's sandboxed matcher. Stricter than the daemon where the daemon \
+                      would run on silently: an unknown key (the daemon warns and keeps that setting at its \
+                      default) and a pattern that matches every command line (the daemon warns and protects \
+                      every process of every enforced name) are errors here. Meant for the CI of the \
+                      repository the config links into.")]
     Validate(ValidateArgs),
     /// Print the systemd unit template this binary installs for `--bin-dir` (`cargo xtask dist`
     /// packages exactly what the packaged binary's `check` compares with).

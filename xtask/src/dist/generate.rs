@@ -139,8 +139,8 @@ fn roff(text: &str) -> String {
 const MAIN_SECTIONS: &str = r#".SH CONFIGURATION
 The account's \fI~/guard\-config.json\fR is a JSON object, read again on every tick;
 \fBguard\-config.json\fR(5) describes every key, its bounds and its errors. The keys, with their
-defaults: \fBthreshold\fR (30 live processes of one name flag the name), \fBtimeout\fR ("1h" flagged
-before its processes are ended), \fBexcludes\fR (names never counted: shells, node, python3, docker,
+defaults: \fBthreshold\fR (30: live processes of one name that flag the name), \fBtimeout\fR ("1h": how
+long a name stays flagged before its processes are ended), \fBexcludes\fR (names never counted: shells, node, python3, docker,
 claude, systemd, sshd, tmux, screen), \fBexcludeCommands\fR (bash extended regular expressions; a
 process whose command line matches one is never ended), \fBlogMaxSizeMB\fR (10), \fBstateFile\fR
 ("~/guard\-daemon\-state.json"), \fBwarnBefore\fR ("10m"), \fBrepeatAfter\fR (3) and \fBstallWatch\fR
