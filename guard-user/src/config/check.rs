@@ -75,6 +75,12 @@ impl Problem {
     pub fn refused_pattern(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
         refused_problem(Some(index), pattern, e)
     }
+
+    /// A problem only `validate` reports: the daemon uses the document as it is (e.g. a pattern
+    /// that matches every command line, docs/configuration.md), so there is no `ERROR` line.
+    pub fn validate_only(key: String, what: String, fix: String) -> Problem {
+        Problem { key, what, fix, warning: false, error: None }
+    }
 }
 
 fn refused_problem(index: Option<usize>, pattern: &str, e: &PatternSetError) -> Problem {

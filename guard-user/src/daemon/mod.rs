@@ -29,6 +29,7 @@ use crate::{
 pub mod effects;
 pub mod fault;
 pub mod instance;
+pub mod match_all;
 pub mod pump;
 pub mod rebuild;
 pub mod recording;

@@ -75,6 +75,8 @@ pub struct Ticker {
     config_outage: ConfigOutage,
     /// Verdicts of unchanged processes, so they are matched once, not every tick.
     verdicts: VerdictCache,
+    /// `excludeCommands` patterns that match every command line, warned once per list.
+    match_all: super::match_all::MatchAllWatch,
 }
 
 impl Ticker {
@@ -100,6 +102,7 @@ impl Ticker {
             deadline: super::supervise::tick_deadline(opts_interval),
             config_outage: ConfigOutage::default(),
             verdicts: VerdictCache::for_daemon(),
+            match_all: Default::default(),
         }
     }
 
@@ -125,6 +128,10 @@ impl Ticker {
             Ok(c) => c,
             Err(e) => return self.config_error(&e, began),
         };
+        let list = &config.exclude_commands;
+        if let Some(index) = self.match_all.check(&mut *self.fx.classifier, list, began + self.deadline / 4) {
+            self.fx.log.write(&Line::new("WARN").word("pattern_matches_all").with("index", index));
+        }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
         // error (nothing is ended), a matcher that cannot run protects every process.
         let matcher_ok = match self.fx.classifier.set_patterns(&config.exclude_commands) {

@@ -80,6 +80,7 @@ pub const SUITE: &[(&str, Place)] = &[
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
     ("guard-user.bin-guard-user", Place::Host { why: "no tests in main.rs" }),
+    ("guard-user.doc_claims", Place::Host { why: "what the docs and man pages claim, against the binary" }),
     ("guard-user.fuzz_inputs", Place::Host { why: "parsers and the matcher on generated input" }),
     ("guard-user.log_grammar", Place::Host { why: "the log's text" }),
     (
