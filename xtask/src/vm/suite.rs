@@ -79,6 +79,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
+    ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
     ("guard-user.bin-guard-user", Place::Host { why: "no tests in main.rs" }),
     ("guard-user.doc_claims", Place::Host { why: "what the docs and man pages claim, against the binary" }),
     ("guard-user.fuzz_inputs", Place::Host { why: "parsers and the matcher on generated input" }),
