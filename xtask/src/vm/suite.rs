@@ -143,6 +143,37 @@ mod tests {
         }
     }
 
+    /// Every test binary `cargo test --workspace` builds is placed here, so the VM step never
+    /// fails late (after the host tests) on a test file added without a place.
+    #[test]
+    fn every_test_binary_of_the_workspace_has_a_place() {
+        let out = std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(crate::build_ebpf::workspace_root())
+            .output()
+            .expect("cargo metadata");
+        let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+        let mut unplaced = Vec::new();
+        for package in metadata["packages"].as_array().expect("packages") {
+            let name = package["name"].as_str().unwrap_or_default();
+            for target in package["targets"].as_array().into_iter().flatten() {
+                let target_name = target["name"].as_str().unwrap_or_default();
+                let kinds: Vec<&str> =
+                    target["kind"].as_array().into_iter().flatten().filter_map(|k| k.as_str()).collect();
+                let guest_name = match kinds.first().copied() {
+                    Some("lib" | "rlib" | "proc-macro") => format!("{name}.lib"),
+                    Some("bin") => format!("{name}.bin-{target_name}"),
+                    Some("test") => format!("{name}.{target_name}"),
+                    _ => continue,
+                };
+                if place(&guest_name).is_err() {
+                    unplaced.push(guest_name);
+                }
+            }
+        }
+        assert!(unplaced.is_empty(), "add these to xtask/src/vm/suite.rs: {unplaced:?}");
+    }
+
     #[test]
     fn an_unlisted_binary_is_an_error_that_says_where_to_list_it() {
         let err = place("guard-user.brand_new").unwrap_err().to_string();
