@@ -139,7 +139,7 @@ pub fn format_body(event: &str, fields: &[(&str, &dyn LogValue)]) -> String {
 /// | `<3>` err | `ERROR`, `STOPPED reason=hang`, `STOPPED reason=error` |
 /// | `<4>` warning | `WARN`, `WARNING` |
 /// | `<5>` notice | `KILLED`, `DRY_RUN`, `REPEAT`, `PEGGED`, `RECOVERED`, `STARTED`, `STOPPED` (other reasons), `RELOAD`, `RESYNC` (but `reason=startup`) |
-/// | `<6>` info | everything else: `FLAGGED`, `SKIPPED`, `TICK_COMPLETE`, `RESYNC reason=startup` |
+/// | `<6>` info | everything else: `FLAGGED`, `UNFLAGGED`, `SKIPPED`, `TICK_COMPLETE`, `RESYNC reason=startup` |
 pub fn syslog_priority(body: &str) -> u8 {
     let event = body.split(' ').next().unwrap_or("");
     let reason = top_level_value(body, "reason");

@@ -17,6 +17,11 @@ pub struct NameStatus {
     pub would_skip: Option<u32>,
     /// For flagged names: processes an enforcement would end.
     pub would_end: Option<u32>,
+    /// A name in `excludes` at or over the threshold: never flagged, never ended, but shown, so
+    /// a pile that renamed itself to an excluded name (`bash`, or `BASH`: excludes ignore case)
+    /// is not invisible.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub excluded: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -170,6 +175,39 @@ impl StatusReadError {
     /// The file does not exist (no guard has run with this state directory).
     pub fn is_missing(&self) -> bool {
         matches!(self, StatusReadError::Unreadable(crate::safefs::ReadError::NotFound { .. }))
+    }
+}
+
+/// The daemon's own copy of the status file, where the account cannot write (a root daemon
+/// writes it beside its instance lock in `/run/guard-user/`), and that lock file, whose first
+/// line is the pid of the daemon that last held it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrustedCopy {
+    pub status: PathBuf,
+    pub lock: PathBuf,
+}
+
+/// What `status` and `check` show: the daemon's own copy when there is one to trust, else the
+/// file in the home ([`read`]). The account can rewrite the file in its home at any moment (a
+/// fresh `last_tick`, no `config_error`, no flagged names), so a reader that can use the copy
+/// does: root, when the copy was written by the daemon that last held the lock (its `pid`; a
+/// copy left by another daemon, e.g. before a downgrade, is not used).
+pub fn read_trusted(
+    path: &Path,
+    who: crate::safefs::FsIdentity,
+    copy: Option<&TrustedCopy>,
+) -> Result<Status, StatusReadError> {
+    use crate::safefs::{read_account_file, Follow, FsIdentity};
+    let root = FsIdentity { uid: 0, gid: 0 };
+    let trusted = copy.and_then(|c| {
+        let holder = read_account_file(&c.lock, root, 4096, Follow::NoLinks).ok()?;
+        let holder: u32 = std::str::from_utf8(&holder).ok()?.lines().next()?.trim().parse().ok()?;
+        let st = read(&c.status, root).ok()?;
+        (st.pid == holder).then_some(st)
+    });
+    match trusted {
+        Some(st) => Ok(st),
+        None => read(path, who),
     }
 }
 

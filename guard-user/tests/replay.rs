@@ -29,6 +29,7 @@ fn a_pile_is_flagged_then_ended_at_its_timeout_sparing_the_excluded_wrappers() {
             "KILLED pid=103 name=agentihooks reason=ghost_detected count=5 elapsed=0.0h",
             "KILLED pid=104 name=agentihooks reason=ghost_detected count=5 elapsed=0.0h",
             "TICK_COMPLETE flagged=1 kills=3 errors=0",
+            "UNFLAGGED name=agentihooks count=2 flagged_for=3m reason=below_threshold",
             "TICK_COMPLETE flagged=0 kills=0 errors=0",
             "STOPPED reason=signal",
         ]

@@ -26,7 +26,8 @@ pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
         .map(|c| c.state_file)
         .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, &home));
     let path = status::path_beside(&state_file);
-    let s = match status::read(&path, who) {
+    let copy = crate::daemon::instance::trusted_status(account.uid, &home);
+    let s = match status::read_trusted(&path, who, copy.as_ref()) {
         Ok(s) => s,
         Err(e) => {
             if e.is_missing() {
@@ -195,6 +196,8 @@ fn names(out: &mut String, s: &Status) {
         });
         let left = n.time_left_secs.map(|t| human(secs(t)));
         let dash = || "-".to_string();
+        // An excluded name is never flagged: the column says why.
+        let since = since.or_else(|| n.excluded.then(|| "excluded".to_string()));
         let _ = writeln!(
             out,
             "{:<16} {:>6} {:>9} {:<19} {:>10} {:>10} {:>9}",

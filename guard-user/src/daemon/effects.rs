@@ -206,9 +206,12 @@ impl StateStore for StateFile {
     }
 }
 
-/// The status file, written atomically as the account.
+/// The status file, written atomically as the account; a root daemon also keeps its own copy
+/// where the account cannot write (`status::read_trusted`).
 pub struct StatusFile {
     pub who: FsIdentity,
+    /// The copy beside the instance lock (root only; see `instance::trusted_status`).
+    pub copy: Option<std::path::PathBuf>,
 }
 
 impl StatusSink for StatusFile {
@@ -217,6 +220,11 @@ impl StatusSink for StatusFile {
         bytes.push(b'\n');
         if let Err(e) = atomic_replace(path, &bytes, self.who) {
             tracing::warn!("cannot write the status file: {e}");
+        }
+        if let Some(copy) = &self.copy {
+            if let Err(e) = atomic_replace(copy, &bytes, FsIdentity { uid: 0, gid: 0 }) {
+                tracing::warn!("cannot write the status copy: {e}");
+            }
         }
     }
 }
@@ -293,12 +301,8 @@ pub fn real(account: &Account, log: Logger, mirror: Mirror, metrics_file: Option
     Effects {
         log: Arc::new(log),
         state: Box::new(StateFile { who }),
-        status: Box::new(StatusFile { who }),
-        signals: Box::new(Enforcer {
-            account_uid: account.uid,
-            self_pid: std::process::id(),
-            grace: Duration::from_millis(500),
-        }),
+        status: Box::new(StatusFile { who, copy: None }),
+        signals: Box::new(Enforcer::new(account.uid, std::process::id(), Duration::from_millis(500))),
         procs: Box::new(Procfs),
         classifier: Box::new(sandboxed_matcher()),
         cpu: Box::new(ProcfsCpu),

@@ -182,6 +182,10 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Arc::new(move |w: String| warn_log.raw(&format!("WARN {w}"))),
     );
     let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());
+    // Root keeps a copy of the status the account cannot rewrite, for `status` and `check`.
+    if let Some(copy) = instance::trusted_status(opts.account.uid, &opts.home) {
+        fx.status = Box::new(effects::StatusFile { who, copy: Some(copy.status) });
+    }
     // CPU samples: the scheduler's accounting (cost follows the busy processes), else one pass
     // of the task iterator, else /proc (the fallbacks visit every process).
     let forced_procfs = crate::ebpf::task_iter::forced_procfs();

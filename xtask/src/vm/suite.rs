@@ -76,6 +76,14 @@ pub const SUITE: &[(&str, Place)] = &[
         "integration-tests.reliability_boundary",
         Place::Guests { why: "other uids, pid namespaces and pid reuse", only: &[] },
     ),
+    (
+        "integration-tests.redteam",
+        Place::Guests {
+            why: "the account's tricks against each kernel: signal handlers racing the pidfd kill, a zombie leader \
+                  in /proc and the BPF events, exec's argument limit and /proc/PID/cmdline of a rewritten argv",
+            only: &[],
+        },
+    ),
     ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
@@ -94,6 +102,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.mirror_offline", Place::Host { why: "endpoint and fleet text" }),
     ("guard-user.operator_output", Place::Host { why: "validate and journal output" }),
     ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
+    ("guard-user.redteam_rules", Place::Host { why: "verdicts and warnings from the account's inputs, no kernel" }),
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
     ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
