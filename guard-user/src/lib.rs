@@ -11,6 +11,7 @@
 //!   `excludeCommands` patterns with bash's `[[ =~ ]]` meaning (libc `regcomp`).
 //! - [`event`], [`comm`], [`table`]: typed process events and the live process table with
 //!   per-(uid, name) counts, maintained incrementally.
+//! - [`lineage`]: which session each process of the account was forked into (`sessions`).
 //! - [`procfs`]: reading /proc (bootstrap, resync, audit, the `procfs` backend, identity checks).
 //! - [`btf`], [`ebpf`]: structure offsets from the running kernel's BTF; loading and attaching the
 //!   BPF programs, draining the ring buffer, the kernel's lost-event counter.
@@ -39,6 +40,7 @@ pub mod enforcer;
 pub mod escape;
 pub mod event;
 pub mod install;
+pub mod lineage;
 pub mod log;
 pub mod metrics;
 pub mod mirror;

@@ -179,7 +179,7 @@ fn live_at_the_end(trace: &Trace) -> String {
                 };
                 history.entry(pid).or_default().push(format!("{t:.3}s {event:?} lost={lost}"));
             }
-            Record::Cmdline { .. } => {}
+            Record::Cmdline { .. } | Record::Parents(_) => {}
             Record::Lost(n) => lost += n,
         }
     }

@@ -5,6 +5,8 @@
 //! - [`source`]: where events come from ([`EventSource`]: the BPF ring, the `procfs` backend's
 //!   nothing, a recorded trace).
 //! - [`pump`]: the one owner of the [`crate::table::ProcessTable`]; answers snapshot requests.
+//! - [`keeper`]: the pump's side of the session lineage (events, adoption, parent reads).
+//! - [`sessions`]: the tick's side of sessions: classify roots, gather, apply the plan.
 //! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
 //! - [`tick`]: one tick — gather, [`crate::policy::decide`], apply.
 //! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
@@ -28,10 +30,12 @@ use crate::{
 pub mod effects;
 pub mod fault;
 pub mod instance;
+pub mod keeper;
 pub mod pump;
 pub mod rebuild;
 pub mod recording;
 pub mod report;
+pub mod sessions;
 pub mod source;
 pub mod supervise;
 pub mod tick;
