@@ -8,11 +8,13 @@ pub mod check;
 pub mod explain;
 pub mod fleet;
 pub mod generate;
+pub mod holders;
 pub mod install;
 pub mod matches;
 pub mod record;
 pub mod run;
 pub mod status;
+pub mod tree;
 pub mod validate;
 
 #[derive(Parser, Debug)]
@@ -45,6 +47,10 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Show the running guard's status from its status file.
     Status(StatusArgs),
+    /// Show the account's live sessions: each root with its processes, and leftovers waiting for their grace.
+    Tree(tree::TreeArgs),
+    /// List the account's processes working in a directory (or below it), with the command that stops each.
+    Holders(holders::HoldersArgs),
     /// Report drift of the installation; changes nothing.
     Check(InstallArgs),
     /// Install (or repair) the guard for an account under systemd.
