@@ -78,8 +78,7 @@ pub fn main(args: HoldersArgs) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let rows: Vec<Row> =
-        found.iter().enumerate().map(|(i, h)| row(h, outcomes.as_ref().map(|o| o[i]))).collect();
+    let rows: Vec<Row> = found.iter().enumerate().map(|(i, h)| row(h, outcomes.as_ref().map(|o| o[i]))).collect();
     if args.json {
         println!("{}", super::status::json_for_terminal(&serde_json::to_string_pretty(&rows)?));
     } else {

@@ -107,7 +107,8 @@ fn session(row: &SessionStatus, uid: u32, now: f64) -> Session {
         processes.push(Shown { pid: p.pid, name: live.comm.to_string(), cpu_secs, age_secs });
     }
     let not_shown = row.processes_omitted + (row.processes.len() - processes.len()) as u64;
-    let root = ProcState { id: ProcId { pid: row.root_pid, start_ticks: row.root_start }, euid: uid, comm: Comm::new(b"") };
+    let root =
+        ProcState { id: ProcId { pid: row.root_pid, start_ticks: row.root_start }, euid: uid, comm: Comm::new(b"") };
     Session {
         root_pid: row.root_pid,
         root_name: row.root_name.clone(),
@@ -140,7 +141,9 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
     );
     for s in sessions {
         let state = match (s.stage.as_str(), s.due_in_secs) {
-            ("live", _) => format!("live {}", s.root_age_secs.map(|a| human(Duration::from_secs(a))).unwrap_or_default()),
+            ("live", _) => {
+                format!("live {}", s.root_age_secs.map(|a| human(Duration::from_secs(a))).unwrap_or_default())
+            }
             ("grace", Some(d)) => format!("ended, leftovers due in {}", human(Duration::from_secs_f64(d.min(1e9)))),
             ("stopping", _) => "ended, its leftovers being stopped".to_string(),
             (other, _) => format!("ended ({})", text(other)),
