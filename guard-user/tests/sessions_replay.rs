@@ -159,3 +159,32 @@ fn without_sessions_the_same_trace_logs_nothing_of_them() {
     let status = r.rec.status.0.lock().unwrap().last().cloned().unwrap();
     assert!(status.sessions.is_none());
 }
+
+/// The session recorded from the real kernel (tests/tests/record.rs): a setsid child that
+/// execs, a double-forked grandchild, an excluded name and a renamed child are all the root's
+/// leftovers; the trace ends with them alive (nothing exits after its SIGTERM), so the SIGKILL
+/// rounds run and the session closes with them as survivors.
+#[test]
+fn a_session_recorded_from_the_kernel_replays_to_its_leftovers() {
+    let config = r#"{"excludes": ["claude"],
+        "sessions": {"roots": ["(^|/)agent-wrapper session "], "leftovers": "stop", "grace": "1s"}}"#;
+    let r = replay("recorded-session.trace", config, 30, false, Duration::from_secs(1));
+    let root = 35358;
+    let (watcher, daemonish, claude, renamed) = (35359, 35361, 35362, 35363);
+    let leftovers = r.lines(&["LEFTOVER"]);
+    let named: Vec<String> = leftovers.iter().map(|l| l.rsplit_once(" age=").unwrap().0.to_string()).collect();
+    assert_eq!(
+        named,
+        [
+            format!("LEFTOVER pid={watcher} name=watcher root={root}"),
+            format!("LEFTOVER pid={daemonish} name=daemonish root={root}"),
+            format!("LEFTOVER pid={claude} name=claude root={root}"),
+            format!("LEFTOVER pid={renamed} name=renamed root={root}"),
+        ],
+        "{:#?}",
+        r.log
+    );
+    assert_eq!(r.terms(), [vec![watcher, daemonish, renamed]]);
+    assert_eq!(r.kills().len(), 3, "three SIGKILL rounds: {:?}", r.kills());
+    assert_eq!(r.lines(&["REAPED"]), [format!("REAPED root={root} name=agent-wrapper count=0 survivors=4")]);
+}

@@ -350,3 +350,84 @@ fn holders_lists_only_the_processes_inside_the_directory_and_stops_them_checked(
     let none = run(&[]);
     assert_eq!((none.status.code(), String::from_utf8_lossy(&none.stdout).trim()), (Some(0), "[]"));
 }
+
+/// Restores `kernel.pid_max` on drop.
+struct PidMax(String);
+
+impl PidMax {
+    fn lower_to(max: u32) -> PidMax {
+        let old = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
+        fs::write("/proc/sys/kernel/pid_max", max.to_string()).expect("lower kernel.pid_max");
+        PidMax(old.trim().to_string())
+    }
+}
+
+impl Drop for PidMax {
+    fn drop(&mut self) {
+        let _ = fs::write("/proc/sys/kernel/pid_max", &self.0);
+    }
+}
+
+/// Pids reused between the root's exit and the grace, in a throwaway guest kernel only (it lowers
+/// `kernel.pid_max` and exhausts the pid space): the root exits, a leftover is killed during the
+/// grace, and a same-account churner outside the session takes every free pid at once, theirs
+/// included. At the grace only the real leftovers are reported and stopped; no bystander is
+/// signalled.
+#[test]
+fn pids_reused_between_the_roots_exit_and_the_grace_are_never_taken_for_leftovers() {
+    if std::env::var_os("GUARD_IN_VM").is_none() {
+        eprintln!(
+            "skipped session pid reuse: it lowers kernel.pid_max and exhausts the pid space, which only a throwaway \
+             kernel may suffer; it runs in `cargo xtask vm` (GUARD_IN_VM=1)"
+        );
+        return;
+    }
+    let Some(_g) = setup("sessions pid reuse") else { return };
+    if !ebpf_available("sessions pid reuse") {
+        return;
+    }
+    let (home, dir) = home_for("stop", "5s");
+    let bystander = home.probe_named("bystander");
+    let (list, by_rec) = (dir.join("bystander-pids"), dir.join("bystander-signals"));
+    let daemon = Daemon::start(&home, &[]);
+    home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= 2);
+    let pid_max = PidMax::lower_to(1024);
+    let mut root = Root::spawn(&dir, &["session", dir.to_str().unwrap(), "0"], false);
+    let roles = root.roles();
+    let (root_pid, killed) = (root.pid(), roles["setsid"]);
+    assert!(root_pid < 1024 && killed < 1024, "pids {root_pid} {killed} not under the lowered pid_max");
+    wait_recognised(&home, root_pid, 4);
+    root.poke();
+    root.wait_exit();
+    unsafe { libc::kill(killed as i32, libc::SIGKILL) };
+    let mut churner = Command::new(&bystander)
+        .args(["churn", list.to_str().unwrap(), by_rec.to_str().unwrap()])
+        .uid(TEST_UID)
+        .gid(TEST_UID)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("churner");
+    let mut line = String::new();
+    BufReader::new(churner.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "full", "the churner never exhausted the pid space");
+    let churner = Probe { child: churner };
+    let log = home.wait_log(WAIT, |l| !lines(l, "REAPED").is_empty());
+    let pids: Vec<u32> = fs::read_to_string(&list).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let signalled = fs::read_to_string(&by_rec).unwrap_or_default();
+    drop(churner);
+    drop(pid_max);
+    daemon.stop();
+    let reused: Vec<u32> = [root_pid, killed].into_iter().filter(|p| pids.contains(p)).collect();
+    assert!(!reused.is_empty(), "neither the root's pid nor the killed leftover's was reused; the test proved nothing");
+    assert_eq!(signalled, "", "a bystander received a signal\n{log}");
+    assert!(!log.contains(&format!("LEFTOVER pid={killed} ")), "a reused pid was taken for a leftover\n{log}");
+    let reaped = lines(&log, "REAPED");
+    assert_eq!(reaped.len(), 1, "{log}");
+    assert!(reaped[0].ends_with(&format!("REAPED root={root_pid} name=agent-wrapper count=2 survivors=1")), "{log}");
+    eprintln!(
+        "session pid reuse: {} of the root's and a leftover's pids reused by bystanders, none signalled",
+        reused.len()
+    );
+}
