@@ -54,6 +54,9 @@ pub struct SessionsTick {
 pub struct Done {
     pub next_deadline: Option<f64>,
     pub status: Option<SessionsStatus>,
+    /// `SKIPPED` and `DRY_RUN` lines logged, for the totals.
+    pub skipped: u64,
+    pub dry_runs: u64,
 }
 
 impl SessionsTick {
@@ -117,12 +120,19 @@ impl SessionsTick {
             (false, false) => fx.signals.term_all(&procs(&plan.term)),
         };
         let kill = if plan.kill.is_empty() { Vec::new() } else { fx.signals.kill_all(&procs(&plan.kill)) };
-        for line in after_reap(&mut plan, &term, &kill, dry_run) {
-            super::tick::emit(fx, &line, now);
+        let after_lines = after_reap(&mut plan, &term, &kill, dry_run);
+        for line in &after_lines {
+            super::tick::emit(fx, line, now);
         }
         self.book = plan.book;
         let status = status(after.as_ref().unwrap_or(view), &self.book, sessions, ages, now);
-        Done { next_deadline: plan.next_deadline, status: Some(status) }
+        let count = |event: &str| plan.lines.iter().chain(&after_lines).filter(|l| l.event == event).count() as u64;
+        Done {
+            next_deadline: plan.next_deadline,
+            status: Some(status),
+            skipped: count("SKIPPED"),
+            dry_runs: count("DRY_RUN"),
+        }
     }
 }
 

@@ -219,6 +219,8 @@ impl Ticker {
             dry_run: self.opts.dry_run,
             deadline: self.deadline,
         });
+        self.totals.skipped += sessions.skipped;
+        self.totals.dry_runs += sessions.dry_runs;
         self.watch_stalls(&config, now);
         self.fx.log.write(&complete(plan.flagged, kills, errors));
         let took = began.elapsed().as_secs_f64();
