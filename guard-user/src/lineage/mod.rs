@@ -61,10 +61,11 @@ pub struct Caps {
 }
 
 impl Caps {
-    /// The daemon's caps: 65,536 nodes (~100 bytes each with their share of the sets) hold six
-    /// times the bench's 10,000 tracked processes in ~6.5 MiB at most; one session's members are
-    /// capped at a quarter of that so one fork bomb leaves room for the other sessions.
-    pub const DAEMON: Caps = Caps { nodes: 65_536, pending: 32_768, sessions: 1_024, members: 16_384 };
+    /// The daemon's caps: 65,536 nodes (~100 bytes each with their share of the sets, measured by
+    /// `examples/lineage_cost.rs`) hold six times the bench's 10,000 tracked processes in
+    /// ~6.5 MiB at most; 16,384 pending execs (~240 bytes each) ~4 MiB; one session's members are
+    /// capped at a quarter of the nodes so one fork bomb leaves room for the other sessions.
+    pub const DAEMON: Caps = Caps { nodes: 65_536, pending: 16_384, sessions: 1_024, members: 16_384 };
 }
 
 /// What the tick tells the lineage.
