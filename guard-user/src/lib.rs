@@ -20,6 +20,7 @@
 //! - [`safefs`], [`log`], [`state`], [`status`]: files in the account's home, read and written
 //!   with the account's rights, never following a planted link; the log grammar of docs/log.md; flag
 //!   clocks; the status file. [`escape`]: the one text form of account-controlled bytes.
+//!   [`bounded_json`]: parsing the account's JSON without building more than a bound.
 //! - [`trace`]: recorded process traces (`guard-user record`) and their replay through the daemon.
 //! - [`account`]: the guarded account (passwd lookup).
 //! - [`daemon`]: the pump that owns the table, the supervised tick loop, the tick's effects.
@@ -29,6 +30,7 @@
 //! - [`install`]: the systemd unit and the install/check/uninstall logic.
 //! - [`cmd`]: one file per subcommand, each parsing its arguments and calling the library.
 pub mod account;
+pub mod bounded_json;
 pub mod btf;
 pub mod cmd;
 pub mod comm;

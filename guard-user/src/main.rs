@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         Command::Uninstall(args) => cmd::install::uninstall(args),
         Command::Record(args) => cmd::record::main(args),
         Command::Validate(args) => cmd::validate::main(args),
-        Command::Generate(args) => cmd::generate::main(args),
+        Command::Unit(args) => cmd::unit::main(args),
         Command::PatternWorker => return guard::pattern::worker::main(),
     };
     match result {

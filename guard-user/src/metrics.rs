@@ -209,7 +209,12 @@ pub fn render(m: &MetricsInput) -> String {
         w.sample("guard_timeout_seconds", &[], t);
     }
     w.one("guard_tracked_processes", Gauge, "Live processes of the guarded account.", m.tracked_processes as f64);
-    w.one("guard_machine_processes", Gauge, "Live processes of every user on the machine.", m.machine_processes as f64);
+    w.one(
+        "guard_machine_processes",
+        Gauge,
+        "Live user-space processes of every user on the machine (no kernel threads, no zombies).",
+        m.machine_processes as f64,
+    );
 
     let mut names: BTreeMap<&[u8], u64> = BTreeMap::new();
     for (name, count) in &m.names {

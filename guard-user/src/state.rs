@@ -10,8 +10,12 @@
 //! one) is dropped: that name's clock restarts, which only ever delays enforcement.
 //!
 //! The file is read as the account, never through a link, regular files only, at most
-//! [`MAX_STATE_BYTES`]; anything else is `ERROR state_malformed path=<p> reason=…` and an empty
-//! state, never a wait.
+//! [`MAX_STATE_BYTES`], and parsed in one bounded pass ([`parse`](self::parse) module): anything
+//! that is not a state file is `ERROR state_malformed path=<p> reason=…` and an empty state; a
+//! state file over one of its bounds is `ERROR state_rejected path=<p> reason=…`, moved aside by
+//! the daemon ([`set_aside`]), and an empty state. Never a wait, never more memory than the
+//! bounds allow, whatever the file holds. The writer never writes more than the reader takes
+//! ([`bounded`]).
 use std::{
     collections::BTreeMap,
     os::unix::ffi::OsStrExt,
@@ -26,16 +30,45 @@ use crate::{
     safefs::{atomic_write, read_account_file, Follow, FsIdentity, ReadError, SafeFsError},
 };
 
-/// Flag clocks: name → when it first reached the threshold (unix seconds, ms precision),
-/// keyed by the name's bytes.
+#[cfg(test)]
+mod bounds_tests;
+mod parse;
+
+pub use parse::{ParseError, Rejection};
+
+/// Flag clocks: name → when it first reached the threshold, keyed by the name's bytes. In the
+/// file (and in [`State`]) unix seconds with ms precision; the daemon holds them on its
+/// monotonic clock (see `policy::time`).
 pub type FlagClocks = BTreeMap<Comm, f64>;
 
 /// The format version this guard writes.
 pub const STATE_VERSION: u64 = 2;
 
-/// A state file is a few hundred bytes per flagged name; 4 MiB holds tens of thousands of names
-/// and bounds what a planted file can make the daemon parse.
+/// The largest state the daemon writes is about 2 MB (every section at its bound, names at
+/// their longest escaped form; see the test `the_largest_state_the_daemon_writes_is_read_back`).
+/// 4 MiB leaves room and bounds what a planted file can make the daemon read; it is read into
+/// one buffer, the largest allocation of a load.
 pub const MAX_STATE_BYTES: u64 = 4 << 20;
+
+/// Flag clocks (and warned names) a state holds. A name is flagged only while it has at least
+/// `threshold` live processes, so a state holds at most (the account's processes / threshold)
+/// names: a few, or a few hundred for an account that runs a thousand distinct programs with
+/// `threshold` 1. 4096 is ten times that with room; a clock costs ~50 bytes in memory. When
+/// more names are flagged at once (all still enforced from memory), the file keeps the 4096
+/// oldest clocks, the ones nearest enforcement: a restart then only restarts the youngest.
+pub const MAX_FLAGGED_NAMES: usize = 4096;
+
+/// Names with a repeat history (`REPEAT`): a respawn loop is one or a few names; the oldest go
+/// first past this.
+pub const MAX_REPEAT_NAMES: usize = 1024;
+
+/// Enforcements kept per name (`repeatAfter` is at most 1000).
+pub const MAX_REPEAT_ENTRIES: usize = 1000;
+
+/// Enforcements kept across every name: 16 names enforced every minute for a day at
+/// `repeatAfter` 1000, or 1024 names enforced 16 times each. An enforcement is ~70 bytes in
+/// the file and 16 in memory; the oldest go first past this.
+pub const MAX_REPEAT_TOTAL: usize = 16_384;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -43,48 +76,35 @@ pub enum StateError {
     /// read at all); the state is then treated as empty.
     #[error("state_malformed path={}{}", escape::log_value(path.as_os_str().as_bytes()), reason.as_deref().map(|r| format!(" {r}")).unwrap_or_default())]
     Malformed { path: PathBuf, reason: Option<String> },
+    /// Logged as `ERROR state_rejected path=<path> reason=<why> …`: the file broke a bound; the
+    /// daemon moves it aside ([`set_aside`]) and starts clean.
+    #[error("state_rejected path={} reason={}", escape::log_value(path.as_os_str().as_bytes()), rejection_fields(*why))]
+    Rejected { path: PathBuf, why: Rejection },
     #[error("cannot write the state file: {0}")]
     Write(#[from] SafeFsError),
 }
 
-/// Reads the flag clocks as the account `who`. A missing file is an empty state, not an error.
-pub fn load(path: &Path, who: FsIdentity) -> Result<FlagClocks, StateError> {
-    let bytes = match read_account_file(path, who, MAX_STATE_BYTES, Follow::NoLinks) {
-        Ok(b) => b,
-        Err(ReadError::NotFound { .. }) => return Ok(FlagClocks::new()),
-        Err(e) => return Err(StateError::Malformed { path: path.into(), reason: Some(e.log_fields()) }),
+/// `<token> <limit key>=<n>`: the bound and its value, so the line says what to look for.
+fn rejection_fields(why: Rejection) -> String {
+    let (key, n) = match why {
+        Rejection::TooLarge => ("max_bytes", MAX_STATE_BYTES as usize),
+        Rejection::TooManyFlagged | Rejection::TooManyWarned => ("limit", MAX_FLAGGED_NAMES),
+        Rejection::TooManyRepeats => ("limit", MAX_REPEAT_NAMES),
+        Rejection::HistoryTooLong => ("limit", MAX_REPEAT_ENTRIES),
+        Rejection::TooManyEnforcements => ("limit", MAX_REPEAT_TOTAL),
     };
-    parse(&bytes).ok_or_else(|| StateError::Malformed { path: path.into(), reason: None })
+    format!("{} {key}={n}", why.token())
 }
 
-/// The clocks of a state file's bytes, or `None` when they are not a state file.
+/// Reads the flag clocks as the account `who`. A missing file is an empty state, not an error.
+pub fn load(path: &Path, who: FsIdentity) -> Result<FlagClocks, StateError> {
+    load_state(path, who).map(|st| st.clocks)
+}
+
+/// The clocks of a state file's bytes, or `None` when they are not a state file (or break a
+/// bound).
 pub fn parse(bytes: &[u8]) -> Option<FlagClocks> {
-    let Value::Object(root) = serde_json::from_slice::<Value>(bytes).ok()? else { return None };
-    let (flagged, escaped): (&Map<String, Value>, bool) = match (root.get("flagged"), root.get("version")) {
-        (Some(Value::Object(m)), Some(v)) if v.as_u64() == Some(STATE_VERSION) => (m, true),
-        (Some(Value::Object(m)), Some(v)) if v.as_u64() == Some(1) => (m, false),
-        // A newer version, or a `flagged` that is not a map: not ours to guess at.
-        (Some(_), _) => return None,
-        (None, _) => (&root, false), // legacy flat map
-    };
-    let mut clocks = FlagClocks::new();
-    for (key, v) in flagged {
-        // A flat map's `version` key is not a name (it was never written beside flat names,
-        // but a hand-edited file may hold one).
-        if !root.contains_key("flagged") && key == "version" {
-            continue;
-        }
-        let t = v.as_f64().filter(|t| t.is_finite() && *t >= 0.0)?;
-        let name = if escaped {
-            Comm::from_escaped(key)?
-        } else if let Some(name) = Comm::exact(key.as_bytes()) {
-            name
-        } else {
-            continue;
-        };
-        clocks.insert(name, t);
-    }
-    Some(clocks)
+    parse::parse(bytes).ok().map(|st| st.clocks)
 }
 
 pub fn render(user: &str, clocks: &FlagClocks) -> Vec<u8> {
@@ -110,18 +130,82 @@ pub struct State {
 /// One name's enforcements within the last 24 h.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RepeatHistory {
-    /// (unix seconds, processes killed) per enforcing tick that killed any.
+    /// (unix seconds, processes killed) per enforcing tick that killed any, oldest first.
     pub enforcements: Vec<(f64, u32)>,
     /// When `REPEAT` was last logged for the name.
     pub reported: Option<f64>,
+}
+
+impl RepeatHistory {
+    /// The last time anything happened to the name (its newest enforcement or report).
+    pub fn last_seen(&self) -> f64 {
+        self.enforcements.last().map(|(t, _)| *t).into_iter().chain(self.reported).fold(f64::NEG_INFINITY, f64::max)
+    }
+}
+
+/// Keeps `repeats` within [`MAX_REPEAT_NAMES`], [`MAX_REPEAT_ENTRIES`] per name and
+/// [`MAX_REPEAT_TOTAL`] in all, dropping the oldest first. O(n log n) in the entries, whatever
+/// they hold (one sort, never a scan per removal).
+pub fn cap_repeats(repeats: &mut BTreeMap<Comm, RepeatHistory>) {
+    for h in repeats.values_mut() {
+        let over = h.enforcements.len().saturating_sub(MAX_REPEAT_ENTRIES);
+        h.enforcements.drain(..over);
+    }
+    if repeats.len() > MAX_REPEAT_NAMES {
+        let mut by_age: Vec<(f64, Comm)> = repeats.iter().map(|(n, h)| (h.last_seen(), *n)).collect();
+        by_age.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut kept = BTreeMap::new();
+        for (_, name) in &by_age[..MAX_REPEAT_NAMES] {
+            kept.extend(repeats.remove_entry(name));
+        }
+        *repeats = kept;
+    }
+    let total: usize = repeats.values().map(|h| h.enforcements.len()).sum();
+    if total > MAX_REPEAT_TOTAL {
+        // The oldest enforcements across all names go, exactly as many as are over (many names
+        // enforced in one tick share its time, so a cut by time alone could keep too many).
+        let mut all: Vec<(f64, Comm)> =
+            repeats.iter().flat_map(|(n, h)| h.enforcements.iter().map(move |(t, _)| (*t, *n))).collect();
+        all.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut dropped: BTreeMap<Comm, usize> = BTreeMap::new();
+        for (_, name) in &all[..total - MAX_REPEAT_TOTAL] {
+            *dropped.entry(*name).or_default() += 1;
+        }
+        for (name, k) in dropped {
+            if let Some(h) = repeats.get_mut(&name) {
+                // Histories are kept oldest first (the daemon appends), so these are its oldest.
+                h.enforcements.drain(..k);
+            }
+        }
+    }
+}
+
+/// `state` within the bounds the reader takes: at most [`MAX_FLAGGED_NAMES`] clocks (the
+/// oldest, nearest enforcement) and warned names, and the repeat bounds ([`cap_repeats`]).
+pub fn bounded(state: &State) -> std::borrow::Cow<'_, State> {
+    let repeats_ok = state.repeats.len() <= MAX_REPEAT_NAMES
+        && state.repeats.values().all(|h| h.enforcements.len() <= MAX_REPEAT_ENTRIES)
+        && state.repeats.values().map(|h| h.enforcements.len()).sum::<usize>() <= MAX_REPEAT_TOTAL;
+    if state.clocks.len() <= MAX_FLAGGED_NAMES && state.warned.len() <= MAX_FLAGGED_NAMES && repeats_ok {
+        return std::borrow::Cow::Borrowed(state);
+    }
+    let oldest = |m: &FlagClocks| -> FlagClocks {
+        let mut v: Vec<(Comm, f64)> = m.iter().map(|(k, t)| (*k, *t)).collect();
+        v.sort_unstable_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        v.into_iter().take(MAX_FLAGGED_NAMES).collect()
+    };
+    let mut repeats = state.repeats.clone();
+    cap_repeats(&mut repeats);
+    std::borrow::Cow::Owned(State { clocks: oldest(&state.clocks), warned: oldest(&state.warned), repeats })
 }
 
 fn ms(t: f64) -> Value {
     json!((t * 1000.0).round() / 1000.0)
 }
 
-/// The state file's bytes.
+/// The state file's bytes (within the bounds the reader takes, see [`bounded`]).
 pub fn render_state(user: &str, state: &State) -> Vec<u8> {
+    let state = bounded(state);
     let map = |m: &FlagClocks| -> Map<String, Value> { m.iter().map(|(k, v)| (k.to_string(), ms(*v))).collect() };
     let mut root = json!({"version": STATE_VERSION, "user": user, "flagged": map(&state.clocks)});
     if !state.warned.is_empty() {
@@ -148,49 +232,54 @@ pub fn render_state(user: &str, state: &State) -> Vec<u8> {
 }
 
 /// The whole state of a state file's bytes; the optional sections of a file written by an older
-/// guard are simply empty. `None` when the clocks are not readable (see [`parse`]).
+/// guard are simply empty. `None` when it is not a state file or breaks a bound (see
+/// [`parse_checked`] for which).
 pub fn parse_state(bytes: &[u8]) -> Option<State> {
-    let clocks = parse(bytes)?;
-    let mut state = State { clocks, ..Default::default() };
-    let Ok(Value::Object(root)) = serde_json::from_slice::<Value>(bytes) else { return Some(state) };
-    if root.get("version").and_then(Value::as_u64) != Some(STATE_VERSION) {
-        return Some(state);
-    }
-    let time = |v: &Value| v.as_f64().filter(|t| t.is_finite() && *t >= 0.0);
-    if let Some(Value::Object(m)) = root.get("warned") {
-        state.warned = m.iter().filter_map(|(k, v)| Some((Comm::from_escaped(k)?, time(v)?))).collect();
-    }
-    if let Some(Value::Object(m)) = root.get("repeats") {
-        for (k, v) in m {
-            let Some(name) = Comm::from_escaped(k) else { continue };
-            let enforcements = v
-                .get("enforcements")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|e| Some((time(e.get(0)?)?, u32::try_from(e.get(1)?.as_u64()?).ok()?)))
-                        .take(MAX_REPEAT_ENTRIES)
-                        .collect()
-                })
-                .unwrap_or_default();
-            let reported = v.get("reported").and_then(time);
-            state.repeats.insert(name, RepeatHistory { enforcements, reported });
-        }
-    }
-    Some(state)
+    parse::parse(bytes).ok()
 }
 
-/// Enforcements kept per name (`repeatAfter` is at most 1000).
-pub const MAX_REPEAT_ENTRIES: usize = 1000;
+/// [`parse_state`], saying why not.
+pub fn parse_checked(bytes: &[u8]) -> Result<State, ParseError> {
+    parse::parse(bytes)
+}
 
-/// Reads the whole state as the account `who` (see [`load`]).
+/// Reads the whole state as the account `who`: a missing file is an empty state; a file that
+/// cannot be read or is not a state is [`StateError::Malformed`]; one over a bound (its size
+/// included) is [`StateError::Rejected`]. Reading never moves anything (`explain` reads too);
+/// the daemon calls [`set_aside`] on a rejected file.
 pub fn load_state(path: &Path, who: FsIdentity) -> Result<State, StateError> {
     let bytes = match read_account_file(path, who, MAX_STATE_BYTES, Follow::NoLinks) {
         Ok(b) => b,
         Err(ReadError::NotFound { .. }) => return Ok(State::default()),
+        Err(ReadError::TooLarge { .. }) => {
+            return Err(StateError::Rejected { path: path.into(), why: Rejection::TooLarge })
+        }
         Err(e) => return Err(StateError::Malformed { path: path.into(), reason: Some(e.log_fields()) }),
     };
-    parse_state(&bytes).ok_or_else(|| StateError::Malformed { path: path.into(), reason: None })
+    parse::parse(&bytes).map_err(|e| match e {
+        ParseError::Malformed => StateError::Malformed { path: path.into(), reason: None },
+        ParseError::Rejected(why) => StateError::Rejected { path: path.into(), why },
+    })
+}
+
+/// Where a rejected state file is kept: `<path>.rejected`.
+pub fn rejected_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_os_string();
+    p.push(".rejected");
+    PathBuf::from(p)
+}
+
+/// Moves a rejected state file to [`rejected_path`], as the account `who`: one `rename`, which
+/// moves a link itself rather than what it points to and replaces an older `.rejected` (a
+/// link planted there included) without following it. Returns where it went.
+pub fn set_aside(path: &Path, who: FsIdentity) -> Result<PathBuf, SafeFsError> {
+    let scope = who.scope();
+    if !scope.is_as_account() {
+        return Err(SafeFsError::Unsafe { path: path.into(), why: "cannot take the account's file-system identity" });
+    }
+    let to = rejected_path(path);
+    std::fs::rename(path, &to).map_err(|source| SafeFsError::Io { path: path.into(), source })?;
+    Ok(to)
 }
 
 pub fn save_state(path: &Path, user: &str, state: &State, who: FsIdentity) -> Result<(), StateError> {

@@ -80,7 +80,7 @@ guard_timeout_seconds{user="alice"} 3600
 # HELP guard_tracked_processes Live processes of the guarded account.
 # TYPE guard_tracked_processes gauge
 guard_tracked_processes{user="alice"} 45
-# HELP guard_machine_processes Live processes of every user on the machine.
+# HELP guard_machine_processes Live user-space processes of every user on the machine (no kernel threads, no zombies).
 # TYPE guard_machine_processes gauge
 guard_machine_processes{user="alice"} 412
 # HELP guard_names Distinct names among the guarded account's live processes.

@@ -1,139 +1,12 @@
 //! Recorded traces replayed through the whole daemon — pump, table, rebuilds, supervised tick
 //! loop, decide, effects — on a paused tokio clock: no root, no kernel, exact lines and signals.
 //! The fixtures are in tests/fixtures/ (see DEVELOPERS.md for how they were recorded).
+mod replay_harness;
+
 use std::{path::PathBuf, time::Duration};
 
-use guard::{
-    account::Account,
-    daemon::{
-        recording::{Recorder, RecordingNotifier},
-        run_with, Backend, Control, DaemonOptions, Stopped,
-    },
-    trace::{Trace, TraceSource},
-};
-
-/// What a replay did.
-struct Replayed {
-    /// Log bodies with the `STARTED` pid blanked.
-    log: Vec<String>,
-    rec: Recorder,
-    notes: Vec<String>,
-    stopped: Stopped,
-}
-
-impl Replayed {
-    fn signals(&self) -> Vec<(bool, Vec<u32>)> {
-        self.rec.signals.calls.lock().unwrap().clone()
-    }
-
-    fn lines(&self, event: &str) -> Vec<&str> {
-        self.log.iter().map(String::as_str).filter(|l| l.split(' ').next() == Some(event)).collect()
-    }
-}
-
-struct Setup<'a> {
-    fixture: &'a str,
-    config: &'a str,
-    run_for: Duration,
-    interval: Duration,
-    dry_run: bool,
-    prepare: &'a dyn Fn(&Recorder),
-    /// Control messages sent at these offsets.
-    controls: Vec<(Duration, Control)>,
-    /// The config file is rewritten at these offsets.
-    config_changes: Vec<(Duration, &'static str)>,
-    /// (offset, pid, name, group CPU ns): what the stall watch's sampler reports from then on.
-    cpu: Vec<(Duration, u32, &'static str, u64)>,
-}
-
-impl Default for Setup<'_> {
-    fn default() -> Self {
-        Setup {
-            fixture: "",
-            config: "{}",
-            run_for: Duration::from_secs(290),
-            interval: Duration::from_secs(60),
-            dry_run: false,
-            prepare: &|_| {},
-            controls: Vec::new(),
-            config_changes: Vec::new(),
-            cpu: Vec::new(),
-        }
-    }
-}
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-fn replay(s: Setup) -> Replayed {
-    let trace = Trace::open(&fixture(s.fixture)).unwrap();
-    let home = tempfile::tempdir().unwrap();
-    std::fs::write(home.path().join("guard-config.json"), s.config).unwrap();
-    // A world-readable home: under root the config is read with the (fake) account's identity.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let account = Account { name: "replay".into(), uid: trace.uid, gid: trace.uid, home: home.path().into() };
-    let opts = DaemonOptions {
-        config_path: home.path().join("guard-config.json"),
-        home: home.path().into(),
-        account,
-        dry_run: s.dry_run,
-        interval: s.interval,
-        backend: Backend::Auto,
-        audit_interval: Duration::from_secs(600),
-        ring_bytes: None,
-        deadline_timer: true,
-        metrics_file: None,
-    };
-    let rec = Recorder::default();
-    (s.prepare)(&rec);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
-    let mut notifier = RecordingNotifier::default();
-    let stopped = rt.block_on(async {
-        let source = TraceSource::new(trace, rec.procs.0.clone());
-        let fx = rec.effects(1_800_000_000.0);
-        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-        let config_path = home.path().join("guard-config.json");
-        let changes = s.config_changes.clone();
-        tokio::spawn(async move {
-            let start = tokio::time::Instant::now();
-            for (at, text) in changes {
-                tokio::time::sleep_until(start + at).await;
-                std::fs::write(&config_path, text).unwrap();
-            }
-        });
-        let (cpu_map, cpu) = (rec.cpu.0.clone(), s.cpu.clone());
-        tokio::spawn(async move {
-            let start = tokio::time::Instant::now();
-            for (at, pid, name, ns) in cpu {
-                tokio::time::sleep_until(start + at).await;
-                cpu_map.lock().unwrap().insert(pid, (guard::comm::Comm::new(name.as_bytes()), ns));
-            }
-        });
-        let mut controls = s.controls.clone();
-        controls.push((s.run_for, Control::Stop));
-        tokio::spawn(async move {
-            let start = tokio::time::Instant::now();
-            for (at, c) in controls {
-                tokio::time::sleep_until(start + at).await;
-                let _ = tx.send(c).await;
-            }
-        });
-        run_with(opts, source, fx, &mut notifier, &mut rx).await
-    });
-    let pid = format!(" pid={}", std::process::id());
-    let log = rec
-        .log
-        .bodies()
-        .into_iter()
-        .map(|l| if l.starts_with("STARTED") { l.replace(&pid, " pid=P") } else { l })
-        .collect();
-    let notes = notifier.sent.lock().unwrap().clone();
-    Replayed { log, rec, notes, stopped }
-}
-
-const PILE_CONFIG: &str = r#"{"threshold": 5, "timeout": "2m"}"#;
+use guard::daemon::{Control, Stopped};
+use replay_harness::{replay, Setup, PILE_CONFIG};
 
 #[test]
 fn a_pile_is_flagged_then_ended_at_its_timeout_sparing_the_excluded_wrappers() {
@@ -181,6 +54,27 @@ fn a_dry_run_verifies_and_logs_dry_run_but_sends_nothing() {
     assert!(r.log.contains(&"TICK_COMPLETE flagged=1 kills=0 errors=0".to_string()));
     assert!(r.signals().iter().all(|(dry, _)| *dry), "a dry run only verifies: {:?}", r.signals());
     assert!(r.log[0].contains("dry_run=1"));
+}
+
+#[test]
+fn a_pattern_that_matches_everything_is_warned_once_per_list_and_honoured() {
+    // `a||b` protects every process of the pile: flagged, warned, never ended. The warning is
+    // said once for the list, and again when the config brings another such list.
+    let config = r#"{"threshold": 5, "timeout": "2m", "excludeCommands": ["never-matches", "a||b"]}"#;
+    let changed = r#"{"threshold": 5, "timeout": "2m", "excludeCommands": [".*"]}"#;
+    let r = replay(Setup {
+        fixture: "handmade-pile.trace",
+        config,
+        config_changes: vec![(Duration::from_secs(230), changed)],
+        ..Default::default()
+    });
+    let warns: Vec<&str> = r.lines("WARN").into_iter().filter(|l| l.contains("pattern_matches_all")).collect();
+    assert_eq!(warns, ["WARN pattern_matches_all index=1", "WARN pattern_matches_all index=0"], "{:#?}", r.log);
+    assert!(r.lines("KILLED").is_empty() && r.signals().is_empty(), "{:#?}", r.log);
+    assert_eq!(r.lines("SKIPPED").len(), 5, "every process of the enforced pile is protected: {:#?}", r.log);
+    // The shipped list warns nothing.
+    let r = replay(Setup { fixture: "handmade-pile.trace", config: PILE_CONFIG, ..Default::default() });
+    assert!(!r.log.iter().any(|l| l.contains("pattern_matches_all")), "{:#?}", r.log);
 }
 
 #[test]
@@ -402,137 +296,4 @@ fn a_lost_count_in_a_recording_resyncs_to_the_scan_after_it() {
     let status = r.rec.status.0.lock().unwrap().last().cloned().unwrap();
     // The two steady and the fork after the scan.
     assert_eq!(status.tracked_processes, 3, "{status:?}");
-}
-
-#[test]
-fn the_warning_comes_warn_before_ahead_once_per_incident() {
-    let r = replay(Setup {
-        fixture: "two-names.trace",
-        config: r#"{"threshold": 3, "timeout": "30m", "warnBefore": "10m", "excludes": ["beta"]}"#,
-        run_for: Duration::from_secs(1900),
-        ..Default::default()
-    });
-    // Flagged at t=0, due at t=1800: the deadline timer ticks at t=1200 for the warning.
-    assert_eq!(r.lines("WARNING"), ["WARNING name=alpha count=3 due_in=10m ends=3 skips=0"], "{:#?}", r.log);
-    let w = r.log.iter().position(|l| l.starts_with("WARNING")).unwrap();
-    assert_eq!(r.log[w - 1], "FLAGGED name=alpha count=3 first_flagged=20m_ago", "{:#?}", r.log);
-    let k = r.log.iter().position(|l| l.starts_with("KILLED")).unwrap();
-    assert_eq!(
-        r.log[k - 1],
-        "FLAGGED name=alpha count=3 first_flagged=30m_ago",
-        "enforced at the timeout: {:#?}",
-        r.log
-    );
-    let status = r.rec.status.0.lock().unwrap()[w.min(1)..].iter().find(|s| !s.warnings.is_empty()).cloned();
-    assert_eq!(status.expect("status lists the warning").warnings, ["alpha: enforcement due in 10m: ends 3, skips 0"]);
-}
-
-#[test]
-fn warn_before_zero_turns_warnings_off() {
-    let r = replay(Setup {
-        fixture: "two-names.trace",
-        config: r#"{"threshold": 3, "timeout": "5m", "warnBefore": 0}"#,
-        run_for: Duration::from_secs(400),
-        ..Default::default()
-    });
-    assert!(r.lines("WARNING").is_empty(), "{:#?}", r.log);
-    assert!(r.lines("KILLED").len() >= 6, "enforced at the timeout, warned never: {:#?}", r.log);
-}
-
-/// The pile is never gone in this replay (nothing removes the recorded processes), so every
-/// tick enforces it again: a respawn loop seen from the guard.
-#[test]
-fn a_respawn_loop_logs_repeat_once_a_day_over_a_day_of_injected_time() {
-    let r = replay(Setup {
-        fixture: "two-names.trace",
-        config: r#"{"threshold": 3, "timeout": "0s", "repeatAfter": 3, "excludes": ["beta"]}"#,
-        run_for: Duration::from_secs(25 * 3600 + 30),
-        ..Default::default()
-    });
-    let repeats = r.lines("REPEAT");
-    assert_eq!(repeats.len(), 2, "one a day: {repeats:?}");
-    assert_eq!(repeats[0], "REPEAT name=alpha enforcements_24h=3 kills_24h=9");
-    // A day later: every minute's enforcement of the last 24 h counts (the history keeps 1000).
-    assert_eq!(repeats[1], "REPEAT name=alpha enforcements_24h=1000 kills_24h=3000");
-    let i = r.log.iter().position(|l| l.starts_with("REPEAT")).unwrap();
-    assert!(r.log[i - 1].starts_with("KILLED pid=402"), "REPEAT follows the third enforcement: {:#?}", &r.log[..i + 1]);
-    let status = r.rec.status.0.lock().unwrap().last().cloned().unwrap();
-    assert_eq!(status.repeat_offenders.len(), 1);
-    assert_eq!(status.repeat_offenders[0].name, "alpha");
-    let kinds = r.rec.mirror.events.lock().unwrap().iter().filter(|e| e.event == "repeat").count();
-    assert_eq!(kinds, 2);
-}
-
-#[test]
-fn repeat_counts_survive_a_restart_through_the_state_file() {
-    let config =
-        r#"{"threshold": 3, "timeout": "0s", "repeatAfter": 3, "excludes": ["beta"], "stateFile": "/s/state.json"}"#;
-    // First daemon: two enforcements (t=0, t=60), then it stops.
-    let first =
-        replay(Setup { fixture: "two-names.trace", config, run_for: Duration::from_secs(90), ..Default::default() });
-    assert!(first.lines("REPEAT").is_empty());
-    let saved = first.rec.state.files.lock().unwrap().get(std::path::Path::new("/s/state.json")).cloned().unwrap();
-    assert_eq!(saved.repeats.values().next().unwrap().enforcements.len(), 2, "{saved:?}");
-    // Second daemon, later: its first enforcement is the third within 24 h.
-    let second = replay(Setup {
-        fixture: "two-names.trace",
-        config,
-        run_for: Duration::from_secs(30),
-        prepare: &move |rec| {
-            let mut st = saved.clone();
-            // The first run's clock started at the same base time; shift its history 10 minutes back.
-            for h in st.repeats.values_mut() {
-                for e in &mut h.enforcements {
-                    e.0 -= 600.0;
-                }
-            }
-            st.clocks.clear();
-            rec.state.files.lock().unwrap().insert("/s/state.json".into(), st);
-        },
-        ..Default::default()
-    });
-    assert_eq!(second.lines("REPEAT"), ["REPEAT name=alpha enforcements_24h=3 kills_24h=9"], "{:#?}", second.log);
-}
-
-#[test]
-fn the_stall_watch_tells_a_spinning_process_once_reminds_hourly_and_never_signals() {
-    // pid 900 uses a full core from t=0 to t=90 min, then stops; pid 901 bursts (busy every
-    // other minute): never told.
-    let mut cpu = Vec::new();
-    let (mut spin, mut burst) = (0u64, 0u64);
-    for m in 0..=100u64 {
-        if m > 0 && m <= 90 {
-            spin += 60_000_000_000;
-        }
-        if m % 2 == 1 {
-            burst += 60_000_000_000;
-        }
-        cpu.push((Duration::from_secs(m * 60 + 1), 900, "spin", spin));
-        cpu.push((Duration::from_secs(m * 60 + 1), 901, "burst", burst));
-    }
-    let r = replay(Setup {
-        fixture: "two-names.trace",
-        config: r#"{"threshold": 50, "stallWatch": {"peggedCpu": 0.75, "peggedFor": "5m"}}"#,
-        run_for: Duration::from_secs(100 * 60 + 30),
-        cpu,
-        ..Default::default()
-    });
-    let told: Vec<&str> =
-        r.log.iter().map(String::as_str).filter(|l| l.starts_with("PEGGED") || l.starts_with("RECOVERED")).collect();
-    assert_eq!(
-        told,
-        [
-            "PEGGED pid=900 name=spin cpu=1.00 for=300s",
-            "PEGGED pid=900 name=spin cpu=1.00 for=3900s",
-            "RECOVERED pid=900 name=spin after=5400s",
-        ],
-        "{:#?}",
-        r.log
-    );
-    assert!(r.signals().is_empty(), "the stall watch never signals");
-    let pegged = r.rec.mirror.events.lock().unwrap().iter().filter(|e| e.event == "pegged").count();
-    assert_eq!(pegged, 2);
-    let during = r.rec.status.0.lock().unwrap()[30].pegged.clone();
-    assert_eq!(during.len(), 1, "status lists the incident: {during:?}");
-    assert_eq!(during[0].pid, 900);
 }

@@ -147,7 +147,7 @@ fn a_roots_leftovers_are_stopped_and_nothing_outside_its_session_is_touched() {
     let outside_rec = dir.join("outside-signals");
     let mut outside = Probe::spawn(&dir.join("watcher"), &["record", outside_rec.to_str().unwrap()], TEST_UID);
     let daemon = Daemon::start(&home, &[]);
-    home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= 1);
+    home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
     let mut root = Root::spawn(&dir, &["session", dir.to_str().unwrap(), &OTHER_UID.to_string()], true);
     let roles = root.roles();
     let (setsid, double, excluded, renamed, other) =
@@ -212,7 +212,7 @@ fn report_logs_each_leftover_once_and_ends_nothing() {
     }
     let (home, dir) = home_for("report", "1s");
     let daemon = Daemon::start(&home, &[]);
-    home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= 1);
+    home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
     let mut root = Root::spawn(&dir, &["session", dir.to_str().unwrap(), "0"], false);
     let roles = root.roles();
     wait_recognised(&home, root.pid(), 4);
@@ -239,7 +239,7 @@ fn a_fork_bomb_under_a_root_is_reaped_in_one_line_with_bounded_memory() {
     }
     let (home, dir) = home_for("stop", "1s");
     let daemon = Daemon::start(&home, &[]);
-    home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= 1);
+    home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
     let mut root = Root::spawn(&dir, &["bomb", dir.to_str().unwrap(), "1000"], false);
     wait_recognised(&home, root.pid(), 256);
     root.poke();
@@ -275,7 +275,7 @@ fn a_root_that_re_execs_itself_stays_one_session() {
     }
     let (home, dir) = home_for("stop", "1s");
     let daemon = Daemon::start(&home, &[]);
-    home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= 1);
+    home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
     let mut root = Root::spawn(&dir, &["session", dir.to_str().unwrap(), "0", "reexec"], false);
     wait_recognised(&home, root.pid(), 4);
     root.poke(); // re-execs, forks `late`

@@ -9,6 +9,7 @@
 //! - `procs`: the processes a run spawns (sleepers, storm workers, the daemon), each behind a
 //!   guard that ends and reaps them on drop, and the /proc readers.
 //! - `snapshot`: start-up, snapshot and CPU-sample costs, /proc scan against the task iterator.
+//! - `matcher`: the daemon's and its matcher's CPU per tick under a hostile pattern list.
 use std::{
     ffi::CString,
     fs,
@@ -21,6 +22,7 @@ use std::{
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
+mod matcher;
 mod procs;
 mod snapshot;
 
@@ -40,7 +42,7 @@ pub struct Options {
     /// The account whose processes are spawned and guarded.
     #[arg(long, default_value = "guardtest1")]
     pub user: String,
-    /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, idle.
+    /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, matcher, idle.
     /// Default: all but idle (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -97,7 +99,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let mut raw = serde_json::Map::new();
     for f in &opts.only {
         anyhow::ensure!(
-            ["tick", "snapshot", "storm", "enforce", "deadline", "idle"].contains(&f.as_str()),
+            ["tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle"].contains(&f.as_str()),
             "--only {f}: no such figure"
         );
     }
@@ -115,6 +117,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     if opts.wants("deadline") {
         b.deadline(&mut rows, &mut raw)?;
+    }
+    if opts.wants("matcher") {
+        b.matcher(&mut rows, &mut raw)?;
     }
     if opts.wants("idle") {
         b.idle(&mut rows, &mut raw)?;

@@ -80,8 +80,6 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             state::State::default()
         }
     };
-    let clocks = held.clocks.clone();
-    let incidents = Incidents { warned: held.warned, repeats: held.repeats };
     let name = Comm::new(args.name.as_bytes());
     let table = ProcessTable::from_snapshot(procfs::snapshot()?, Some(std::process::id()));
     let view = table.view(account.uid, 1);
@@ -121,7 +119,10 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         };
         verdicts.insert(*id, v);
     }
-    let now = crate::daemon::effects::Clock::now_unix(&crate::daemon::effects::SystemClock);
+    let now = crate::daemon::effects::Clock::now(&crate::daemon::effects::SystemClock);
+    let held = crate::policy::time::to_memory(&held, now);
+    let clocks = held.clocks.clone();
+    let incidents = Incidents { warned: held.warned, repeats: held.repeats };
     let plan = decide(&TickInput {
         view: &view,
         config: &config,
@@ -151,7 +152,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             human(config.timeout)
         ),
         (false, Some(row)) => {
-            let since = row.flagged_since.unwrap_or(now);
+            let since = row.flagged_since.unwrap_or(now.wall);
             let left = row.time_left_secs.unwrap_or(0.0);
             let flagged_at = local_timestamp(std::time::UNIX_EPOCH + Duration::from_secs_f64(since.max(0.0)));
             if left <= 0.0 {
@@ -159,7 +160,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                     "flagged since {flagged_at}; enforcement is due now (the next tick ends the processes marked end)"
                 )
             } else {
-                let due = local_timestamp(std::time::UNIX_EPOCH + Duration::from_secs_f64((now + left).max(0.0)));
+                let due = local_timestamp(std::time::UNIX_EPOCH + Duration::from_secs_f64((now.wall + left).max(0.0)));
                 format!(
                     "flagged since {flagged_at}; enforcement due at {due} (in {})",
                     human(Duration::from_secs_f64(left))

@@ -2,34 +2,18 @@
 //! processes working in DIR or below it, each with the command that stops it; exit 0 when there
 //! are none, 1 when some. `--stop` ends them (SIGTERM, up to 10 s, SIGKILL, each through a pidfd
 //! after the identity check) and prints what became of each; exit 0 when none is left.
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
-use clap::Args;
 use serde::Serialize;
 
-use super::AccountArgs;
+use super::HoldersArgs;
 use crate::{
     duration::human,
     enforcer::Enforcer,
     escape,
     holders::{self, Holder, Stopped},
 };
-
-#[derive(Args, Debug, Clone)]
-pub struct HoldersArgs {
-    #[command(flatten)]
-    pub account: AccountArgs,
-    /// The directory (a checkout about to be removed, say).
-    #[arg(value_name = "DIR")]
-    pub dir: PathBuf,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// End them: SIGTERM, 10 s, SIGKILL, each after the identity check.
-    #[arg(long)]
-    pub stop: bool,
-}
 
 /// How long `--stop` waits between SIGTERM and SIGKILL.
 pub const STOP_WAIT: Duration = Duration::from_secs(10);

@@ -8,10 +8,9 @@
 //! shown only while /proc says it is still itself (same start time) and the account's.
 use std::{fmt::Write as _, process::ExitCode, time::Duration, time::SystemTime};
 
-use clap::Args;
 use serde::Serialize;
 
-use super::AccountArgs;
+use super::TreeArgs;
 use crate::{
     comm::Comm,
     config,
@@ -20,15 +19,6 @@ use crate::{
     event::{ProcId, ProcState},
     status::{self, SessionStatus, SessionsStatus},
 };
-
-#[derive(Args, Debug, Clone)]
-pub struct TreeArgs {
-    #[command(flatten)]
-    pub account: AccountArgs,
-    /// Print JSON instead of a tree.
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// One process as `tree` shows it.
 #[derive(Serialize, Debug)]

@@ -31,6 +31,7 @@ const FIX_COSTLY: &str = "avoid nesting repeat counts (a{1,255} inside another {
 const FIX_LOG: &str = "write a number of MiB > 0 and <= 4096, e.g. 10";
 const FIX_STATE: &str = r#"write the path of a file in a directory the account owns, e.g. "~/guard-daemon-state.json""#;
 const FIX_REPEAT: &str = "write a whole number from 1 to 1000, e.g. 3";
+const FIX_TOO_BIG: &str = "write the value docs/configuration.md describes for this key; no valid one is that large";
 const FIX_STALL: &str = r#"write false to turn it off, or an object like {"peggedCpu": 0.75, "peggedFor": "5m"}"#;
 const FIX_PEGGED_CPU: &str = "write the cores a process must keep busy, a number > 0 and <= 1024, e.g. 0.75";
 const FIX_PEGGED_FOR: &str = r#"write a duration from 10s to 24h, e.g. "5m""#;
@@ -82,6 +83,12 @@ impl Problem {
     /// [`Problem::refused_pattern`] for a pattern of `sessions.roots`.
     pub fn refused_root(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
         refused_problem(PatternList::SessionsRoots, Some(index), pattern, e)
+    }
+
+    /// A problem only `validate` reports: the daemon uses the document as it is (e.g. a pattern
+    /// that matches every command line, docs/configuration.md), so there is no `ERROR` line.
+    pub fn validate_only(key: String, what: String, fix: String) -> Problem {
+        Problem { key, what, fix, warning: false, error: None }
     }
 }
 
@@ -175,8 +182,8 @@ impl Checker {
     }
 
     fn run(&mut self, bytes: &[u8], home: &Path) -> Option<Config> {
-        let root: Value = match serde_json::from_slice(bytes) {
-            Ok(v) => v,
+        let doc = match super::doc::read(bytes) {
+            Ok(d) => d,
             Err(e) => {
                 let (line, column) = (e.line(), e.column());
                 let msg = e.to_string();
@@ -192,6 +199,7 @@ impl Checker {
                 return None;
             }
         };
+        let root = doc.root;
         let Value::Object(map) = root else {
             // Valid JSON, but not an object: point at where the value starts.
             let (line, column) = first_non_space(bytes);
@@ -211,10 +219,16 @@ impl Checker {
             stall_watch: Some(DEFAULT_STALL_WATCH),
             sessions: None,
             unknown_keys: Vec::new(),
+            unknown_keys_unlisted: 0,
         };
         // KNOWN_KEYS order: the first problem found is the one the ERROR line reports.
         for &key in KNOWN_KEYS {
             let Some(v) = map.get(key) else { continue };
+            if doc.cut.contains(&key) {
+                let what = format!("holds more than {} JSON values", super::doc::MAX_KEY_VALUES);
+                self.bad(key, None, what, FIX_TOO_BIG, v);
+                continue;
+            }
             match key {
                 "threshold" => match whole(v, 1, MAX_THRESHOLD as u64, " (no account can have more processes)") {
                     Ok(n) => c.threshold = n as u32,
@@ -267,13 +281,21 @@ impl Checker {
                 _ => unreachable!("every known key is checked"),
             }
         }
-        for key in map.keys().filter(|k| !KNOWN_KEYS.contains(&k.as_str())) {
-            let fix = match closest(key, KNOWN_KEYS) {
+        for key in doc.unknown {
+            let fix = match closest(&key, KNOWN_KEYS) {
                 Some(k) => format!("did you mean \"{k}\"? (an unknown key is ignored)"),
                 None => format!("remove it; the keys are {}", KNOWN_KEYS.join(", ")),
             };
             self.warn(escape::text(key.as_bytes()), "is not a key guard knows, so it is ignored".into(), fix);
-            c.unknown_keys.push(key.clone());
+            c.unknown_keys.push(key);
+        }
+        if doc.more_unknown > 0 {
+            c.unknown_keys_unlisted = doc.more_unknown;
+            self.warn(
+                "unknown keys".into(),
+                format!("{} more keys guard does not know are not listed one by one", doc.more_unknown),
+                format!("remove them; the keys are {}", KNOWN_KEYS.join(", ")),
+            );
         }
         Some(c)
     }

@@ -25,6 +25,7 @@ use crate::{
 };
 
 mod check;
+mod doc;
 #[cfg(test)]
 mod tests;
 
@@ -58,6 +59,10 @@ pub const MAX_EXCLUDE_LEN: usize = 255;
 /// bounds on compile and match cost).
 pub const MAX_PATTERNS: usize = 256;
 pub const MAX_PATTERN_LEN: usize = 1024;
+/// Unknown keys one document lists (the rest are counted), and unknown keys the daemon warns
+/// about one by one in a run (past it, one line says the rest are not reported): a config
+/// written for a newer guard has a few; 256 of 200 bytes at most is ~50 KB kept for a run.
+pub const MAX_UNKNOWN_KEYS: usize = 256;
 /// `stateFile`: PATH_MAX including its NUL.
 pub const MAX_STATE_FILE_LEN: usize = 4095;
 /// The bytes of escaped text a config value or pattern is shown with (then `…`): the account
@@ -131,8 +136,11 @@ pub struct Config {
     pub stall_watch: Option<StallWatch>,
     /// Session roots and their leftovers (docs/configuration.md); `None` when off.
     pub sessions: Option<Sessions>,
-    /// Keys we do not know: a warning, not an error (a newer config on an older guard).
+    /// Keys we do not know: a warning, not an error (a newer config on an older guard). At
+    /// most [`MAX_UNKNOWN_KEYS`], sorted, each cut to 200 bytes (`…` marks a cut).
     pub unknown_keys: Vec<String>,
+    /// Unknown keys past the [`MAX_UNKNOWN_KEYS`] kept: counted, not listed.
+    pub unknown_keys_unlisted: usize,
 }
 
 /// `sessions` (docs/configuration.md): which processes are session roots, and what happens to

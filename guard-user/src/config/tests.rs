@@ -343,3 +343,46 @@ fn hostile_values_make_a_bounded_line_of_one_grammar() {
         assert!(reason.contains('…'), "the cut is marked: {reason}");
     }
 }
+
+#[test]
+fn a_config_of_a_hundred_thousand_unknown_keys_lists_256_and_counts_the_rest() {
+    let keys: Vec<String> = (0..100_000).map(|i| format!(r#""k{i:06}": {{"deep": [1, 2, 3]}}"#)).collect();
+    let json = format!(r#"{{"threshold": 3, {}}}"#, keys.join(", "));
+    let c = parse(json.as_bytes(), &home()).unwrap();
+    assert_eq!(c.threshold, 3, "unknown keys never make a config invalid");
+    assert_eq!(c.unknown_keys.len(), MAX_UNKNOWN_KEYS);
+    assert_eq!(c.unknown_keys_unlisted, 100_000 - MAX_UNKNOWN_KEYS);
+    assert_eq!(c.unknown_keys[0], "k000000");
+    let p = listed(&json);
+    assert_eq!(p.len(), MAX_UNKNOWN_KEYS + 1);
+    assert!(p[MAX_UNKNOWN_KEYS].starts_with("unknown keys: 99744 more keys guard does not know"), "{}", p[256]);
+}
+
+#[test]
+fn an_unknown_key_is_kept_cut_to_200_bytes() {
+    let key = "é".repeat(50_000);
+    let c = parse(format!(r#"{{"{key}": 1}}"#).as_bytes(), &home()).unwrap();
+    assert_eq!(c.unknown_keys.len(), 1);
+    let kept = &c.unknown_keys[0];
+    assert!(kept.len() <= 200 + "…".len() && kept.ends_with('…') && kept.starts_with("éé"), "{kept}");
+}
+
+#[test]
+fn a_known_key_holding_half_a_million_values_is_refused_without_building_them() {
+    let json = format!(r#"{{"excludes": [{}"x"]}}"#, "0,".repeat(500_000));
+    let shown = &format!("[{}", "0,".repeat(100))[..200];
+    assert_eq!(err(&json), format!("config_malformed excludes value={shown}…"));
+    let p = listed(&json);
+    assert_eq!(p.len(), 1);
+    assert!(p[0].starts_with("excludes: holds more than 4096 JSON values; write the value"), "{}", p[0]);
+    // A list only a little too long keeps its exact count.
+    let names: Vec<String> = (0..2000).map(|i| format!(r#""n{i}""#)).collect();
+    let p = listed(&format!(r#"{{"excludes": [{}]}}"#, names.join(",")));
+    assert!(p[0].contains("2000 names, more than 1024"), "{p:?}");
+}
+
+#[test]
+fn a_document_nested_too_deep_under_an_unknown_key_is_still_invalid_json() {
+    let json = format!(r#"{{"x": {}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+    assert!(err(&json).starts_with("config_malformed json line=1 column="), "{}", err(&json));
+}

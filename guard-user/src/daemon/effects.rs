@@ -13,7 +13,7 @@ use crate::{
     event::ProcState,
     log::Logger,
     mirror::{Heartbeat, Mirror, StreamEvent},
-    pattern::{Limits, MatchOutcome, Matcher, PatternSetError},
+    pattern::{Limits, Matcher, PatternSetError, Progress, Resume},
     policy::line::Line,
     procfs,
     safefs::{atomic_replace, FsIdentity},
@@ -74,8 +74,10 @@ pub trait ProcessReader: Send {
 pub trait Classifier: Send {
     /// Compiles `patterns` unless they are the list already compiled.
     fn set_patterns(&mut self, patterns: &[String]) -> Result<(), PatternSetError>;
-    /// The first matching pattern of each text, `NoMatch`, or `Budget` (undecided: protect).
-    fn classify(&mut self, texts: &[&[u8]], deadline: std::time::Instant) -> Vec<MatchOutcome>;
+    /// One round by `deadline`: for each text, from where `from` says it stands, its settled
+    /// verdict (the first matching pattern, `NoMatch`, or `Budget`) or, when the round could not
+    /// finish it, where it stands now (protect it meanwhile). See [`crate::pattern::Round::classify_from`].
+    fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume], deadline: std::time::Instant) -> Vec<Progress>;
     /// Longer texts are `Budget` without being read whole.
     fn max_text_bytes(&self) -> usize;
 }
@@ -85,8 +87,8 @@ impl Classifier for Matcher {
         Matcher::set_patterns(self, patterns)
     }
 
-    fn classify(&mut self, texts: &[&[u8]], deadline: std::time::Instant) -> Vec<MatchOutcome> {
-        Matcher::classify(self, texts, deadline)
+    fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume], deadline: std::time::Instant) -> Vec<Progress> {
+        self.round(deadline).classify_from(texts, from)
     }
 
     fn max_text_bytes(&self) -> usize {
@@ -149,9 +151,17 @@ pub trait MirrorSink: Send + Sync {
     }
 }
 
-/// Unix time for flag clocks, lines and status ("now", in one place). Replays inject theirs.
+/// "Now", in one place; replays inject theirs. Two clocks (see `policy::time`): elapsed time is
+/// measured on the monotonic one, so a step of the wall clock never moves an enforcement.
 pub trait Clock: Send + Sync {
+    /// Unix time: the state file's times, what status shows, log and stream timestamps.
     fn now_unix(&self) -> f64;
+    /// Seconds on a clock no one can set (any origin): flag clocks, deadlines, windows.
+    fn now_mono(&self) -> f64;
+    /// Both, read together.
+    fn now(&self) -> crate::policy::Now {
+        crate::policy::Now { wall: self.now_unix(), mono: self.now_mono() }
+    }
 }
 
 /// Everything the tick does to the world.
@@ -187,8 +197,17 @@ pub struct StateFile {
 }
 
 impl StateStore for StateFile {
+    /// A file over a bound is moved aside to `<path>.rejected` here (the error is the tick's
+    /// `ERROR state_rejected` line); one that cannot be moved is replaced by the next save.
     fn load(&mut self, path: &Path) -> Result<State, StateError> {
-        state::load_state(path, self.who)
+        let loaded = state::load_state(path, self.who);
+        if let Err(StateError::Rejected { .. }) = &loaded {
+            match state::set_aside(path, self.who) {
+                Ok(to) => tracing::warn!("the rejected state file was moved to {}", to.display()),
+                Err(e) => tracing::warn!("the rejected state file could not be moved aside: {e}"),
+            }
+        }
+        loaded
     }
 
     fn save(&mut self, path: &Path, user: &str, st: &State) -> Result<(), StateError> {
@@ -271,12 +290,21 @@ impl MirrorSink for Mirror {
     }
 }
 
-/// The wall clock.
+/// The system's clocks: the wall clock, and `CLOCK_BOOTTIME` as the monotonic one. BOOTTIME
+/// rather than MONOTONIC: it keeps counting through a suspend, so "flagged for an hour" means an
+/// hour of real time, as it did on the wall clock, while no one can step it.
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_unix(&self) -> f64 {
         SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    }
+
+    fn now_mono(&self) -> f64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
     }
 }
 

@@ -9,6 +9,7 @@
 //! - [`sessions`]: the tick's side of sessions: classify roots, gather, apply the plan.
 //! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
 //! - [`tick`]: one tick — gather, [`crate::policy::decide`], apply.
+//! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache.
 //! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
 //! - [`supervise`]: the tick loop, deadlines, hang detection, watchdog, SIGHUP, stop.
 //! - [`instance`]: one daemon per (account, home).
@@ -31,6 +32,7 @@ pub mod effects;
 pub mod fault;
 pub mod instance;
 pub mod keeper;
+pub mod match_all;
 pub mod pump;
 pub mod rebuild;
 pub mod recording;
@@ -39,6 +41,7 @@ pub mod sessions;
 pub mod source;
 pub mod supervise;
 pub mod tick;
+pub mod verdicts;
 
 pub use effects::Effects;
 pub use source::{EventSource, ProcfsSource};
@@ -234,7 +237,7 @@ pub async fn run_with<S: EventSource>(
         supervise::LoopSettings { interval: opts.interval, deadline: supervise::tick_deadline(opts.interval) };
     let ticker = tick::Ticker::new(opts, backend, fx, pump.clone());
     let stopped =
-        supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_unix()).await;
+        supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_mono()).await;
     pump_task.abort();
     log.write(&Line::new("STOPPED").with("reason", stopped.token()));
     stopped

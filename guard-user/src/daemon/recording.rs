@@ -16,7 +16,7 @@ use crate::{
     enforcer::Outcome,
     event::ProcState,
     mirror::{Heartbeat, StreamEvent},
-    pattern::{check_static, Limits, MatchOutcome, Pattern, PatternSetError},
+    pattern::{check_static, Limits, MatchOutcome, Pattern, PatternSetError, Progress, Resume},
     policy::line::Line,
     safefs::SafeFsError,
     state::{State, StateError},
@@ -178,6 +178,8 @@ impl ProcessReader for FakeProcs {
 pub struct InProcessClassifier {
     source: Vec<String>,
     compiled: Vec<Pattern>,
+    /// Texts classified so far (the matching work a replay can count).
+    pub classified: Arc<Mutex<u64>>,
 }
 
 impl Classifier for InProcessClassifier {
@@ -201,12 +203,18 @@ impl Classifier for InProcessClassifier {
         Ok(())
     }
 
-    fn classify(&mut self, texts: &[&[u8]], _deadline: std::time::Instant) -> Vec<MatchOutcome> {
+    fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume], _deadline: std::time::Instant) -> Vec<Progress> {
+        *lock(&self.classified) += texts.len() as u64;
         texts
             .iter()
-            .map(|t| match self.compiled.iter().position(|p| p.is_match(t)) {
-                Some(i) => MatchOutcome::Matched(i),
-                None => MatchOutcome::NoMatch,
+            .zip(from)
+            .map(|(t, at)| {
+                let first = self.compiled.iter().skip(at.start as usize).position(|p| p.is_match(t));
+                Progress::Settled(match first {
+                    Some(i) => MatchOutcome::Matched(at.start as usize + i),
+                    None if at.failures > 0 => MatchOutcome::Budget,
+                    None => MatchOutcome::NoMatch,
+                })
             })
             .collect()
     }
@@ -247,22 +255,30 @@ impl MirrorSink for RecordingMirror {
     }
 }
 
-/// Unix time that follows tokio's clock from `base_unix`: with a paused runtime
-/// (`tokio::time::pause`), a replay of a day takes milliseconds and is deterministic.
+/// Time that follows tokio's clock: with a paused runtime (`tokio::time::pause`), a replay of a
+/// day takes milliseconds and is deterministic. The monotonic clock is the seconds since the
+/// start; unix time is `base_unix` plus those, plus `wall_step`, which a test sets to step the
+/// wall clock as NTP or `date` would.
 pub struct TokioClock {
     pub base_unix: f64,
     pub start: tokio::time::Instant,
+    /// Seconds added to the wall clock (shared with the test).
+    pub wall_step: Arc<Mutex<f64>>,
 }
 
 impl TokioClock {
     pub fn new(base_unix: f64) -> TokioClock {
-        TokioClock { base_unix, start: tokio::time::Instant::now() }
+        TokioClock { base_unix, start: tokio::time::Instant::now(), wall_step: Arc::default() }
     }
 }
 
 impl Clock for TokioClock {
     fn now_unix(&self) -> f64 {
-        self.base_unix + self.start.elapsed().as_secs_f64()
+        self.base_unix + self.start.elapsed().as_secs_f64() + *lock(&self.wall_step)
+    }
+
+    fn now_mono(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
     }
 }
 
@@ -277,6 +293,10 @@ pub struct Recorder {
     pub mirror: RecordingMirror,
     pub metrics: RecordingMetrics,
     pub cpu: FakeCpu,
+    /// Seconds the replay's wall clock is stepped by (see [`TokioClock`]).
+    pub wall_step: Arc<Mutex<f64>>,
+    /// Texts the classifier was asked about, over the whole run.
+    pub classified: Arc<Mutex<u64>>,
 }
 
 impl Recorder {
@@ -288,11 +308,11 @@ impl Recorder {
             status: Box::new(self.status.clone()),
             signals: Box::new(self.signals.clone()),
             procs: Box::new(self.procs.clone()),
-            classifier: Box::new(InProcessClassifier::default()),
+            classifier: Box::new(InProcessClassifier { classified: self.classified.clone(), ..Default::default() }),
             roots: Box::new(InProcessClassifier::default()),
             cpu: Box::new(self.cpu.clone()),
             mirror: Arc::new(self.mirror.clone()),
-            clock: Arc::new(TokioClock::new(base_unix)),
+            clock: Arc::new(TokioClock { wall_step: self.wall_step.clone(), ..TokioClock::new(base_unix) }),
             metrics: Some(Box::new(self.metrics.clone())),
         }
     }

@@ -17,11 +17,11 @@ use crate::{
     config::{self, Config, ConfigError},
     event::{clock_ticks_per_sec, ProcId, ProcState},
     lineage::{SessionId, SessionsView},
-    pattern::MatchOutcome,
+    pattern::{MatchOutcome, Progress, Resume},
     policy::{
         line::Line,
         sessions::{after_reap, decide_sessions, due_members, status, Ages, RootVerdict, SessionBook, SessionsInput},
-        CmdVerdict,
+        CmdVerdict, Now,
     },
     status::SessionsStatus,
 };
@@ -91,9 +91,9 @@ impl SessionsTick {
 
     /// The members whose `excludeCommands` verdicts this tick needs (added to the tick's own
     /// round, so every command line is matched once per tick).
-    pub fn due(&self, view: Option<&SessionsView>, config: &Config, now: f64) -> Vec<ProcState> {
+    pub fn due(&self, view: Option<&SessionsView>, config: &Config, now: Now) -> Vec<ProcState> {
         match (view, config.sessions.as_ref()) {
-            (Some(v), Some(s)) => due_members(v, &self.book, s, now),
+            (Some(v), Some(s)) => due_members(v, &self.book, s, now.mono),
             _ => Vec::new(),
         }
     }
@@ -111,7 +111,7 @@ impl SessionsTick {
         // now, not a tick later).
         let after = if plan.commands.is_empty() { None } else { pump.lineage_blocking(plan.commands.clone()) };
         for line in &plan.lines {
-            super::tick::emit(fx, line, now);
+            super::tick::emit(fx, line, now.wall);
         }
         let procs = |t: &[crate::policy::sessions::ReapTarget]| t.iter().map(|t| t.proc).collect::<Vec<_>>();
         let term = match (plan.term.is_empty(), dry_run) {
@@ -122,7 +122,7 @@ impl SessionsTick {
         let kill = if plan.kill.is_empty() { Vec::new() } else { fx.signals.kill_all(&procs(&plan.kill)) };
         let after_lines = after_reap(&mut plan, &term, &kill, dry_run);
         for line in &after_lines {
-            super::tick::emit(fx, line, now);
+            super::tick::emit(fx, line, now.wall);
         }
         self.book = plan.book;
         let status = status(after.as_ref().unwrap_or(view), &self.book, sessions, ages, now);
@@ -144,14 +144,16 @@ pub struct Ctx<'a> {
     pub config: &'a Config,
     /// `excludeCommands` verdicts, including those of [`SessionsTick::due`]'s members.
     pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
-    pub now: f64,
+    /// Both clocks: the steps are timed on the monotonic one, the status shows wall times.
+    pub now: Now,
     pub dry_run: bool,
     /// The tick's deadline; the roots round takes a share of what is left.
     pub deadline: Duration,
 }
 
 /// The verdict on each candidate's command line: read (capped), then matched against the roots
-/// in one bounded round. Gone, too long or undecided is not a root.
+/// in one bounded round. Gone, too long or undecided within the matcher's bounds is not a root;
+/// one the round had no time for is asked again next tick.
 fn classify(fx: &mut Effects, view: &SessionsView, deadline: Duration) -> HashMap<SessionId, RootVerdict> {
     let max = fx.roots.max_text_bytes();
     let mut out = HashMap::new();
@@ -168,11 +170,13 @@ fn classify(fx: &mut Effects, view: &SessionsView, deadline: Duration) -> HashMa
     }
     if !asked.is_empty() {
         let texts: Vec<&[u8]> = asked.iter().map(|(_, t)| t.as_slice()).collect();
-        let outcomes = fx.roots.classify(&texts, Instant::now() + round_budget(deadline));
+        let from = vec![Resume::default(); texts.len()];
+        let outcomes = fx.roots.classify_from(&texts, &from, Instant::now() + round_budget(deadline));
         for ((session, command), o) in asked.into_iter().zip(outcomes) {
             let verdict = match o {
-                MatchOutcome::Matched(_) => RootVerdict::Root { command },
-                MatchOutcome::NoMatch | MatchOutcome::Budget => RootVerdict::Other,
+                Progress::Settled(MatchOutcome::Matched(_)) => RootVerdict::Root { command },
+                Progress::Settled(MatchOutcome::NoMatch | MatchOutcome::Budget) => RootVerdict::Other,
+                Progress::Unsettled(_) => continue,
             };
             out.insert(session, verdict);
         }

@@ -139,7 +139,8 @@ struct Running {
     warned: bool,
 }
 
-/// Runs ticks until told to stop; returns why it stopped.
+/// Runs ticks until told to stop; returns why it stopped. `now_mono` is the clock the ticks'
+/// deadlines are on (the monotonic one, see `policy::time`).
 pub async fn tick_loop(
     ticker: Ticker,
     settings: LoopSettings,
@@ -147,7 +148,7 @@ pub async fn tick_loop(
     log: Arc<dyn LogSink>,
     notifier: &mut dyn Notifier,
     control: &mut mpsc::Receiver<Control>,
-    now_unix: impl Fn() -> f64,
+    now_mono: impl Fn() -> f64,
 ) -> Stopped {
     let deadline = settings.deadline;
     let mut interval = tokio::time::interval(settings.interval);
@@ -244,7 +245,7 @@ pub async fn tick_loop(
                         }
                         enforce_at = report.next_deadline.map(|at| {
                             // A hair after the deadline, so that tick sees `elapsed >= timeout`.
-                            let wait = (at - now_unix()).clamp(0.0, 366.0 * 86_400.0);
+                            let wait = (at - now_mono()).clamp(0.0, 366.0 * 86_400.0);
                             Instant::now() + Duration::from_secs_f64(wait) + Duration::from_millis(5)
                         });
                         if std::mem::take(&mut wake_after) {

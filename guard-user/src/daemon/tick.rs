@@ -2,7 +2,7 @@
 //! the command-line verdicts), [`decide`] (pure), apply (the effects). Blocking: the supervisor
 //! runs it on a blocking thread and watches its deadline.
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::BTreeSet,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -13,16 +13,15 @@ use super::{
     pump::{PumpHandle, PumpStats},
     report::{ConfigOutage, TickFigures, Totals, VitalsSampler},
     sessions::{self, SessionsTick},
+    verdicts::{round_budget, verdicts, Ask, VerdictCache},
     DaemonOptions,
 };
 use crate::{
     config::{self, Config, ConfigError},
-    event::ProcId,
     mirror::StreamEvent,
-    pattern::MatchOutcome,
     policy::{
-        self, after_signals, complete, decide, line::Line, stall::StallState, AccountView, AfterSignals, CmdVerdict,
-        Incidents, TickInput, TickPlan,
+        self, after_signals, complete, decide, line::Line, stall::StallState, time, AccountView, AfterSignals,
+        FlagClocks, Incidents, Now, TickInput, TickPlan,
     },
     safefs::FsIdentity,
     state::State,
@@ -33,7 +32,8 @@ use crate::{
 /// What a tick tells the supervisor.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TickReport {
-    /// The earliest enforcement deadline still ahead (unix seconds), for the deadline timer.
+    /// The earliest enforcement deadline still ahead (on the monotonic clock, `Clock::now_mono`),
+    /// for the deadline timer.
     pub next_deadline: Option<f64>,
     /// Wall time the tick took.
     pub took: Duration,
@@ -52,24 +52,33 @@ pub struct Ticker {
     started_at: f64,
     totals: Totals,
     vitals: VitalsSampler,
-    /// Unknown config keys already warned about (once per key per run, not every tick).
+    /// Unknown config keys already warned about (once per key per run, not every tick), at most
+    /// [`config::MAX_UNKNOWN_KEYS`]: past it, one line says the rest are not reported.
     warned_keys: BTreeSet<String>,
-    /// The flag clocks (the authority, docs/architecture.md) and the incidents. Read from the state file
-    /// once, at the first tick with a valid config; from then on the file only persists them.
+    /// The line saying unknown keys are no longer reported one by one was written.
+    unknown_keys_capped: bool,
+    /// The flag clocks (the authority, docs/architecture.md) and the incidents, every time on
+    /// the monotonic clock ([`time`]). Read from the state file once, at the first tick with a
+    /// valid config; from then on the file only persists them.
     state: Option<State>,
-    /// Where the clocks were last written successfully; another `stateFile`, or a failed write,
-    /// makes the next tick write them again.
-    persisted_at: Option<PathBuf>,
+    /// Where the clocks were last written successfully, and the wall clock's offset then
+    /// ([`Now::offset`]); another `stateFile`, a failed write, or a step of the wall clock (the
+    /// file's wall times would be off by it) makes the next tick write them again.
+    persisted_at: Option<(PathBuf, f64)>,
     /// The state file of the last valid config (a config error keeps its status beside it).
     state_path: PathBuf,
     /// The stall watch's tracks (docs/configuration.md).
     stall: StallState,
     /// The sandboxed matcher could not run at the last tick (warned once per outage).
     matcher_down: bool,
-    /// The tick deadline (docs/operations.md): the matching round gets half of it.
+    /// The tick deadline (docs/operations.md): the matching round gets at most half of it.
     deadline: Duration,
     /// Whether the config is invalid, for the stream's once-per-outage events.
     config_outage: ConfigOutage,
+    /// Verdicts of unchanged processes, so they are matched once, not every tick.
+    verdicts: VerdictCache,
+    /// `excludeCommands` patterns that match every command line, warned once per list.
+    match_all: super::match_all::MatchAllWatch,
     /// Session roots and their leftovers (docs/configuration.md `sessions`).
     sessions: SessionsTick,
 }
@@ -88,6 +97,7 @@ impl Ticker {
             totals: Totals::default(),
             vitals: VitalsSampler::default(),
             warned_keys: BTreeSet::new(),
+            unknown_keys_capped: false,
             state: None,
             persisted_at: None,
             state_path,
@@ -95,11 +105,13 @@ impl Ticker {
             matcher_down: false,
             deadline: super::supervise::tick_deadline(opts_interval),
             config_outage: ConfigOutage::default(),
+            verdicts: VerdictCache::for_daemon(),
+            match_all: Default::default(),
             sessions: SessionsTick::default(),
         }
     }
 
-    /// Logs `line`, and streams it when docs/operations.md says so.
+    /// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
     fn emit(&self, line: &Line, now: f64) {
         emit(&self.fx, line, now);
     }
@@ -118,6 +130,10 @@ impl Ticker {
             Ok(c) => c,
             Err(e) => return self.config_error(&e, began),
         };
+        let list = &config.exclude_commands;
+        if let Some(index) = self.match_all.check(&mut *self.fx.classifier, list, began + self.deadline / 4) {
+            self.fx.log.write(&Line::new("WARN").word("pattern_matches_all").with("index", index));
+        }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
         // error (nothing is ended), a matcher that cannot run protects every process.
         let matcher_ok = match self.fx.classifier.set_patterns(&config.exclude_commands) {
@@ -142,14 +158,7 @@ impl Ticker {
             return self.config_error(&e, began);
         }
         self.fx.log.set_max_bytes(config.log_max_bytes);
-        for key in &config.unknown_keys {
-            if self.warned_keys.insert(key.clone()) {
-                let path = self.opts.config_path.as_os_str().as_encoded_bytes();
-                self.fx
-                    .log
-                    .write(&Line::new("WARN").word("config_unknown_key").with("key", key.as_str()).with("path", path));
-            }
-        }
+        self.warn_unknown_keys(&config);
         let asked = Instant::now();
         let lineage = sessions::mode(&config, self.opts.account.uid);
         let Some(snap) = self.pump.snapshot_blocking(self.opts.account.uid, config.threshold, lineage) else {
@@ -159,8 +168,9 @@ impl Ticker {
         let pump_lag = asked.elapsed().as_secs_f64();
         let mut errors = 0u32;
         if self.state.is_none() {
+            let now = self.fx.clock.now();
             self.state = Some(match self.fx.state.load(&config.state_file) {
-                Ok(st) => st,
+                Ok(st) => time::to_memory(&st, now),
                 Err(e) => {
                     self.fx.log.write(&Line::new("ERROR").word(e.to_string()));
                     errors += 1;
@@ -168,12 +178,22 @@ impl Ticker {
                 }
             });
         }
+        let round_ends =
+            (Instant::now() + round_budget(self.opts.interval, self.deadline)).min(began + self.deadline / 2);
+        let no_clocks = FlagClocks::new();
         // A session's leftovers due for a step this tick are matched in the same round.
-        let sessions_now = self.fx.clock.now_unix();
-        let due = self.sessions.due(snap.sessions.as_ref(), &config, sessions_now);
-        let asked = with_members(&snap.view, due);
-        let verdicts = self.verdicts(&asked, &config, matcher_ok, began + self.deadline / 2);
-        let now = self.fx.clock.now_unix();
+        let sessions_now = self.fx.clock.now();
+        let asked = with_members(&snap.view, self.sessions.due(snap.sessions.as_ref(), &config, sessions_now));
+        let ask = Ask {
+            view: &asked,
+            config: &config,
+            clocks: self.state.as_ref().map_or(&no_clocks, |s| &s.clocks),
+            matcher_ok,
+            deadline: round_ends,
+        };
+        let (verdicts, work) = verdicts(&mut self.verdicts, &mut *self.fx.procs, &mut *self.fx.classifier, ask);
+        tracing::debug!(?work, cached = self.verdicts.len(), "command-line verdicts");
+        let now = self.fx.clock.now();
         let held = self.state.take().unwrap_or_default();
         let incidents = Incidents { warned: held.warned.clone(), repeats: held.repeats.clone() };
         // Decide.
@@ -188,9 +208,15 @@ impl Ticker {
         // Apply.
         let (kills, incidents) = self.apply(&plan, &config, now);
         let state = State { clocks: plan.clocks.clone(), warned: incidents.warned.clone(), repeats: incidents.repeats };
-        if state != held || self.persisted_at.as_deref() != Some(config.state_file.as_path()) {
-            match self.fx.state.save(&config.state_file, &self.opts.account.name, &state) {
-                Ok(()) => self.persisted_at = Some(config.state_file.clone()),
+        // A wall-clock step of more than a second re-dates the file (slewing drifts far slower).
+        let current = self
+            .persisted_at
+            .as_ref()
+            .is_some_and(|(path, offset)| path == &config.state_file && (now.offset() - offset).abs() <= 1.0);
+        if state != held || !current {
+            let file = time::to_file(&state, now);
+            match self.fx.state.save(&config.state_file, &self.opts.account.name, &file) {
+                Ok(()) => self.persisted_at = Some((config.state_file.clone(), now.offset())),
                 Err(e) => {
                     self.persisted_at = None;
                     tracing::warn!("{e}");
@@ -205,7 +231,7 @@ impl Ticker {
         let offenders = policy::incidents::offenders(
             &Incidents { warned: state.warned.clone(), repeats: state.repeats.clone() },
             &config,
-            now,
+            now.mono,
         );
         self.state = Some(state);
         self.state_path = config.state_file.clone();
@@ -233,7 +259,7 @@ impl Ticker {
             offenders,
             config: Some(&config),
             config_error: None,
-            now,
+            now: now.wall,
             tick_secs: took,
             pump_lag: Some(pump_lag),
             sessions: sessions.status,
@@ -246,58 +272,9 @@ impl Ticker {
         TickReport { next_deadline, took: began.elapsed(), tracked: snap.view.tracked_account(), flagged: plan.flagged }
     }
 
-    /// The verdict on the command line of every process a tick may end: read (capped), then
-    /// matched in one bounded round that ends by `deadline` (what is left undecided is protected).
-    fn verdicts(
-        &mut self,
-        view: &AccountView,
-        config: &Config,
-        matcher_ok: bool,
-        deadline: Instant,
-    ) -> HashMap<ProcId, CmdVerdict> {
-        let max = self.fx.classifier.max_text_bytes();
-        let mut out = HashMap::new();
-        let mut ids = Vec::new();
-        let mut texts = Vec::new();
-        for (name, procs) in &view.members {
-            if config.is_excluded(name) {
-                continue;
-            }
-            for p in procs {
-                match self.fx.procs.cmdline(p.id.pid, max) {
-                    None => {
-                        out.insert(p.id, CmdVerdict::Gone);
-                    }
-                    // Longer than the matcher takes: never matched on a cut prefix; protected.
-                    Some(cmd) if cmd.len() > max || !matcher_ok => {
-                        out.insert(p.id, CmdVerdict::Budget);
-                    }
-                    Some(cmd) => {
-                        ids.push(p.id);
-                        texts.push(cmd);
-                    }
-                }
-            }
-        }
-        if !texts.is_empty() {
-            let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
-            let outcomes = self.fx.classifier.classify(&refs, deadline);
-            for (id, o) in ids.into_iter().zip(outcomes) {
-                out.insert(
-                    id,
-                    match o {
-                        MatchOutcome::Matched(index) => CmdVerdict::Excluded { index },
-                        MatchOutcome::NoMatch => CmdVerdict::End,
-                        MatchOutcome::Budget => CmdVerdict::Budget,
-                    },
-                );
-            }
-        }
-        out
-    }
-
-    /// The stall watch: one CPU sample of the account's processes, its lines (report only).
-    fn watch_stalls(&mut self, config: &Config, now: f64) {
+    /// The stall watch: one CPU sample of the account's processes, its lines (report only). Its
+    /// windows are on the monotonic clock.
+    fn watch_stalls(&mut self, config: &Config, now: Now) {
         let Some(cfg) = config.stall_watch.as_ref() else {
             self.stall = StallState::default();
             self.fx.cpu.pause();
@@ -305,8 +282,8 @@ impl Ticker {
         };
         match self.fx.cpu.sample(self.opts.account.uid) {
             Ok(samples) => {
-                for line in self.stall.observe(&samples, cfg, now) {
-                    self.emit(&line, now);
+                for line in self.stall.observe(&samples, cfg, now.mono) {
+                    self.emit(&line, now.wall);
                 }
             }
             Err(e) => tracing::warn!("the stall watch could not sample CPU times: {e}"),
@@ -315,9 +292,9 @@ impl Ticker {
 
     /// Logs the plan's lines, signals its targets together, logs the outcomes. Returns the kills
     /// and the incidents with this tick's enforcements counted.
-    fn apply(&mut self, plan: &TickPlan, config: &Config, now: f64) -> (u64, Incidents) {
+    fn apply(&mut self, plan: &TickPlan, config: &Config, now: Now) -> (u64, Incidents) {
         for line in &plan.lines {
-            self.emit(line, now);
+            self.emit(line, now.wall);
         }
         self.totals.skipped += plan.lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
         let procs: Vec<_> = plan.targets.iter().map(|t| t.proc).collect();
@@ -326,14 +303,43 @@ impl Ticker {
             (false, true) => self.fx.signals.verify_all(&procs),
             (false, false) => self.fx.signals.end_all(&procs),
         };
-        let AfterSignals { lines, kills, incidents } = after_signals(plan, &outcomes, config, now);
+        let AfterSignals { lines, kills, incidents } = after_signals(plan, &outcomes, config, now.mono);
         for line in &lines {
-            self.emit(line, now);
+            self.emit(line, now.wall);
         }
         self.totals.kills += kills;
         self.totals.dry_runs += lines.iter().filter(|l| l.event == "DRY_RUN").count() as u64;
         self.totals.skipped += lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
         (kills, incidents)
+    }
+
+    /// `WARN config_unknown_key` once per key per run, for at most [`config::MAX_UNKNOWN_KEYS`]
+    /// keys; then one `WARN config_unknown_keys_unreported`, and the set stops growing.
+    fn warn_unknown_keys(&mut self, config: &Config) {
+        let path = self.opts.config_path.as_os_str().as_encoded_bytes();
+        let mut over = config.unknown_keys_unlisted > 0;
+        for key in &config.unknown_keys {
+            if self.warned_keys.contains(key) {
+                continue;
+            }
+            if self.warned_keys.len() >= config::MAX_UNKNOWN_KEYS {
+                over = true;
+                break;
+            }
+            self.warned_keys.insert(key.clone());
+            self.fx
+                .log
+                .write(&Line::new("WARN").word("config_unknown_key").with("key", key.as_str()).with("path", path));
+        }
+        if over && !self.unknown_keys_capped {
+            self.unknown_keys_capped = true;
+            self.fx.log.write(
+                &Line::new("WARN")
+                    .word("config_unknown_keys_unreported")
+                    .with("limit", config::MAX_UNKNOWN_KEYS)
+                    .with("path", path),
+            );
+        }
     }
 
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
@@ -437,7 +443,7 @@ struct Done<'a> {
     sessions: Option<crate::status::SessionsStatus>,
 }
 
-/// Logs `line`, and streams it when docs/operations.md says so.
+/// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
 pub(super) fn emit(fx: &Effects, line: &Line, now: f64) {
     fx.log.write(line);
     if let Some(kind) = policy::decide::stream_kind(line) {

@@ -3,10 +3,12 @@
 //! of their messages the same way.
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-use super::Endpoint;
+use super::{
+    conn::{Conn, ConnError, Target},
+    Endpoint,
+};
 
 /// Bound on every single Redis call, connecting included (docs/operations.md: ≤ 1 s).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -27,23 +29,14 @@ pub enum MirrorError {
 }
 
 impl MirrorError {
-    fn from_redis(endpoint: &Endpoint, what: &'static str, err: &redis::RedisError) -> MirrorError {
-        use redis::ErrorKind;
+    fn from_conn(endpoint: &Endpoint, what: &'static str, err: &ConnError) -> MirrorError {
         let reason = endpoint.scrub(&err.to_string());
         let endpoint = endpoint.redacted();
-        if err.kind() == ErrorKind::InvalidClientConfig {
-            MirrorError::InvalidEndpoint { endpoint, reason }
-        } else if err.is_timeout() {
-            // The library's own timeout (set to the same bound) can fire just before ours.
-            MirrorError::Timeout { endpoint, what }
-        } else if err.is_io_error()
-            || err.is_connection_refusal()
-            || err.is_connection_dropped()
-            || err.kind() == ErrorKind::AuthenticationFailed
-        {
-            MirrorError::Unreachable { endpoint, reason }
-        } else {
-            MirrorError::Rejected { endpoint, what, reason }
+        match err {
+            // A socket that failed or a server that broke the protocol, and refused
+            // credentials: an outage, retried with backoff.
+            ConnError::Transport(_) | ConnError::Auth(_) => MirrorError::Unreachable { endpoint, reason },
+            ConnError::Refused(_) => MirrorError::Rejected { endpoint, what, reason },
         }
     }
 
@@ -58,20 +51,19 @@ pub(super) async fn bounded<T>(
     endpoint: &Endpoint,
     what: &'static str,
     deadline: Instant,
-    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    call: impl std::future::Future<Output = Result<T, ConnError>>,
 ) -> Result<T, MirrorError> {
     match tokio::time::timeout_at(deadline, call).await {
-        Ok(result) => result.map_err(|e| MirrorError::from_redis(endpoint, what, &e)),
+        Ok(result) => result.map_err(|e| MirrorError::from_conn(endpoint, what, &e)),
         Err(_) => Err(MirrorError::Timeout { endpoint: endpoint.redacted(), what }),
     }
 }
 
-/// A new connection to `endpoint`, bounded by `deadline`.
-pub(super) async fn connect(endpoint: &Endpoint, deadline: Instant) -> Result<MultiplexedConnection, MirrorError> {
-    let client =
-        redis::Client::open(endpoint.url.as_str()).map_err(|e| MirrorError::from_redis(endpoint, "connect", &e))?;
-    // The library's own timeouts back up ours, so a call it abandons does not linger inside.
-    let config =
-        redis::AsyncConnectionConfig::new().set_connection_timeout(CALL_TIMEOUT).set_response_timeout(CALL_TIMEOUT);
-    bounded(endpoint, "connect", deadline, client.get_multiplexed_async_connection_with_config(&config)).await
+/// A new connection to `endpoint` (authenticated, its database selected), bounded by `deadline`.
+pub(super) async fn connect(endpoint: &Endpoint, deadline: Instant) -> Result<Conn, MirrorError> {
+    let target = Target::parse(&endpoint.url).map_err(|e| MirrorError::InvalidEndpoint {
+        endpoint: endpoint.redacted(),
+        reason: endpoint.scrub(&e.to_string()),
+    })?;
+    bounded(endpoint, "connect", deadline, Conn::open(&target)).await
 }

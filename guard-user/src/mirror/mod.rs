@@ -10,15 +10,19 @@
 //!   behind it (queue, backoff, one warning per outage).
 //! - [`query`]: the read side: one heartbeat for `check`, every heartbeat for `status --fleet`.
 //! - [`call`]: one bounded Redis call and its [`MirrorError`], shared by the worker and the queries.
+//! - [`conn`], [`resp`]: one connection (the URL, the socket, AUTH and SELECT) and the protocol
+//!   itself (commands out, bounded replies in).
 //!
 //! Presentation (the fleet table) lives with its command, in `cmd/fleet.rs`.
 //!
 //! Secrets: an [`Endpoint`]'s password never leaves this module. Its `Display` and `Debug`, every
-//! warn line and every [`MirrorError`] carry [`Endpoint::redacted`], and error texts from the
-//! client library are scrubbed of the password before they are stored.
+//! warn line and every [`MirrorError`] carry [`Endpoint::redacted`], and error texts are scrubbed
+//! of the password before they are stored.
 pub mod call;
+pub mod conn;
 pub mod endpoint;
 pub mod query;
+pub mod resp;
 pub mod wire;
 pub mod worker;
 

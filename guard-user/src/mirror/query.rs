@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::call::{bounded, connect, MirrorError, CALL_TIMEOUT};
+use super::resp::{Cmd, Reply, RespError};
 use super::wire::{heartbeat_key, Heartbeat, KEY_PREFIX, STREAM_KEY};
 use super::Endpoint;
 
@@ -27,9 +28,10 @@ pub async fn read_heartbeat(endpoint: &Endpoint, host: &str, user: &str) -> Resu
     let deadline = Instant::now() + CALL_TIMEOUT;
     let key = heartbeat_key(host, user);
     let mut conn = connect(endpoint, deadline).await?;
-    let mut get = redis::cmd("GET");
+    let mut get = Cmd::new("GET");
     get.arg(&key);
-    let raw: Option<String> = bounded(endpoint, "GET", deadline, get.query_async(&mut conn)).await?;
+    let reply = bounded(endpoint, "GET", deadline, conn.call(&get)).await?;
+    let raw = reply.into_text().map_err(|e| protocol(endpoint, e))?;
     raw.map(|json| parse_heartbeat(endpoint, &key, &json)).transpose()
 }
 
@@ -43,10 +45,10 @@ pub async fn fleet(endpoint: &Endpoint) -> Result<Vec<Heartbeat>, MirrorError> {
     let mut keys = Vec::new();
     let mut cursor = 0u64;
     loop {
-        let mut scan = redis::cmd("SCAN");
-        scan.arg(cursor).arg("MATCH").arg(format!("{KEY_PREFIX}*")).arg("COUNT").arg(1000);
-        let (next, batch): (u64, Vec<String>) =
-            bounded(endpoint, "SCAN", deadline(), scan.query_async(&mut conn)).await?;
+        let mut scan = Cmd::new("SCAN");
+        scan.arg(cursor).arg("MATCH").arg(format!("{KEY_PREFIX}*")).arg("COUNT").arg(1000u64);
+        let reply = bounded(endpoint, "SCAN", deadline(), conn.call(&scan)).await?;
+        let (next, batch) = scan_page(reply).map_err(|e| protocol(endpoint, e))?;
         keys.extend(batch.into_iter().filter(|k| k != STREAM_KEY));
         cursor = next;
         if cursor == 0 || keys.len() >= FLEET_MAX_KEYS {
@@ -59,13 +61,34 @@ pub async fn fleet(endpoint: &Endpoint) -> Result<Vec<Heartbeat>, MirrorError> {
     let mut beats = Vec::new();
     for chunk in keys.chunks(500) {
         // MGET answers nil for a key holding a non-string, so a stray non-heartbeat key is harmless.
-        let mut mget = redis::cmd("MGET");
-        mget.arg(chunk);
-        let values: Vec<Option<String>> = bounded(endpoint, "MGET", deadline(), mget.query_async(&mut conn)).await?;
-        beats.extend(values.iter().flatten().filter_map(|json| serde_json::from_str::<Heartbeat>(json).ok()));
+        let mut mget = Cmd::new("MGET");
+        for key in chunk {
+            mget.arg(key);
+        }
+        let reply = bounded(endpoint, "MGET", deadline(), conn.call(&mget)).await?;
+        let values = reply.into_array().map_err(|e| protocol(endpoint, e))?;
+        let texts = values.into_iter().filter_map(|v| v.into_text().ok().flatten());
+        beats.extend(texts.filter_map(|json| serde_json::from_str::<Heartbeat>(&json).ok()));
     }
     beats.sort_by(|a, b| (&a.host, &a.user).cmp(&(&b.host, &b.user)));
     Ok(beats)
+}
+
+/// SCAN's reply: the next cursor and a page of keys.
+fn scan_page(reply: Reply) -> Result<(u64, Vec<String>), RespError> {
+    let mut parts = reply.into_array()?.into_iter();
+    let (Some(cursor), Some(keys), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(RespError::Protocol("SCAN did not answer a cursor and a page".into()));
+    };
+    let cursor = cursor.into_text()?.and_then(|c| c.parse().ok());
+    let cursor = cursor.ok_or_else(|| RespError::Protocol("SCAN's cursor is not a number".into()))?;
+    let keys = keys.into_array()?.into_iter().filter_map(|k| k.into_text().ok().flatten()).collect();
+    Ok((cursor, keys))
+}
+
+/// A reply of the wrong shape: the server is not the Redis we expect.
+fn protocol(endpoint: &Endpoint, e: RespError) -> MirrorError {
+    MirrorError::Unreachable { endpoint: endpoint.redacted(), reason: endpoint.scrub(&e.to_string()) }
 }
 
 /// The `check` line for the heartbeat of `host`/`user` (docs/operations.md), `None` when it is there.

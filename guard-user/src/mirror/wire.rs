@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::resp::Cmd;
+
 /// The stream every guard appends its FLAGGED-first / KILLED / DRY_RUN / SKIPPED events to.
 pub const STREAM_KEY: &str = "agentihooks:host-guard:events";
 /// Approximate length the stream is trimmed to (`MAXLEN ~`).
@@ -105,9 +107,9 @@ pub struct StreamEvent {
 
 /// `SET <key> <json> EX <ttl>`: the heartbeat, gone by itself `ttl` after the last write so a
 /// guard that stopped (or a Redis that moved) strands nothing.
-pub fn set_heartbeat(key: &str, hb: &Heartbeat, ttl: Duration) -> redis::Cmd {
+pub fn set_heartbeat(key: &str, hb: &Heartbeat, ttl: Duration) -> Cmd {
     let json = serde_json::to_string(hb).expect("a heartbeat always serializes");
-    let mut cmd = redis::cmd("SET");
+    let mut cmd = Cmd::new("SET");
     cmd.arg(key).arg(json).arg("EX").arg(ttl_secs(ttl));
     cmd
 }
@@ -118,8 +120,8 @@ fn ttl_secs(ttl: Duration) -> u64 {
 }
 
 /// `XADD` of one event of `host`/`user`, trimming the stream to about [`STREAM_MAXLEN`].
-pub fn xadd(host: &str, user: &str, ev: &StreamEvent) -> redis::Cmd {
-    let mut cmd = redis::cmd("XADD");
+pub fn xadd(host: &str, user: &str, ev: &StreamEvent) -> Cmd {
+    let mut cmd = Cmd::new("XADD");
     cmd.arg(STREAM_KEY).arg("MAXLEN").arg("~").arg(STREAM_MAXLEN).arg("*");
     cmd.arg("host").arg(host).arg("user").arg(user).arg("event").arg(&ev.event);
     if let Some(pid) = ev.pid {
@@ -148,13 +150,8 @@ pub fn xadd(host: &str, user: &str, ev: &StreamEvent) -> redis::Cmd {
 mod tests {
     use super::*;
 
-    fn args(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
-        cmd.args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(bytes) => bytes.to_vec(),
-                redis::Arg::Cursor => b"<cursor>".to_vec(),
-            })
-            .collect()
+    fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args().to_vec()
     }
 
     #[test]

@@ -18,11 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::call::{bounded, connect, MirrorError, CALL_TIMEOUT};
+use super::conn::Conn;
 use super::wire::{heartbeat_key, set_heartbeat, xadd, Heartbeat, StreamEvent};
 use super::Endpoint;
 
@@ -178,7 +178,7 @@ struct Worker {
     shared: Arc<Shared>,
     warn: Arc<dyn Fn(String) + Send + Sync>,
     /// Dropped after any failure, so a hung or half-closed connection is never reused.
-    conn: Option<MultiplexedConnection>,
+    conn: Option<Conn>,
     /// Between the `redis_unreachable` warning and the next success.
     in_outage: bool,
     /// Wait before the next attempt after a failure.
@@ -247,7 +247,7 @@ impl Worker {
         if let Some((hb, ttl)) = self.shared.take_heartbeat() {
             let set = set_heartbeat(&self.key, &hb, ttl);
             let deadline = Instant::now() + CALL_TIMEOUT;
-            if let Err(err) = bounded(&self.endpoint, "SET", deadline, set.query_async::<()>(conn)).await {
+            if let Err(err) = bounded(&self.endpoint, "SET", deadline, conn.call(&set)).await {
                 if err.is_transient() {
                     self.shared.restore_heartbeat((hb, ttl));
                 }
@@ -256,12 +256,9 @@ impl Worker {
         }
         let batch = self.shared.take_events(EVENT_BATCH);
         if !batch.is_empty() {
-            let mut pipe = redis::pipe();
-            for ev in &batch {
-                pipe.add_command(xadd(&self.host, &self.user, ev)).ignore();
-            }
+            let cmds: Vec<_> = batch.iter().map(|ev| xadd(&self.host, &self.user, ev)).collect();
             let deadline = Instant::now() + CALL_TIMEOUT;
-            if let Err(err) = bounded(&self.endpoint, "XADD", deadline, pipe.query_async::<()>(conn)).await {
+            if let Err(err) = bounded(&self.endpoint, "XADD", deadline, conn.pipeline(&cmds)).await {
                 if err.is_transient() {
                     self.shared.restore_events(batch);
                 } else {

@@ -13,7 +13,7 @@
 //! | `spawn` | 2 s | starting the worker (exec, hardening, first frame) takes ~2 ms; 2 s absorbs a loaded host. |
 //! | `compile` | 2 s | the shipped set compiles in 0.06 ms; patterns within `max_expansion` compile in ≤ ~150 ms. A set that needs more is refused as too costly, once per config change. |
 //! | `per_match` | 250 ms | one pattern on one text. The shipped patterns take ≤ 60 ms on a 1 MiB text, microseconds on a real one (10,000 texts × 4 patterns: 22 ms through the worker); `(a*)*\1` needs seconds on 300 bytes. The worker is killed between 250 and ~315 ms into a regexec (the parent samples the progress page every quarter of it). |
-//! | `strikes` | 3 | after three texts a pattern could not decide in one [`Round`](super::Round), it is skipped for the rest of the round (its texts are `Budget` unless a later pattern matches), so a hostile pattern costs at most ~1 s of a tick, not 250 ms per process. |
+//! | `strikes` | 3 | after three texts a pattern could not decide in one [`Round`](super::Round), it is skipped for the rest of the round (its texts are `Budget` unless a later pattern matches), so a hostile pattern costs at most ~1 s of a tick, not 250 ms per process. The same count bounds one text: after three patterns overran or ran out of memory on it, it is `Budget` without trying the rest (it is protected whatever they say), so a hostile text costs ~1 s too, not 250 ms per pattern. |
 //! | `memory_bytes` | 24 MiB | the worker's heap (RLIMIT_DATA above what it had at start). The unit's `MemoryMax=64M` covers the daemon (≤ 16 MiB, its benchmark target at 10,000 processes) and the worker (3.9 MB resident, 0.3 MB of it its own, at rest and with the shipped set); 24 MiB of heap plus `stack_bytes` keeps the sum near 48 MiB. `(a*)*\1` on 100 KiB reaches it in ~0.2 s and gets `Budget`. |
 //! | `stack_bytes` | 4 MiB | RLIMIT_STACK. Legitimate patterns recurse a few hundred frames at most (nesting depth ≤ 512 bytes/2); `()(\1\1)+` recurses without end and dies whatever the limit, so the limit only caps what such a crash touches. |
 //! | `cpu_seconds` | 60 s | RLIMIT_CPU, a backstop should the parent die without killing the worker mid-match. It is cumulative, so the parent replaces a worker that used half of it (after hours of real matching) between calls. |
@@ -38,7 +38,9 @@ pub struct Limits {
     pub compile: Duration,
     /// How long one pattern may run on one text.
     pub per_match: Duration,
-    /// Failures of one pattern within one round after which the round stops running it.
+    /// Failures of one pattern within one round after which the round stops running it; also
+    /// the patterns that may fail (overrun, run out of memory) on one text before it is settled
+    /// as `Budget`.
     pub strikes: u32,
     /// The worker's heap, in bytes, beyond what it had when it started.
     pub memory_bytes: u64,

@@ -24,13 +24,24 @@
 //! - A worker that dies (stack overflow, out of memory, seccomp, an outside SIGKILL) is handled
 //!   the same way, blamed on the pattern the progress page names; a death the page cannot
 //!   explain makes the oldest unanswered text `Budget`, so every death makes progress.
-//! - `regexec` running out of the worker's heap is `Budget` too (glibc sometimes answers "no
-//!   match" then: see [`Pattern::try_match`](super::Pattern::try_match)).
+//! - `regexec` running out of the worker's heap is a failure of that pattern on that text too
+//!   (glibc sometimes answers "no match" then: see [`Pattern::try_match`](super::Pattern::try_match)):
+//!   the worker answers at once and the text resumes at the next pattern, as after an overrun.
 //! - After `strikes` strikes in one [`Round`], a pattern is no longer run in that round (texts
 //!   it could have matched are `Budget`), so one hostile pattern costs a tick about
 //!   `strikes × per_match`, not that much per process. Strikes are per round because a pattern
 //!   slow on one hostile text may be fast on the next tick's texts.
-//! - The round's deadline bounds everything: what is not answered by then is `Budget`.
+//! - A text on which `strikes` patterns failed (overran, ran out of memory) is `Budget` without
+//!   trying the rest: it is protected whatever they say, and each could cost another
+//!   `per_match`. So one hostile text costs at most `strikes × per_match` too, however many
+//!   hostile patterns the list holds.
+//! - [`Round::classify_from`] says which verdicts are settled (the same list on the same text
+//!   gives them again) and where an unsettled text stands ([`Resume`]), for a caller that
+//!   caches verdicts across rounds (the daemon: `daemon::verdicts`).
+//! - The round's deadline bounds everything: what is not answered by then is `Budget`. The
+//!   regexec running at the deadline may go on to its own `per_match` bound (at most 0.5 s), so
+//!   its overrun still counts; the text it belonged to resumes, in a later round, at the pattern
+//!   it was running.
 //! - A text longer than `max_text_bytes` is `Budget` without being sent.
 //!
 //! # Call pattern (a blocking tick thread)
@@ -71,7 +82,7 @@ use super::{
     protocol::{self, CompileFailure, Request, Response},
 };
 
-pub use super::round::Round;
+pub use super::round::{Progress, Resume, Round};
 
 /// The verdict on one text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +109,9 @@ pub struct MatcherStats {
     pub deaths: u64,
     /// Texts answered `Budget`.
     pub budget: u64,
+    /// Texts sent to a worker, counting a text sent again after a worker died: the matching
+    /// work, in the unit a test can count.
+    pub texts: u64,
 }
 
 /// How the current worker hardened itself (from its `Ready` frame).

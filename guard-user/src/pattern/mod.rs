@@ -60,6 +60,7 @@ use std::fmt;
 
 mod child;
 pub mod limits;
+pub mod match_all;
 pub mod matcher;
 mod page;
 mod protocol;
@@ -68,7 +69,9 @@ mod sandbox;
 pub mod worker;
 
 pub use limits::{check_static, CostReason, Limits, PatternSetError};
-pub use matcher::{MatchOutcome, Matcher, MatcherStats, ProbeOutcome, Round, SandboxState, WorkerMemory};
+pub use matcher::{
+    MatchOutcome, Matcher, MatcherStats, ProbeOutcome, Progress, Resume, Round, SandboxState, WorkerMemory,
+};
 
 /// Why a configured pattern cannot be used.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]

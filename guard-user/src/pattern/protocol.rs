@@ -90,8 +90,9 @@ pub(crate) enum Response {
         reason: String,
     },
     /// `matched`: the first matching pattern from `start` (or `NONE`); `skipped`: a skipped
-    /// pattern was passed over before it; `out_of_memory`: the first pattern that could not
-    /// decide for lack of memory (or `NONE`).
+    /// pattern was passed over before it; `out_of_memory`: the pattern that could not decide for
+    /// lack of memory (or `NONE`). The worker stops at such a pattern and answers at once, so
+    /// the parent hears of every failure on a text as it happens and resumes after it.
     Answer {
         seq: u32,
         matched: u32,

@@ -195,8 +195,12 @@ fn serve(pipes: &mut Pipes, init: &Init, mut progress: Progress) -> std::io::Res
                             break;
                         }
                         Ok(false) => {}
-                        Err(_) if out_of_memory == NONE => out_of_memory = j as u32,
-                        Err(_) => {}
+                        // Answer now: the parent counts the failure, and resumes the text
+                        // after this pattern (or settles it, at its failure cap).
+                        Err(_) => {
+                            out_of_memory = j as u32;
+                            break;
+                        }
                     }
                 }
                 progress.note(STATE_IDLE, seq, 0);

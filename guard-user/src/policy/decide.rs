@@ -12,7 +12,7 @@ use super::{
     hours_one_decimal,
     incidents::{self, Incidents},
     line::Line,
-    minutes_ago, plan, FlagClocks,
+    minutes_ago, plan, FlagClocks, Now,
 };
 use crate::{
     comm::Comm,
@@ -59,10 +59,11 @@ pub enum CmdVerdict {
 pub struct TickInput<'a> {
     pub view: &'a AccountView,
     pub config: &'a Config,
-    /// The flag clocks in memory (the authority; the state file is their persistence).
+    /// The flag clocks in memory (the authority; the state file is their persistence), on the
+    /// monotonic clock, as every time of the incidents.
     pub clocks: &'a FlagClocks,
-    /// Unix seconds.
-    pub now: f64,
+    /// Elapsed time is measured on `now.mono`; `now.wall` only dates the status rows.
+    pub now: Now,
     /// Verdicts for the processes of names at/over the threshold; a process without one is
     /// treated as gone.
     pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
@@ -96,7 +97,7 @@ pub struct TickPlan {
     /// Names at/over the threshold (`TICK_COMPLETE flagged=`).
     pub flagged: usize,
     /// The earliest enforcement deadline of a name not enforced now, or the earliest warning
-    /// still to give (unix seconds).
+    /// still to give (on the monotonic clock).
     pub next_deadline: Option<f64>,
     /// The incidents after this tick's warnings (enforcements are counted by [`after_signals`]).
     pub incidents: Incidents,
@@ -106,7 +107,8 @@ pub struct TickPlan {
 
 /// docs/architecture.md steps 3–6 and the per-process half of step 5, for one tick.
 pub fn decide(input: &TickInput) -> TickPlan {
-    let TickInput { view, config, clocks, now, verdicts, incidents: before } = *input;
+    let TickInput { view, config, clocks, now: both, verdicts, incidents: before } = *input;
+    let now = both.mono;
     let names = plan(&view.counts, config, clocks, now);
     let mut inc = before.clone();
     incidents::prune(&mut inc, &names.clocks, now);
@@ -159,7 +161,7 @@ pub fn decide(input: &TickInput) -> TickPlan {
             name: v.name.to_string(),
             count: v.count,
             threshold: config.threshold,
-            flagged_since: Some(v.first_flagged),
+            flagged_since: Some(both.wall_of(v.first_flagged)),
             time_left_secs: Some((v.deadline(config) - now).max(0.0)),
             would_skip: Some(skip),
             would_end: Some(end),
@@ -206,7 +208,7 @@ pub struct AfterSignals {
 }
 
 /// The lines the signal outcomes produce (`outcomes[i]` belongs to `plan.targets[i]`), and the
-/// enforcements they add to the repeat bookkeeping.
+/// enforcements they add to the repeat bookkeeping. `now` is on the monotonic clock.
 pub fn after_signals(plan: &TickPlan, outcomes: &[Outcome], config: &Config, now: f64) -> AfterSignals {
     let mut lines = Vec::with_capacity(outcomes.len());
     let mut kills = 0;

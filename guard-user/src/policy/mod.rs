@@ -2,7 +2,8 @@
 //!
 //! No kernel, no files, no clock: the daemon passes everything in, tests call it directly.
 //! [`plan`] is docs/architecture.md steps 3–6 for names; [`decide::decide`] builds a whole tick on it (the
-//! per-process half of step 5, the lines, the status rows); [`line`] is a log line as data.
+//! per-process half of step 5, the lines, the status rows); [`line`] is a log line as data;
+//! [`time`] the two clocks (elapsed time is monotonic, the state file's times are wall times).
 use crate::{comm::Comm, config::Config, pattern::Pattern};
 
 pub mod decide;
@@ -12,12 +13,14 @@ pub mod sessions;
 pub mod stall;
 #[cfg(test)]
 mod tests;
+pub mod time;
 
 pub use decide::{after_signals, complete, decide, AccountView, AfterSignals, CmdVerdict, TickInput, TickPlan};
 pub use incidents::Incidents;
+pub use time::Now;
 
-/// Flag clocks: name → when it first reached the threshold (unix seconds, ms precision),
-/// keyed by the name's bytes. This is what the state file holds.
+/// Flag clocks: name → when it first reached the threshold, keyed by the name's bytes. The
+/// policy's are on the daemon's monotonic clock; the state file's are unix seconds ([`time`]).
 pub use crate::state::FlagClocks;
 
 /// What the tick does about one name at/over the threshold.
@@ -25,7 +28,8 @@ pub use crate::state::FlagClocks;
 pub struct NameVerdict {
     pub name: Comm,
     pub count: u32,
-    /// Unix seconds when the name was first flagged.
+    /// When the name was first flagged, on the monotonic clock ([`time`]); it also names the
+    /// incident (a warning is given once per flag clock).
     pub first_flagged: f64,
     /// First tick at/over the threshold: logged `first_flagged=now`.
     pub newly_flagged: bool,
@@ -39,7 +43,7 @@ impl NameVerdict {
         (now - self.first_flagged).max(0.0)
     }
 
-    /// When enforcement is due (unix seconds).
+    /// When enforcement is due (on the monotonic clock).
     pub fn deadline(&self, config: &Config) -> f64 {
         self.first_flagged + config.timeout.as_secs_f64()
     }
@@ -55,7 +59,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The earliest enforcement deadline among names not enforced this tick (for the deadline timer).
+    /// The earliest enforcement deadline among names not enforced this tick (for the deadline
+    /// timer; on the monotonic clock).
     pub fn next_deadline(&self, config: &Config) -> Option<f64> {
         self.names.iter().filter(|v| !v.enforce).map(|v| v.deadline(config)).reduce(f64::min)
     }
@@ -68,7 +73,8 @@ pub fn plan(counts: &[(Comm, u32)], config: &Config, clocks: &FlagClocks, now: f
         .filter(|(name, count)| *count >= config.threshold && !config.is_excluded(name))
         .map(|&(name, count)| {
             let (first_flagged, newly_flagged) = match clocks.get(&name) {
-                // A clock in the future (the wall clock stepped back) counts from now.
+                // A clock in the future (never made by `time::to_memory`, which reads a future
+                // file time as now) counts from now rather than never.
                 Some(&t) if t.is_finite() && t <= now => (t, false),
                 Some(_) => (now, false),
                 None => (now, true),

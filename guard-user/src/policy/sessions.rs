@@ -17,7 +17,7 @@
 //! once nothing but protected members is left.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{line::Line, CmdVerdict};
+use super::{line::Line, CmdVerdict, Now};
 use crate::{
     comm::Comm,
     config::{Config, Leftovers, Sessions},
@@ -59,7 +59,7 @@ pub struct RootInfo {
     pub root: ProcState,
     /// Its command line when it was classified, cut to [`MAX_ROOT_COMMAND`] bytes.
     pub command: Vec<u8>,
-    /// When it was recognised (unix seconds).
+    /// When it was recognised (unix seconds: shown, never timed).
     pub since: f64,
 }
 
@@ -68,7 +68,7 @@ pub struct RootInfo {
 pub struct EndedSession {
     pub root: RootInfo,
     /// When the tick first saw it ended (the pump wakes the tick at the exit, so this is the
-    /// exit give or take a tick's start).
+    /// exit give or take a tick's start), on the monotonic clock, like every step's time.
     pub ended_at: f64,
     pub phase: Phase,
     /// Leftovers given a `LEFTOVER` line (each gets one).
@@ -132,7 +132,8 @@ pub struct SessionsInput<'a> {
     pub view: &'a SessionsView,
     pub config: &'a Config,
     pub sessions: &'a Sessions,
-    pub now: f64,
+    /// Steps are timed on the monotonic clock; ages and `since` on the wall clock.
+    pub now: Now,
     pub dry_run: bool,
     pub ages: Ages,
     /// This tick's verdict on the candidates of `view`.
@@ -164,7 +165,7 @@ pub struct SessionPlan {
     pub kill: Vec<ReapTarget>,
     /// The book after this tick, before the signals' outcomes ([`after_reap`] adds those).
     pub book: SessionBook,
-    /// The next step due (unix seconds), for the deadline timer.
+    /// The next step due (monotonic clock), for the deadline timer.
     pub next_deadline: Option<f64>,
 }
 
@@ -178,7 +179,7 @@ fn step_due(e: Option<&EndedSession>, grace: f64, now: f64) -> bool {
 }
 
 /// The members whose `excludeCommands` verdicts a tick needs before [`decide_sessions`]: those
-/// of every ended session whose next step is due now, when leftovers are stopped.
+/// of every ended session whose next step is due at `now` (monotonic), when leftovers are stopped.
 pub fn due_members(view: &SessionsView, book: &SessionBook, sessions: &Sessions, now: f64) -> Vec<ProcState> {
     if sessions.leftovers != Leftovers::Stop {
         return Vec::new();
@@ -201,13 +202,14 @@ fn earliest(a: Option<f64>, b: f64) -> Option<f64> {
 
 /// The plan for this tick (see the module doc).
 pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
-    let SessionsInput { view, config, sessions, now, dry_run, ages, roots, verdicts, book } = *input;
+    let SessionsInput { view, config, sessions, now: clocks, dry_run, ages, roots, verdicts, book } = *input;
+    let now = clocks.mono;
     let mut plan = SessionPlan { book: book.clone(), ..Default::default() };
     for c in &view.candidates {
         let root = match roots.get(&c.session) {
             Some(RootVerdict::Root { command }) => {
                 let command = command[..command.len().min(MAX_ROOT_COMMAND)].to_vec();
-                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, since: now });
+                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, since: clocks.wall });
                 true
             }
             Some(RootVerdict::Other) => false,
@@ -233,7 +235,7 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
             root: book.roots.get(&row.id).cloned().unwrap_or(RootInfo {
                 root: ProcState { id: row.root, euid: 0, comm: Comm::new(b"") },
                 command: Vec::new(),
-                since: now,
+                since: clocks.wall,
             }),
             ended_at: now,
             phase: Phase::Grace,
@@ -243,7 +245,7 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
         });
         plan.book.roots.remove(&row.id);
         let due = step_due(Some(&e), grace, now);
-        let mut step = Step { row, e: &mut e, lines: &mut plan.lines, now, ages };
+        let mut step = Step { row, e: &mut e, lines: &mut plan.lines, wall: clocks.wall, ages };
         let keep = match (step.e.phase, due) {
             (Phase::Grace, false) => {
                 plan.next_deadline = earliest(plan.next_deadline, step.e.ended_at + grace);
@@ -312,7 +314,8 @@ struct Step<'a> {
     row: &'a SessionRow,
     e: &'a mut EndedSession,
     lines: &'a mut Vec<Line>,
-    now: f64,
+    /// Unix time, for ages.
+    wall: f64,
     ages: Ages,
 }
 
@@ -326,7 +329,7 @@ impl Step<'_> {
                         .with("pid", p.id.pid)
                         .with("name", p.comm)
                         .with("root", self.e.root.root.id.pid)
-                        .with("age", format!("{}s", self.ages.of(p, self.now))),
+                        .with("age", format!("{}s", self.ages.of(p, self.wall))),
                 );
             }
         }
@@ -407,8 +410,9 @@ pub fn after_reap(plan: &mut SessionPlan, term: &[Outcome], kill: &[Outcome], dr
 }
 
 /// The status of `view` (the lineage after this tick's answers) with what `book` remembers.
-pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages: Ages, now: f64) -> SessionsStatus {
+pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages: Ages, now: Now) -> SessionsStatus {
     let grace = sessions.grace.as_secs_f64();
+    let wall = |mono: f64| now.wall_of(mono);
     let c = view.counts;
     let mut rows = Vec::new();
     for row in view.sessions.iter().take(MAX_STATUS_SESSIONS) {
@@ -418,11 +422,11 @@ pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages
         };
         let root = row.root_state.or(info.map(|i| i.root));
         let (stage, due_at) = match ended.map(|e| (e.ended_at, e.phase)) {
-            None if row.ended => ("grace", Some(now + grace)),
+            None if row.ended => ("grace", Some(now.wall + grace)),
             None => ("live", None),
-            Some((at, Phase::Grace)) => ("grace", Some(at + grace)),
-            Some((_, Phase::Term { at })) => ("stopping", Some(at + STOP_WAIT)),
-            Some((_, Phase::Kill { at, .. })) => ("stopping", Some(at + KILL_CHECK)),
+            Some((at, Phase::Grace)) => ("grace", Some(wall(at + grace))),
+            Some((_, Phase::Term { at })) => ("stopping", Some(wall(at + STOP_WAIT))),
+            Some((_, Phase::Kill { at, .. })) => ("stopping", Some(wall(at + KILL_CHECK))),
         };
         rows.push(SessionStatus {
             root_pid: row.root.pid,
@@ -430,9 +434,9 @@ pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages
             root_name: root.map(|r| r.comm.to_string()).unwrap_or_default(),
             command: info.map(|i| crate::escape::text(&i.command)).unwrap_or_default(),
             since: info.map(|i| i.since),
-            root_age_secs: row.root_state.map(|r| ages.of(&r, now)),
+            root_age_secs: row.root_state.map(|r| ages.of(&r, now.wall)),
             stage: stage.into(),
-            ended_at: ended.map(|e| e.ended_at),
+            ended_at: ended.map(|e| wall(e.ended_at)),
             due_at,
             processes: row
                 .members

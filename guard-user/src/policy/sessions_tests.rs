@@ -68,7 +68,7 @@ fn tick(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64, dry_run: b
         view: v,
         config: cfg,
         sessions,
-        now,
+        now: Now::same(now),
         dry_run,
         ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
         roots: &roots,
@@ -83,7 +83,7 @@ fn tick(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64, dry_run: b
 }
 
 fn status_of(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64) -> SessionsStatus {
-    status(v, book, cfg.sessions.as_ref().unwrap(), Ages { boot_unix: 0.0, ticks_per_sec: 1 }, now)
+    status(v, book, cfg.sessions.as_ref().unwrap(), Ages { boot_unix: 0.0, ticks_per_sec: 1 }, Now::same(now))
 }
 
 fn recognised(cfg: &Config) -> SessionBook {
@@ -111,7 +111,7 @@ fn a_candidate_is_a_root_only_when_its_command_line_matched() {
         view: &v,
         config: &cfg,
         sessions,
-        now: 5.0,
+        now: Now::same(5.0),
         dry_run: false,
         ages: Ages { boot_unix: 0.0, ticks_per_sec: 100 },
         roots: &roots,
@@ -263,7 +263,7 @@ fn a_leftover_gone_before_its_sigterm_is_skipped_as_identity_changed_and_not_cou
         view: &v,
         config: &cfg,
         sessions,
-        now: 1100.0,
+        now: Now::same(1100.0),
         dry_run: false,
         ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
         roots: &HashMap::new(),
@@ -288,7 +288,7 @@ fn a_member_without_a_verdict_is_protected_never_ended() {
         view: &v,
         config: &cfg,
         sessions: cfg.sessions.as_ref().unwrap(),
-        now: 1100.0,
+        now: Now::same(1100.0),
         dry_run: false,
         ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
         roots: &HashMap::new(),

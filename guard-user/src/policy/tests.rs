@@ -69,3 +69,21 @@ fn log_figures_round_as_the_spec_says() {
     assert_eq!(hours_one_decimal(5400.0), "1.5");
     assert_eq!(hours_one_decimal(0.0), "0.0");
 }
+
+#[test]
+fn pruning_170000_repeat_histories_reported_in_the_future_is_fast_and_bounded() {
+    use crate::state::RepeatHistory;
+    // What a planted state file held: a quadratic prune took 261 s on it, past the start timeout.
+    let repeats = (0..170_000u32)
+        .map(|i| (Comm::new(format!("r{i}").as_bytes()), RepeatHistory { enforcements: vec![], reported: Some(9e12) }))
+        .collect();
+    let mut inc = Incidents { repeats, ..Default::default() };
+    let began = std::time::Instant::now();
+    incidents::prune(&mut inc, &FlagClocks::new(), 1000.0);
+    eprintln!("prune of 170,000 names: {:?}", began.elapsed());
+    assert_eq!(inc.repeats.len(), incidents::MAX_REPEAT_NAMES);
+    assert!(inc.repeats.values().all(|h| h.reported == Some(1000.0)), "a report in the future counts from now");
+    // A day later they are gone, as any report is.
+    incidents::prune(&mut inc, &FlagClocks::new(), 1000.0 + incidents::DAY);
+    assert!(inc.repeats.is_empty());
+}

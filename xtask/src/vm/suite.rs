@@ -55,6 +55,13 @@ pub const SUITE: &[(&str, Place)] = &[
         "integration-tests.names",
         Place::Guests { why: "15-byte names set by exec and rename, ended through each kernel's events", only: &[] },
     ),
+    (
+        "integration-tests.memory_bounds",
+        Place::Guests {
+            why: "the daemon under a real 64M memory cgroup (v2 in the guests) with hostile files",
+            only: &[],
+        },
+    ),
     ("integration-tests.no_btf", Place::Guests { why: "the procfs fallback (the no-btf guest)", only: &[] }),
     ("integration-tests.record", Place::Guests { why: "a trace of each kernel's events replays", only: &[] }),
     (
@@ -80,13 +87,16 @@ pub const SUITE: &[(&str, Place)] = &[
     ),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
+    ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
     ("guard-user.bin-guard-user", Place::Host { why: "no tests in main.rs" }),
+    ("guard-user.doc_claims", Place::Host { why: "what the docs and man pages claim, against the binary" }),
     ("guard-user.fuzz_inputs", Place::Host { why: "parsers and the matcher on generated input" }),
     ("guard-user.log_grammar", Place::Host { why: "the log's text" }),
     (
         "guard-user.matcher",
         Place::Host { why: "glibc's regex engine behind the bounds (the sandbox is matcher_sandbox)" },
     ),
+    ("guard-user.matcher_cache", Place::Host { why: "the verdict cache and round budget over a real worker" }),
     ("guard-user.matcher_measure", Place::Host { why: "a measurement, ignored by default" }),
     ("guard-user.metrics", Place::Host { why: "the Prometheus text" }),
     ("guard-user.mirror_offline", Place::Host { why: "endpoint and fleet text" }),
@@ -94,6 +104,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
     ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
+    ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.sessions_replay", Place::Host { why: "recorded session traces through the daemon, no kernel" }),
     ("guard-user.status_view", Place::Host { why: "the status file's reader" }),
     ("integration-tests.lib", Place::Host { why: "the harness, no tests" }),
@@ -139,6 +150,37 @@ mod tests {
                 assert!(only.iter().all(|t| !t.is_empty()), "{name}: an empty filter would match every test");
             }
         }
+    }
+
+    /// Every test binary `cargo test --workspace` builds is placed here, so the VM step never
+    /// fails late (after the host tests) on a test file added without a place.
+    #[test]
+    fn every_test_binary_of_the_workspace_has_a_place() {
+        let out = std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(crate::build_ebpf::workspace_root())
+            .output()
+            .expect("cargo metadata");
+        let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+        let mut unplaced = Vec::new();
+        for package in metadata["packages"].as_array().expect("packages") {
+            let name = package["name"].as_str().unwrap_or_default();
+            for target in package["targets"].as_array().into_iter().flatten() {
+                let target_name = target["name"].as_str().unwrap_or_default();
+                let kinds: Vec<&str> =
+                    target["kind"].as_array().into_iter().flatten().filter_map(|k| k.as_str()).collect();
+                let guest_name = match kinds.first().copied() {
+                    Some("lib" | "rlib" | "proc-macro") => format!("{name}.lib"),
+                    Some("bin") => format!("{name}.bin-{target_name}"),
+                    Some("test") => format!("{name}.{target_name}"),
+                    _ => continue,
+                };
+                if place(&guest_name).is_err() {
+                    unplaced.push(guest_name);
+                }
+            }
+        }
+        assert!(unplaced.is_empty(), "add these to xtask/src/vm/suite.rs: {unplaced:?}");
     }
 
     #[test]

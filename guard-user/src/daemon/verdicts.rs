@@ -1,0 +1,260 @@
+//! The verdict on the command line of every process a tick may end, and the cache that makes an
+//! unchanged process cost one match, not one per tick (docs/architecture.md, docs/configuration.md).
+//!
+//! A name at or over the threshold needs verdicts on every tick, due or not: `status` shows
+//! how many of its processes would be skipped or ended, and `WARNING` counts them. Matching is
+//! the costly part (the account writes the patterns; a hostile list can make every match run
+//! into its bound), and nothing about a verdict changes while the pattern list, the process and
+//! its command line stay the same. So each tick:
+//!
+//! 1. reads every command line again (cheap, and a process may rewrite its argv at any time);
+//! 2. serves a settled verdict from the [`VerdictCache`] when the list, the process identity
+//!    (pid and start time) and the command line are those it was reached on;
+//! 3. sends the rest to the matcher in one round with the tick's [`round_budget`], the
+//!    processes of the name flagged longest first (the one due, or nearest to it, is decided
+//!    first if the budget runs out);
+//! 4. keeps what the round settled, and where it left what it could not finish (that process
+//!    is protected this tick, `match_budget`, and goes on from there next tick);
+//! 5. forgets every process it did not see this tick (before keeping new verdicts, so a
+//!    process that replaces one gets its room at once).
+//!
+//! # What the cache holds, and its cap
+//! Per process (pid + start time): the command line's length and a 128-bit keyed hash of it
+//! (two SipHash keys drawn from the OS at start, never shown anywhere), and the round's
+//! [`Progress`]. The hash stands in for the bytes so an entry costs the same whatever the
+//! account puts in its argv (up to 1 MiB each); the account cannot aim a changed command line at
+//! an old verdict without knowing the keys, and a chance collision is 2⁻¹²⁸ per change. At most
+//! [`MAX_ENTRIES`] entries (about 1 MiB); past the cap a new process's verdict is not kept, so it
+//! is matched again each tick, within the budget, as every process was before the cache.
+//!
+//! # What is never cached into an end
+//! Only `NoMatch` leads to an end, and it is only ever settled after every pattern answered "no
+//! match" on exactly this text. A settled `Budget` (patterns overran or ran out of memory on
+//! this very text) is kept: trying again would overrun again, and the process is protected
+//! either way. An unsettled text (the round's budget ran out, a pattern it needed was struck out
+//! on other texts, the worker was down) is protected for this tick only and tried again.
+use std::{
+    collections::{HashMap, HashSet},
+    hash::{BuildHasher, Hasher, RandomState},
+    time::{Duration, Instant},
+};
+
+use super::effects::{Classifier, ProcessReader};
+use crate::{
+    config::Config,
+    event::ProcId,
+    pattern::{MatchOutcome, Progress, Resume},
+    policy::{AccountView, CmdVerdict, FlagClocks},
+};
+
+/// Most processes whose verdicts are kept (about 64 bytes each).
+pub const MAX_ENTRIES: usize = 16_384;
+
+/// The matching round's share of a tick: a twentieth of the interval (3 s of a 60 s tick, so a
+/// list that overruns on every command line costs at most 5 % of a core), at least 2 s (a fresh
+/// worker, the list compiled in it and one overrun fit even on a loaded host, so every round
+/// makes progress), and never more than half the tick's deadline.
+pub fn round_budget(interval: Duration, deadline: Duration) -> Duration {
+    (interval / 20).max(Duration::from_secs(2)).min(deadline / 2)
+}
+
+/// A command line as the cache remembers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TextKey {
+    len: usize,
+    hash: [u64; 2],
+}
+
+/// One process's verdict, and the command line it was reached on.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    text: TextKey,
+    progress: Progress,
+}
+
+/// Settled verdicts, and unsettled texts' progress, of one pattern list. See the module doc.
+pub struct VerdictCache {
+    /// The pattern list every entry was reached with; another list empties the cache.
+    list: Option<Vec<String>>,
+    entries: HashMap<ProcId, Entry>,
+    keys: [RandomState; 2],
+    cap: usize,
+}
+
+impl Default for VerdictCache {
+    fn default() -> VerdictCache {
+        VerdictCache::with_cap(MAX_ENTRIES)
+    }
+}
+
+impl VerdictCache {
+    /// A cache of at most `cap` entries (0: nothing is kept, every tick matches everything).
+    pub fn with_cap(cap: usize) -> VerdictCache {
+        VerdictCache { list: None, entries: HashMap::new(), keys: [RandomState::new(), RandomState::new()], cap }
+    }
+
+    /// The daemon's cache: [`MAX_ENTRIES`], or none with `GUARD_MATCH_CACHE=off` (to measure what
+    /// it saves: `cargo xtask bench --only matcher`).
+    pub fn for_daemon() -> VerdictCache {
+        let off = std::env::var_os("GUARD_MATCH_CACHE").is_some_and(|v| v == "off");
+        VerdictCache::with_cap(if off { 0 } else { MAX_ENTRIES })
+    }
+
+    /// Entries held now.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The list this tick matches with: a list other than the last one empties the cache.
+    pub fn use_list(&mut self, list: &[String]) {
+        if self.list.as_deref() != Some(list) {
+            self.entries.clear();
+            self.list = Some(list.to_vec());
+        }
+    }
+
+    /// `text`'s key (see the module doc).
+    pub fn key(&self, text: &[u8]) -> TextKey {
+        let hash = self.keys.each_ref().map(|k| {
+            let mut h = k.build_hasher();
+            h.write(text);
+            h.finish()
+        });
+        TextKey { len: text.len(), hash }
+    }
+
+    /// What is known of process `id` with the command line `text`: nothing when either changed.
+    pub fn lookup(&self, id: ProcId, text: TextKey) -> Option<Progress> {
+        self.entries.get(&id).filter(|e| e.text == text).map(|e| e.progress)
+    }
+
+    /// Keeps `progress` for `id` and `text`, replacing what was there. False when the cache is
+    /// full and `id` has no entry (it is then matched again next tick).
+    pub fn store(&mut self, id: ProcId, text: TextKey, progress: Progress) -> bool {
+        if let Some(e) = self.entries.get_mut(&id) {
+            *e = Entry { text, progress };
+            return true;
+        }
+        if self.entries.len() >= self.cap {
+            return false;
+        }
+        self.entries.insert(id, Entry { text, progress });
+        true
+    }
+
+    /// Forgets every process not in `seen`.
+    pub fn keep_only(&mut self, seen: &HashSet<ProcId>) {
+        self.entries.retain(|id, _| seen.contains(id));
+    }
+}
+
+/// What a tick has gathered when it asks for verdicts.
+#[derive(Clone, Copy)]
+pub struct Ask<'a> {
+    pub view: &'a AccountView,
+    pub config: &'a Config,
+    /// The flag clocks: the name flagged longest is matched first.
+    pub clocks: &'a FlagClocks,
+    /// The matcher holds `config`'s list; when it does not (a broken worker), only cached
+    /// verdicts are used and everything else is protected.
+    pub matcher_ok: bool,
+    /// When the matching round must end.
+    pub deadline: Instant,
+}
+
+/// What one call of [`verdicts`] did (for `GUARD_LOG=debug` and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Verdicts served from the cache.
+    pub cached: usize,
+    /// Command lines sent to the matcher.
+    pub asked: usize,
+    /// Of those, left unsettled (protected this tick, tried again).
+    pub unsettled: usize,
+}
+
+/// The verdict on the command line of every process of every name at or over the threshold and
+/// not excluded (see the module doc).
+pub fn verdicts(
+    cache: &mut VerdictCache,
+    procs: &mut dyn ProcessReader,
+    classifier: &mut dyn Classifier,
+    ask: Ask,
+) -> (HashMap<ProcId, CmdVerdict>, Work) {
+    let Ask { view, config, clocks, matcher_ok, deadline } = ask;
+    cache.use_list(&config.exclude_commands);
+    let max = classifier.max_text_bytes();
+    let mut names: Vec<_> = view.members.iter().filter(|(name, _)| !config.is_excluded(name)).collect();
+    // Oldest flag first; names not flagged yet last. The sort is stable: ties stay in name order.
+    names.sort_by(|(a, _), (b, _)| {
+        let at = |n| clocks.get(n).copied().unwrap_or(f64::INFINITY);
+        at(*a).total_cmp(&at(*b))
+    });
+    let mut out = HashMap::new();
+    let mut seen = HashSet::new();
+    let mut work = Work::default();
+    let mut asked: Vec<(ProcId, TextKey, Vec<u8>, Resume)> = Vec::new();
+    for (_, members) in names {
+        for p in members {
+            let Some(cmd) = procs.cmdline(p.id.pid, max) else {
+                out.insert(p.id, CmdVerdict::Gone);
+                continue;
+            };
+            seen.insert(p.id);
+            // Longer than the matcher takes: never matched on a cut prefix; protected.
+            if cmd.len() > max {
+                out.insert(p.id, CmdVerdict::Budget);
+                continue;
+            }
+            let key = cache.key(&cmd);
+            match cache.lookup(p.id, key) {
+                Some(Progress::Settled(o)) => {
+                    work.cached += 1;
+                    out.insert(p.id, verdict(o));
+                }
+                _ if !matcher_ok => {
+                    out.insert(p.id, CmdVerdict::Budget);
+                }
+                known => {
+                    let from = match known {
+                        Some(Progress::Unsettled(at)) => at,
+                        _ => Resume::default(),
+                    };
+                    asked.push((p.id, key, cmd, from));
+                }
+            }
+        }
+    }
+    // Forget the processes not seen before keeping new verdicts, so they make room at once.
+    cache.keep_only(&seen);
+    if !asked.is_empty() {
+        let texts: Vec<&[u8]> = asked.iter().map(|(_, _, cmd, _)| cmd.as_slice()).collect();
+        let from: Vec<Resume> = asked.iter().map(|(_, _, _, at)| *at).collect();
+        let progress = classifier.classify_from(&texts, &from, deadline);
+        work.asked = asked.len();
+        for ((id, key, _, _), p) in asked.iter().zip(progress) {
+            if matches!(p, Progress::Unsettled(_)) {
+                work.unsettled += 1;
+            }
+            cache.store(*id, *key, p);
+            out.insert(*id, verdict(p.outcome()));
+        }
+    }
+    (out, work)
+}
+
+fn verdict(o: MatchOutcome) -> CmdVerdict {
+    match o {
+        MatchOutcome::Matched(index) => CmdVerdict::Excluded { index },
+        MatchOutcome::NoMatch => CmdVerdict::End,
+        MatchOutcome::Budget => CmdVerdict::Budget,
+    }
+}
+
+#[cfg(test)]
+#[path = "verdicts_tests.rs"]
+mod tests;

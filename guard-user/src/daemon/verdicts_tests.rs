@@ -1,0 +1,257 @@
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use super::*;
+use crate::{
+    comm::Comm,
+    daemon::recording::FakeProcs,
+    event::ProcState,
+    pattern::{Limits, PatternSetError},
+};
+
+/// A classifier that answers from a table of texts and records what it was asked.
+#[derive(Default)]
+struct Scripted {
+    /// The answer per text; a text not in it is `NoMatch`.
+    answers: HashMap<Vec<u8>, Progress>,
+    /// Every (text, resume point) asked, in order.
+    asked: Vec<(Vec<u8>, Resume)>,
+}
+
+impl Classifier for Scripted {
+    fn set_patterns(&mut self, _patterns: &[String]) -> Result<(), PatternSetError> {
+        Ok(())
+    }
+
+    fn classify_from(&mut self, texts: &[&[u8]], from: &[Resume], _deadline: Instant) -> Vec<Progress> {
+        texts
+            .iter()
+            .zip(from)
+            .map(|(t, at)| {
+                self.asked.push((t.to_vec(), *at));
+                self.answers.get(*t).copied().unwrap_or(Progress::Settled(MatchOutcome::NoMatch))
+            })
+            .collect()
+    }
+
+    fn max_text_bytes(&self) -> usize {
+        Limits::default().max_text_bytes
+    }
+}
+
+fn id(pid: u32, start_ticks: u64) -> ProcId {
+    ProcId { pid, start_ticks }
+}
+
+/// A view with one name, `name`, holding `ids`, and their command lines in `procs`.
+fn world(name: &str, members: &[(ProcId, &str)]) -> (AccountView, FakeProcs) {
+    let comm = Comm::new(name.as_bytes());
+    let procs = FakeProcs::default();
+    let mut states = Vec::new();
+    for (id, cmd) in members {
+        states.push(ProcState { id: *id, euid: 1000, comm });
+        procs.0.lock().unwrap().insert(id.pid, cmd.as_bytes().to_vec());
+    }
+    let view = AccountView {
+        counts: vec![(comm, members.len() as u32)],
+        members: BTreeMap::from([(comm, states)]),
+        tracked_total: members.len() as u64,
+    };
+    (view, procs)
+}
+
+fn config(patterns: &[&str]) -> Config {
+    let text = serde_json::json!({ "excludeCommands": patterns, "excludes": [] }).to_string();
+    crate::config::parse(text.as_bytes(), std::path::Path::new("/home/x")).expect("a valid config")
+}
+
+fn run(
+    cache: &mut VerdictCache,
+    procs: &mut FakeProcs,
+    classifier: &mut Scripted,
+    view: &AccountView,
+    config: &Config,
+) -> (HashMap<ProcId, CmdVerdict>, Work) {
+    let clocks = FlagClocks::new();
+    let ask =
+        Ask { view, config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + Duration::from_secs(5) };
+    verdicts(cache, procs, classifier, ask)
+}
+
+#[test]
+fn an_unchanged_process_is_matched_once_over_many_ticks() {
+    let (view, mut procs) = world("worker", &[(id(10, 1), "worker --a"), (id(11, 1), "worker --b")]);
+    let cfg = config(&["--a"]);
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    c.answers.insert(b"worker --a".to_vec(), Progress::Settled(MatchOutcome::Matched(0)));
+    for tick in 0..10 {
+        let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+        assert_eq!(v[&id(10, 1)], CmdVerdict::Excluded { index: 0 });
+        assert_eq!(v[&id(11, 1)], CmdVerdict::End);
+        let expected =
+            if tick == 0 { Work { cached: 0, asked: 2, unsettled: 0 } } else { Work { cached: 2, ..Work::default() } };
+        assert_eq!(work, expected, "tick {tick}");
+    }
+    assert_eq!(c.asked.len(), 2);
+}
+
+#[test]
+fn a_new_start_time_on_the_same_pid_is_a_new_process_and_is_matched_again() {
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    let cfg = config(&["x"]);
+    let (view, mut procs) = world("worker", &[(id(10, 1), "worker")]);
+    run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    // The pid was reused by another process with the same command line.
+    let (view, mut procs) = world("worker", &[(id(10, 2), "worker")]);
+    c.answers.insert(b"worker".to_vec(), Progress::Settled(MatchOutcome::Matched(0)));
+    let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(v[&id(10, 2)], CmdVerdict::Excluded { index: 0 });
+    assert_eq!(work.asked, 1);
+    assert_eq!(c.asked.len(), 2);
+    assert_eq!(cache.len(), 1, "the old identity is forgotten");
+}
+
+#[test]
+fn a_rewritten_command_line_is_matched_again() {
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    let cfg = config(&["keep"]);
+    let (view, mut procs) = world("worker", &[(id(10, 1), "worker keep")]);
+    c.answers.insert(b"worker keep".to_vec(), Progress::Settled(MatchOutcome::Matched(0)));
+    assert_eq!(run(&mut cache, &mut procs, &mut c, &view, &cfg).0[&id(10, 1)], CmdVerdict::Excluded { index: 0 });
+    // Same process, argv rewritten in place (setproctitle): the old protection does not stick.
+    procs.0.lock().unwrap().insert(10, b"worker kee".to_vec());
+    let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(v[&id(10, 1)], CmdVerdict::End);
+    assert_eq!(work, Work { cached: 0, asked: 1, unsettled: 0 });
+    // And back: matched again, not served from an older entry.
+    procs.0.lock().unwrap().insert(10, b"worker keep".to_vec());
+    assert_eq!(run(&mut cache, &mut procs, &mut c, &view, &cfg).0[&id(10, 1)], CmdVerdict::Excluded { index: 0 });
+    assert_eq!(c.asked.len(), 3);
+}
+
+#[test]
+fn a_new_pattern_list_clears_every_verdict() {
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    let (view, mut procs) = world("worker", &[(id(10, 1), "worker"), (id(11, 1), "worker -v")]);
+    run(&mut cache, &mut procs, &mut c, &view, &config(&["a"]));
+    run(&mut cache, &mut procs, &mut c, &view, &config(&["a"]));
+    assert_eq!(c.asked.len(), 2);
+    c.answers.insert(b"worker".to_vec(), Progress::Settled(MatchOutcome::Matched(1)));
+    let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &config(&["a", "worker"]));
+    assert_eq!(work.asked, 2, "every process is matched against the new list");
+    assert_eq!(v[&id(10, 1)], CmdVerdict::Excluded { index: 1 });
+    assert_eq!(c.asked.len(), 4);
+}
+
+#[test]
+fn gone_processes_are_forgotten_and_the_cap_holds_new_ones_out() {
+    let members: Vec<(ProcId, String)> = (0..10).map(|i| (id(100 + i, 1), format!("w {i}"))).collect();
+    let refs: Vec<(ProcId, &str)> = members.iter().map(|(i, c)| (*i, c.as_str())).collect();
+    let (view, mut procs) = world("w", &refs);
+    let cfg = config(&["x"]);
+    let mut cache = VerdictCache::with_cap(4);
+    let mut c = Scripted::default();
+    let (v, _) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(cache.len(), 4, "at the cap, new processes are not kept");
+    assert!(v.values().all(|v| *v == CmdVerdict::End), "but every one has its verdict");
+    // Past the cap, the rest is matched again each tick (the budget bounds it), the kept ones are not.
+    let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(work, Work { cached: 4, asked: 6, unsettled: 0 });
+    // Six exit, the four kept among them: their room goes to the others in the same tick.
+    let (view, mut procs) = world("w", &refs[6..]);
+    let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(work, Work { cached: 0, asked: 4, unsettled: 0 });
+    let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(work, Work { cached: 4, asked: 0, unsettled: 0 });
+    // A process gone between the snapshot and the read has no verdict to keep.
+    procs.0.lock().unwrap().remove(&106);
+    let (v, _) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(v[&id(106, 1)], CmdVerdict::Gone);
+    assert_eq!(cache.len(), 3);
+    let seen = HashSet::new();
+    cache.keep_only(&seen);
+    assert!(cache.is_empty());
+}
+
+#[test]
+fn an_unsettled_text_is_protected_now_and_goes_on_from_where_it_stood() {
+    let (view, mut procs) = world("w", &[(id(10, 1), "w aaaa")]);
+    let cfg = config(&["(a*)*\\1x", "b", "c"]);
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    let stood = Resume { start: 1, failures: 1 };
+    c.answers.insert(b"w aaaa".to_vec(), Progress::Unsettled(stood));
+    let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(v[&id(10, 1)], CmdVerdict::Budget, "protected, never ended, while unsettled");
+    assert_eq!(work.unsettled, 1);
+    c.answers.insert(b"w aaaa".to_vec(), Progress::Settled(MatchOutcome::Budget));
+    let (v, _) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(v[&id(10, 1)], CmdVerdict::Budget);
+    assert_eq!(c.asked[1], (b"w aaaa".to_vec(), stood), "the next tick resumes, it does not start over");
+    // A settled Budget is kept: trying again would only overrun again.
+    let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    assert_eq!(work, Work { cached: 1, asked: 0, unsettled: 0 });
+}
+
+#[test]
+fn a_broken_matcher_protects_what_is_not_cached_and_keeps_what_is() {
+    let (view, mut procs) = world("w", &[(id(10, 1), "w old")]);
+    let cfg = config(&["x"]);
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    run(&mut cache, &mut procs, &mut c, &view, &cfg);
+    let (view, mut procs) = world("w", &[(id(10, 1), "w old"), (id(11, 1), "w new")]);
+    let clocks = FlagClocks::new();
+    let ask = Ask { view: &view, config: &cfg, clocks: &clocks, matcher_ok: false, deadline: Instant::now() };
+    let (v, work) = verdicts(&mut cache, &mut procs, &mut c, ask);
+    assert_eq!(v[&id(10, 1)], CmdVerdict::End, "settled on this list and text before the outage");
+    assert_eq!(v[&id(11, 1)], CmdVerdict::Budget);
+    assert_eq!(work, Work { cached: 1, asked: 0, unsettled: 0 });
+}
+
+#[test]
+fn the_name_flagged_longest_is_matched_first() {
+    let (a, b) = (Comm::new(b"alpha"), Comm::new(b"beta"));
+    let procs = FakeProcs::default();
+    procs.0.lock().unwrap().extend([(1, b"alpha".to_vec()), (2, b"beta".to_vec())]);
+    let view = AccountView {
+        counts: vec![(a, 1), (b, 1)],
+        members: BTreeMap::from([
+            (a, vec![ProcState { id: id(1, 1), euid: 1000, comm: a }]),
+            (b, vec![ProcState { id: id(2, 1), euid: 1000, comm: b }]),
+        ]),
+        tracked_total: 2,
+    };
+    let clocks = FlagClocks::from([(a, 2000.0), (b, 1000.0)]);
+    let cfg = config(&["x"]);
+    let mut c = Scripted::default();
+    let ask = Ask { view: &view, config: &cfg, clocks: &clocks, matcher_ok: true, deadline: Instant::now() };
+    verdicts(&mut VerdictCache::default(), &mut procs.clone(), &mut c, ask);
+    let order: Vec<&[u8]> = c.asked.iter().map(|(t, _)| t.as_slice()).collect();
+    assert_eq!(order, [&b"beta"[..], b"alpha"], "beta was flagged first, so it is due first");
+}
+
+#[test]
+fn the_round_budget_is_a_twentieth_of_the_interval_between_two_seconds_and_half_the_deadline() {
+    let s = Duration::from_secs;
+    assert_eq!(round_budget(s(60), s(30)), s(3));
+    assert_eq!(round_budget(s(10), s(10)), s(2));
+    assert_eq!(round_budget(s(4), s(4)), s(2));
+    assert_eq!(round_budget(s(1), s(1)), Duration::from_millis(500));
+    assert_eq!(round_budget(s(3600), s(30)), s(15));
+}
+
+#[test]
+fn an_entry_costs_at_most_64_bytes_whatever_the_command_line() {
+    // The documented cap (about 1 MiB at MAX_ENTRIES) rests on this; hashbrown adds one control
+    // byte per bucket.
+    assert!(std::mem::size_of::<(ProcId, Entry)>() <= 64, "{}", std::mem::size_of::<(ProcId, Entry)>());
+    let cache = VerdictCache::default();
+    assert_eq!(cache.key(&vec![b'a'; 1 << 20]).len, 1 << 20);
+}
