@@ -73,9 +73,11 @@ pub struct EndedSession {
     pub phase: Phase,
     /// Leftovers given a `LEFTOVER` line (each gets one).
     pub announced: BTreeSet<ProcId>,
-    /// Leftovers that are never ended (excludes, excludeCommands, match budget), given a
-    /// `SKIPPED` line.
+    /// Leftovers that are never ended (`excludes`, `excludeCommands`), given a `SKIPPED` line.
     pub protected: BTreeSet<ProcId>,
+    /// Leftovers whose command line the matcher could not decide within its bounds at a step:
+    /// not signalled then (`SKIPPED … match_budget`, once), decided again at the next step.
+    pub undecided: BTreeSet<ProcId>,
     /// Leftovers sent a signal.
     pub signalled: BTreeSet<ProcId>,
 }
@@ -185,11 +187,13 @@ pub fn due_members(view: &SessionsView, book: &SessionBook, sessions: &Sessions,
         return Vec::new();
     }
     let grace = sessions.grace.as_secs_f64();
-    view.sessions
-        .iter()
-        .filter(|row| row.ended && step_due(book.ended.get(&row.id), grace, now))
-        .flat_map(|row| row.members.iter().copied())
-        .collect()
+    // Every tick while a session is being stopped, not only at its steps: the verdict cache keeps
+    // only what a tick asked about, and a round it could not finish goes on from there.
+    let asked = |row: &SessionRow| match book.ended.get(&row.id) {
+        Some(e) if matches!(e.phase, Phase::Term { .. } | Phase::Kill { .. }) => true,
+        e => step_due(e, grace, now),
+    };
+    view.sessions.iter().filter(|row| row.ended && asked(row)).flat_map(|row| row.members.iter().copied()).collect()
 }
 
 fn skipped(p: &ProcState, reason: &str) -> Line {
@@ -241,6 +245,7 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
             phase: Phase::Grace,
             announced: BTreeSet::new(),
             protected: BTreeSet::new(),
+            undecided: BTreeSet::new(),
             signalled: BTreeSet::new(),
         });
         plan.book.roots.remove(&row.id);
@@ -263,7 +268,7 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
                         plan.term.extend(targets);
                         plan.commands.push(LineageCmd::Settle(row.id));
                         false
-                    } else if targets.is_empty() {
+                    } else if targets.is_empty() && !step.undecided_left() {
                         let line = step.reaped();
                         plan.lines.push(line);
                         plan.commands.push(LineageCmd::Settle(row.id));
@@ -335,7 +340,13 @@ impl Step<'_> {
         }
     }
 
-    /// The live members to signal; the protected ones get one `SKIPPED` line each.
+    /// Whether a live member is still undecided (its session then waits for the next step).
+    fn undecided_left(&self) -> bool {
+        self.row.members.iter().any(|p| self.e.undecided.contains(&p.id))
+    }
+
+    /// The live members to signal; the protected ones get one `SKIPPED` line each, and so do the
+    /// undecided ones (once), which are not signalled at this step.
     fn targets(&mut self, config: &Config, verdicts: &HashMap<ProcId, CmdVerdict>) -> Vec<ReapTarget> {
         let mut out = Vec::new();
         for p in &self.row.members {
@@ -344,15 +355,24 @@ impl Step<'_> {
             } else {
                 match verdicts.get(&p.id).copied() {
                     Some(CmdVerdict::End) => {
+                        self.e.undecided.remove(&p.id);
                         let target = ReapTarget { proc: *p, session: self.row.id, root_pid: self.e.root.root.id.pid };
                         out.push(target);
                         continue;
                     }
                     Some(CmdVerdict::Gone) => continue,
                     Some(CmdVerdict::Excluded { .. }) => "excluded_command",
-                    Some(CmdVerdict::Budget) | None => "match_budget",
+                    // Undecided in this tick's round (a hostile pattern or command line, or a
+                    // round out of time): never ended on a guess; decided again at the next step.
+                    Some(CmdVerdict::Budget) | None => {
+                        if self.e.undecided.insert(p.id) {
+                            self.lines.push(skipped(p, "match_budget"));
+                        }
+                        continue;
+                    }
                 }
             };
+            self.e.undecided.remove(&p.id);
             if self.e.protected.insert(p.id) {
                 self.lines.push(skipped(p, reason));
             }

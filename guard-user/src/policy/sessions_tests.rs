@@ -280,23 +280,35 @@ fn a_leftover_gone_before_its_sigterm_is_skipped_as_identity_changed_and_not_cou
 }
 
 #[test]
-fn a_member_without_a_verdict_is_protected_never_ended() {
+fn a_member_without_a_verdict_is_never_ended_on_a_guess_and_is_decided_again_at_the_next_step() {
     let cfg = config("stop", 0);
     let book = recognised(&cfg);
     let v = view(true, &[p(201, "watcher")]);
-    let plan = decide_sessions(&SessionsInput {
-        view: &v,
-        config: &cfg,
-        sessions: cfg.sessions.as_ref().unwrap(),
-        now: Now::same(1100.0),
-        dry_run: false,
-        ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
-        roots: &HashMap::new(),
-        verdicts: &HashMap::new(),
-        book: &book,
-    });
+    let input = |now: f64, verdicts: &'static [(u32, CmdVerdict)], book: &SessionBook| {
+        let verdicts: HashMap<ProcId, CmdVerdict> = verdicts.iter().map(|(pid, v)| (p(*pid, "x").id, *v)).collect();
+        decide_sessions(&SessionsInput {
+            view: &v,
+            config: &cfg,
+            sessions: cfg.sessions.as_ref().unwrap(),
+            now: Now::same(now),
+            dry_run: false,
+            ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
+            roots: &HashMap::new(),
+            verdicts: &verdicts,
+            book,
+        })
+    };
+    let plan = input(1100.0, &[], &book);
     assert!(plan.term.is_empty());
     assert!(plan.lines.iter().any(|l| l.body() == "SKIPPED pid=201 name=watcher reason=match_budget"));
+    assert!(plan.lines.iter().all(|l| l.event != "REAPED"), "the session waits for the next step");
+    assert_eq!(plan.next_deadline, Some(1110.0));
+    // Still undecided in between: no second line, nothing signalled.
+    let plan = input(1105.0, &[(201, CmdVerdict::Budget)], &plan.book);
+    assert!(plan.lines.is_empty() && plan.kill.is_empty());
+    // Decided at the next step: ended then.
+    let plan = input(1110.0, &[(201, CmdVerdict::End)], &plan.book);
+    assert_eq!(plan.kill.iter().map(|t| t.proc.id.pid).collect::<Vec<_>>(), [201]);
 }
 
 #[test]
