@@ -188,3 +188,23 @@ fn a_session_recorded_from_the_kernel_replays_to_its_leftovers() {
     assert_eq!(r.kills().len(), 3, "three SIGKILL rounds: {:?}", r.kills());
     assert_eq!(r.lines(&["REAPED"]), [format!("REAPED root={root} name=agent-wrapper count=0 survivors=4")]);
 }
+
+/// Processes older than the daemon: their lineage comes from the start-up scan's parent links. A
+/// root among them is recognised by its command line; its child that only forked (the same
+/// command line) is a member, not a root of its own; an orphan outside is nobody's leftover.
+#[test]
+fn a_root_older_than_the_daemon_is_recognised_and_its_forks_are_its_session() {
+    let r = replay("handmade-session-startup.trace", STOP, 60, false, Duration::from_secs(10));
+    assert_eq!(
+        r.lines(&["LEFTOVER", "SKIPPED", "REAPED"]),
+        [
+            "LEFTOVER pid=201 name=agent-wrapper root=200 age=39s",
+            "LEFTOVER pid=202 name=watcher root=200 age=39s",
+            "REAPED root=200 name=agent-wrapper count=2 survivors=0",
+        ],
+        "{:#?}",
+        r.log
+    );
+    assert_eq!(r.terms(), [vec![201, 202]]);
+    assert_eq!(r.kills(), [vec![201]]);
+}

@@ -162,6 +162,11 @@ fn classify(fx: &mut Effects, view: &SessionsView, deadline: Duration) -> HashMa
         match fx.procs.cmdline(c.process.id.pid, max) {
             // Right after an exec the new image's arguments may not be set up yet: next tick.
             Some(cmd) if cmd.is_empty() => {}
+            // Adopted with its parent's command line: a fork that never exec'd, not a root (a
+            // root is recognised at its exec; its forks are its session).
+            Some(cmd) if c.parent.is_some_and(|pp| fx.procs.cmdline(pp, max).as_ref() == Some(&cmd)) => {
+                out.insert(c.session, RootVerdict::Other);
+            }
             Some(cmd) if cmd.len() <= max => asked.push((c.session, cmd)),
             _ => {
                 out.insert(c.session, RootVerdict::Other);

@@ -103,6 +103,10 @@ pub struct Candidate {
     pub session: SessionId,
     /// The process whose exec opened it (its state as the table has it now).
     pub process: ProcState,
+    /// For a process adopted from a scan (its exec unseen): its parent's pid. A child that only
+    /// forked (no exec) carries its parent's command line, so the tick takes a command line equal
+    /// to the parent's for a fork, not an exec: not a root.
+    pub parent: Option<u32>,
 }
 
 /// One root session as the tick sees it.
@@ -152,6 +156,8 @@ enum State {
 #[derive(Clone, Debug)]
 struct Session {
     opener: ProcId,
+    /// The opener's parent, when it was adopted with its parent link (see [`Candidate::parent`]).
+    adopted_parent: Option<u32>,
     state: State,
     /// Pids of the members (each one's node holds its start time).
     members: HashSet<u32>,
@@ -290,7 +296,8 @@ impl Lineage {
         }
         let sid = self.next_id;
         self.next_id += 1;
-        self.sessions.insert(sid, Session { opener: id, state: State::Pending, members: HashSet::new() });
+        self.sessions
+            .insert(sid, Session { opener: id, adopted_parent: None, state: State::Pending, members: HashSet::new() });
         self.pending += 1;
         let node = self.nodes.entry(id.pid).or_insert(Node {
             start: id.start_ticks,
@@ -425,6 +432,9 @@ impl Lineage {
         for (id, ppid) in links {
             let Some(node) = self.node(id).copied().filter(|n| n.awaiting_parent) else { continue };
             self.nodes.get_mut(&id.pid).expect("present").awaiting_parent = false;
+            if let Some(s) = node.opens.and_then(|sid| self.sessions.get_mut(&sid)) {
+                s.adopted_parent = Some(ppid);
+            }
             // A parent starts before its child: a node that does not is a pid reused since.
             let parent = self.nodes.get(&ppid).filter(|p| ppid != id.pid && p.start <= id.start_ticks);
             if let Some(sid) = parent.and_then(|p| p.opens.or(p.session)) {
@@ -454,7 +464,7 @@ impl Lineage {
                 State::Pending => {
                     if view.candidates.len() < max_candidates {
                         if let Some(process) = state(s.opener) {
-                            view.candidates.push(Candidate { session: sid, process });
+                            view.candidates.push(Candidate { session: sid, process, parent: s.adopted_parent });
                         }
                     }
                 }

@@ -89,7 +89,7 @@ fn status_of(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64) -> Se
 fn recognised(cfg: &Config) -> SessionBook {
     let mut v = view(false, &[]);
     v.sessions.clear();
-    v.candidates = vec![Candidate { session: 7, process: p(ROOT, "wrapper") }];
+    v.candidates = vec![Candidate { session: 7, process: p(ROOT, "wrapper"), parent: None }];
     let t = tick(cfg, &v, &SessionBook::default(), 1000.0, false);
     assert_eq!(t.plan.commands, [LineageCmd::Classified { session: 7, root: true }]);
     t.plan.book
@@ -101,9 +101,9 @@ fn a_candidate_is_a_root_only_when_its_command_line_matched() {
     let mut v = view(false, &[]);
     v.sessions.clear();
     v.candidates = vec![
-        Candidate { session: 7, process: p(ROOT, "wrapper") },
-        Candidate { session: 8, process: p(300, "make") },
-        Candidate { session: 9, process: p(301, "unread") },
+        Candidate { session: 7, process: p(ROOT, "wrapper"), parent: None },
+        Candidate { session: 8, process: p(300, "make"), parent: None },
+        Candidate { session: 9, process: p(301, "unread"), parent: None },
     ];
     let sessions = cfg.sessions.as_ref().unwrap();
     let roots = HashMap::from([(7, RootVerdict::Root { command: vec![b'w'; 1000] }), (8, RootVerdict::Other)]);
