@@ -39,6 +39,21 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Show the running guard's status from its status file.
     Status(StatusArgs),
+    /// Show the account's live sessions: each root with its processes, and leftovers waiting for their grace.
+    #[command(long_about = "Show the account's live sessions (the config's `sessions`) as the running guard's \
+                      last tick saw them: each root with its pid, command and age, every process of its session \
+                      with its CPU seconds and age (read from /proc now; a process no longer itself is left out), \
+                      and the sessions whose root ended with when their leftovers are due. Only a running guard \
+                      knows the lineage (it comes from fork events /proc no longer shows): exit 1 when its status \
+                      file is missing or its last tick is stale.")]
+    Tree(TreeArgs),
+    /// List the account's processes working in a directory (or below it), with the command that stops each.
+    #[command(long_about = "List the account's processes whose working directory is DIR or below it (by whole \
+                      path components): pid, name, CPU seconds, age, program, and the command that stops it. \
+                      Exit 0 when there are none, 1 when some. With --stop, end them: SIGTERM through a pidfd \
+                      after the identity check (pid, start time, name, uid), up to 10 s, then SIGKILL to those \
+                      still themselves; one line per process; exit 0 when none is left.")]
+    Holders(HoldersArgs),
     /// Report drift of the installation; changes nothing.
     Check(InstallArgs),
     /// Install (or repair) the guard for an account under systemd.
@@ -131,6 +146,30 @@ pub struct StatusArgs {
     /// List every guard's heartbeat on the swarm Redis.
     #[arg(long)]
     pub fleet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TreeArgs {
+    #[command(flatten)]
+    pub account: AccountArgs,
+    /// Print JSON instead of a tree.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct HoldersArgs {
+    #[command(flatten)]
+    pub account: AccountArgs,
+    /// The directory (a checkout about to be removed, say).
+    #[arg(value_name = "DIR", value_hint = ValueHint::DirPath)]
+    pub dir: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// End them: SIGTERM, up to 10 s, SIGKILL, each through a pidfd after the identity check.
+    #[arg(long)]
+    pub stop: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -52,6 +52,9 @@ pub enum Outcome {
     Survived,
     /// Dry run: the identity holds, nothing was sent.
     Verified,
+    /// SIGTERM delivered, nothing waited for: a session's leftovers get their SIGKILL at a
+    /// later tick ([`Enforcer::term_all`], [`Enforcer::kill_all`]).
+    Termed,
     /// Not signalled.
     Refused(Refusal),
 }
@@ -128,6 +131,30 @@ impl Enforcer {
     /// Dry run: the outcome a real run would start from, without a signal.
     pub fn verify_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
         targets.iter().map(|t| self.verify(t).map_or_else(Outcome::Refused, |()| Outcome::Verified)).collect()
+    }
+
+    /// SIGTERM to each target that is still itself, without waiting (a session's leftovers:
+    /// the SIGKILL comes 10 s later, at another tick; a tick never sleeps that long).
+    pub fn term_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
+        self.signal_each(targets, libc::SIGTERM, Outcome::Termed)
+    }
+
+    /// SIGKILL to each target that is still itself: a fresh pidfd, then the identity check, as
+    /// for the first signal (a pid recycled since cannot receive it).
+    pub fn kill_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
+        self.signal_each(targets, libc::SIGKILL, Outcome::Ended { needed_sigkill: true })
+    }
+
+    fn signal_each(&self, targets: &[ProcState], sig: i32, sent: Outcome) -> Vec<Outcome> {
+        targets
+            .iter()
+            .map(|t| match self.open_verified(t) {
+                Ok(fd) if pidfd_signal(&fd, sig) => sent,
+                // It exited between the check and the signal.
+                Ok(_) => Outcome::Refused(Refusal::IdentityChanged),
+                Err(r) => Outcome::Refused(r),
+            })
+            .collect()
     }
 
     /// Ends `targets` (already classified as End): SIGTERM to all, wait `grace` once, SIGKILL to

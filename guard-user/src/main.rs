@@ -13,6 +13,8 @@ fn main() -> ExitCode {
         Command::Match(args) => cmd::matches::main(args),
         Command::Explain(args) => cmd::explain::main(args),
         Command::Status(args) => cmd::status::main(args),
+        Command::Tree(args) => cmd::tree::main(args),
+        Command::Holders(args) => cmd::holders::main(args),
         Command::Check(args) => cmd::check::main(args),
         Command::Install(args) => cmd::install::main(args),
         Command::Uninstall(args) => cmd::install::uninstall(args),

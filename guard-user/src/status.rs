@@ -66,6 +66,78 @@ pub struct Status {
     /// The daemon's own health, so an operator can tell a slow guard from a busy machine.
     #[serde(default)]
     pub vitals: Option<Vitals>,
+    /// Session roots and their leftovers (docs/configuration.md `sessions`); absent when off.
+    #[serde(default)]
+    pub sessions: Option<SessionsStatus>,
+}
+
+/// The sessions as the last tick saw them, for `status` and `guard-user tree`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SessionsStatus {
+    /// `report` or `stop`.
+    pub leftovers: String,
+    pub grace_secs: f64,
+    /// Root sessions whose root is alive.
+    pub live: u64,
+    /// Root sessions whose root ended, in their grace or being stopped.
+    pub ended: u64,
+    /// Live processes of ended sessions (leftovers, reported or not yet).
+    pub pending_leftovers: u64,
+    /// `LEFTOVER` lines since the daemon started.
+    pub leftovers_total: u64,
+    /// `REAPED` lines since the daemon started.
+    pub reaped_total: u64,
+    /// Leftovers ended since the daemon started.
+    pub stopped_total: u64,
+    /// Processes the lineage holds (members of a session, execs awaiting classification).
+    pub tracked: u64,
+    /// Execs whose command line is still to be classified.
+    pub pending_execs: u64,
+    /// Processes left without lineage at a cap (never reaped), since start.
+    pub untracked_total: u64,
+    /// Execs never classified because of the cap on pending ones, since start.
+    pub unclassified_total: u64,
+    /// Roots refused at the cap on sessions, since start.
+    pub roots_refused_total: u64,
+    /// The first sessions (at most 64), in the order they were opened.
+    pub sessions: Vec<SessionStatus>,
+    /// Sessions beyond the first 64.
+    pub sessions_omitted: u64,
+}
+
+/// One root session.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SessionStatus {
+    pub root_pid: u32,
+    /// The root's start time in clock ticks since boot (its identity with the pid).
+    pub root_start: u64,
+    pub root_name: String,
+    /// The root's command line when it was recognised (escaped, at most 256 bytes of it).
+    pub command: String,
+    /// When it was recognised (unix seconds).
+    pub since: Option<f64>,
+    /// The root's age while it lives.
+    pub root_age_secs: Option<u64>,
+    /// `live`, `grace` (the root ended; leftovers are due at `due_at`) or `stopping`.
+    pub stage: String,
+    pub ended_at: Option<f64>,
+    /// When the next step is due (unix seconds).
+    pub due_at: Option<f64>,
+    /// Its live processes (at most 256).
+    pub processes: Vec<SessionProcess>,
+    pub processes_omitted: u64,
+}
+
+/// One process of a session.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SessionProcess {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`tree` checks it before reading the process).
+    pub start: u64,
+    pub name: String,
 }
 
 /// A name that keeps coming back after being ended (docs/log.md `REPEAT`).

@@ -127,6 +127,12 @@ impl ProcessTable {
         AccountView { counts, members, tracked_total: self.procs.len() as u64 }
     }
 
+    /// The live process holding `pid`, if any.
+    pub fn get(&self, pid: u32) -> Option<ProcState> {
+        let e = self.procs.get(&pid)?;
+        Some(ProcState { id: ProcId { pid, start_ticks: e.start_ticks }, euid: e.euid, comm: e.comm })
+    }
+
     /// The processes of one (account, name), sorted by pid.
     pub fn processes_of(&self, euid: u32, name: &Comm) -> Vec<ProcState> {
         let mut v: Vec<ProcState> = self

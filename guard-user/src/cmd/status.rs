@@ -123,6 +123,16 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
     for w in &s.warnings {
         rows.push(("warning", text(w)));
     }
+    if let Some(x) = &s.sessions {
+        // Counts only; `guard-user tree` lists the sessions.
+        rows.push((
+            "sessions",
+            format!(
+                "{} live, {} ended with {} leftovers pending; {} leftovers, {} reaped since start (guard-user tree lists them)",
+                x.live, x.ended, x.pending_leftovers, x.leftovers_total, x.reaped_total
+            ),
+        ));
+    }
     if let Some(v) = s.vitals.as_ref().map(vitals).filter(|v| !v.is_empty()) {
         rows.push(("daemon", v));
     }

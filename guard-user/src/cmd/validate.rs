@@ -23,12 +23,17 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             let mut problems: Vec<Problem> =
                 config::problems(&bytes, &home).into_iter().map(unknown_key_is_an_error).collect();
             // Compile the patterns whatever else is wrong, once they passed the static checks.
+            let doc = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+            let list = |v: Option<&serde_json::Value>| {
+                v.and_then(|v| serde_json::from_value::<Vec<String>>(v.clone()).ok()).unwrap_or_default()
+            };
             if !problems.iter().any(|p| p.key.starts_with("excludeCommands")) {
-                let patterns = serde_json::from_slice::<serde_json::Value>(&bytes)
-                    .ok()
-                    .and_then(|v| serde_json::from_value::<Vec<String>>(v.get("excludeCommands")?.clone()).ok())
-                    .unwrap_or_default();
-                problems.extend(pattern_problems(&patterns));
+                let patterns = list(doc.as_ref().and_then(|v| v.get("excludeCommands")));
+                problems.extend(pattern_problems(&patterns, Problem::refused_pattern));
+            }
+            if !problems.iter().any(|p| p.key.starts_with("sessions")) {
+                let roots = list(doc.as_ref().and_then(|v| v.get("sessions")?.get("roots")));
+                problems.extend(pattern_problems(&roots, Problem::refused_root));
             }
             problems
         }
@@ -59,7 +64,7 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
 
 /// Patterns the sandboxed matcher refuses to compile (invalid, or too costly for its bounds),
 /// each compiled alone so every one is reported. A matcher that cannot run is one problem.
-fn pattern_problems(patterns: &[String]) -> Vec<Problem> {
+fn pattern_problems(patterns: &[String], refused: fn(usize, &str, &PatternSetError) -> Problem) -> Vec<Problem> {
     let mut matcher = crate::daemon::effects::sandboxed_matcher();
     let mut out = Vec::new();
     let probes_until = || std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -71,7 +76,7 @@ fn pattern_problems(patterns: &[String]) -> Vec<Problem> {
                 }
             }
             Err(e) => {
-                out.push(Problem::refused_pattern(i, p, &e));
+                out.push(refused(i, p, &e));
                 if let PatternSetError::Worker(_) = e {
                     break;
                 }

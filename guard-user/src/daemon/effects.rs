@@ -48,6 +48,10 @@ pub trait Signaller: Send {
     fn end_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
     /// Dry run: verify identities, send nothing.
     fn verify_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
+    /// A session's leftovers: SIGTERM to those still themselves, no wait.
+    fn term_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
+    /// A session's leftovers, 10 s later: SIGKILL to those still themselves.
+    fn kill_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
 }
 
 /// The Prometheus text file (`--metrics-file`, docs/metrics.md).
@@ -60,6 +64,9 @@ pub trait ProcessReader: Send {
     /// docs/configuration.md's command line, read up to `max` bytes (a longer one comes back longer than `max`,
     /// cut); `None` when the process is gone.
     fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>>;
+    /// When the machine booted (unix seconds): a process's age is counted from its start time
+    /// (clock ticks since boot).
+    fn boot_unix(&mut self) -> f64;
 }
 
 /// `excludeCommands` matching (docs/configuration.md, docs/architecture.md): compiled once per change of the list, each match
@@ -165,6 +172,8 @@ pub struct Effects {
     pub signals: Box<dyn Signaller>,
     pub procs: Box<dyn ProcessReader>,
     pub classifier: Box<dyn Classifier>,
+    /// `sessions.roots`, in a matcher of their own (each matcher holds one compiled list).
+    pub roots: Box<dyn Classifier>,
     pub cpu: Box<dyn CpuSampler>,
     pub mirror: Arc<dyn MirrorSink>,
     pub clock: Arc<dyn Clock>,
@@ -237,6 +246,14 @@ impl Signaller for Enforcer {
     fn verify_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
         Enforcer::verify_all(self, targets)
     }
+
+    fn term_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        Enforcer::term_all(self, targets)
+    }
+
+    fn kill_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        Enforcer::kill_all(self, targets)
+    }
 }
 
 /// The metrics file: a path root was given on its command line, replaced atomically (temp file,
@@ -260,6 +277,10 @@ pub struct Procfs;
 impl ProcessReader for Procfs {
     fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>> {
         procfs::cmdline_capped(pid, max)
+    }
+
+    fn boot_unix(&mut self) -> f64 {
+        procfs::boot_unix()
     }
 }
 
@@ -305,6 +326,8 @@ pub fn real(account: &Account, log: Logger, mirror: Mirror, metrics_file: Option
         signals: Box::new(Enforcer::new(account.uid, std::process::id(), Duration::from_millis(500))),
         procs: Box::new(Procfs),
         classifier: Box::new(sandboxed_matcher()),
+        // Its worker starts only once a list of roots is set.
+        roots: Box::new(sandboxed_matcher()),
         cpu: Box::new(ProcfsCpu),
         mirror: Arc::new(mirror),
         clock: Arc::new(SystemClock),

@@ -5,6 +5,8 @@
 //! - [`source`]: where events come from ([`EventSource`]: the BPF ring, the `procfs` backend's
 //!   nothing, a recorded trace).
 //! - [`pump`]: the one owner of the [`crate::table::ProcessTable`]; answers snapshot requests.
+//! - [`keeper`]: the pump's side of the session lineage (events, adoption, parent reads).
+//! - [`sessions`]: the tick's side of sessions: classify roots, gather, apply the plan.
 //! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
 //! - [`tick`]: one tick — gather, [`crate::policy::decide`], apply.
 //! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache.
@@ -29,11 +31,13 @@ use crate::{
 pub mod effects;
 pub mod fault;
 pub mod instance;
+pub mod keeper;
 pub mod match_all;
 pub mod pump;
 pub mod rebuild;
 pub mod recording;
 pub mod report;
+pub mod sessions;
 pub mod source;
 pub mod supervise;
 pub mod tick;

@@ -47,6 +47,8 @@ pub struct TickFigures<'a> {
     pub vitals: Vitals,
     pub tick_secs: f64,
     pub mirror_dropped: u64,
+    /// Sessions, while they are on.
+    pub sessions: Option<crate::status::SessionsStatus>,
 }
 
 impl TickFigures<'_> {
@@ -74,6 +76,7 @@ impl TickFigures<'_> {
             pegged: self.pegged.clone(),
             repeat_offenders: self.offenders.clone(),
             vitals: Some(self.vitals.clone()),
+            sessions: self.sessions.clone(),
         }
     }
 
@@ -93,6 +96,14 @@ impl TickFigures<'_> {
             resyncs: self.stats.resyncs,
             interval_secs: self.interval.as_secs().max(1),
             config_error: self.config_error.clone(),
+            sessions: self.sessions.as_ref().map(|s| crate::mirror::SessionCounts {
+                live: s.live,
+                ended: s.ended,
+                pending_leftovers: s.pending_leftovers,
+                leftovers: s.leftovers_total,
+                reaped: s.reaped_total,
+                stopped: s.stopped_total,
+            }),
         }
     }
 
@@ -138,6 +149,7 @@ impl TickFigures<'_> {
             warned_names: self.warnings.len() as u64,
             repeat_offenders: self.offenders.len() as u64,
             pegged_processes: self.pegged.len() as u64,
+            sessions: self.sessions.clone(),
         }
     }
 }

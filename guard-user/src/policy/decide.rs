@@ -263,7 +263,9 @@ pub fn after_signals(plan: &TickPlan, outcomes: &[Outcome], config: &Config, now
             }
             Outcome::Verified => ended("DRY_RUN"),
             // Not signalled, or it changed identity after SIGTERM and was left alone.
-            Outcome::Refused(_) | Outcome::Survived => skipped(t.proc.id.pid, t.proc.comm, "identity_changed"),
+            Outcome::Refused(_) | Outcome::Survived | Outcome::Termed => {
+                skipped(t.proc.id.pid, t.proc.comm, "identity_changed")
+            }
         });
     }
     let mut incidents = plan.incidents.clone();
@@ -287,6 +289,8 @@ pub fn stream_kind(line: &Line) -> Option<&'static str> {
         "WARNING" => Some("warning"),
         "REPEAT" => Some("repeat"),
         "PEGGED" => Some("pegged"),
+        "LEFTOVER" => Some("leftover"),
+        "REAPED" => Some("reaped"),
         _ => None,
     }
 }

@@ -14,6 +14,9 @@
 //! its leader a zombie), with `busy ON/OFF`
 //! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins).
 //!
+//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
+//! roots of the sessions tests (see `guard-probe/session.rs`).
+//!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
 //!   (the child of this process, which waits for it and dies with it; no util-linux needed);
@@ -22,6 +25,9 @@
 //!   to LIST; `full` is printed when fork first fails (the pid space is exhausted), after which it
 //!   keeps retrying, so every pid that becomes free is taken again at once.
 use std::{io::Write, time::Duration};
+
+#[path = "guard-probe/session.rs"]
+mod session;
 
 static mut RECORD: Option<std::fs::File> = None;
 
@@ -154,6 +160,9 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("pidns") => pidns(&args[2..]),
         Some("churn") => churn(&args[2], &args[3]),
+        Some("session") => session::root(&args[2..]),
+        Some("session-after-reexec") => session::after_reexec(&args[2..]),
+        Some("bomb") => session::bomb(&args[2..]),
         _ => {}
     }
     let mut threads = 0;
@@ -172,6 +181,12 @@ fn main() {
                 busy = Some((on.parse().unwrap(), off.parse().unwrap()));
             }
             "record" => install_recorder(&args[i + 1]),
+            // `announce ROLE=FILE`: appends `ROLE <pid>` to FILE (the sessions tests' roles).
+            "announce" => {
+                let (role, file) = args[i + 1].split_once('=').unwrap();
+                let mut f = std::fs::OpenOptions::new().append(true).create(true).open(file).unwrap();
+                let _ = f.write_all(format!("{role} {}\n", std::process::id()).as_bytes());
+            }
             // prctl(PR_SET_NAME): the leader's comm, as a program renaming itself does.
             "rename" => rename(args[i + 1].as_bytes()),
             "rename-hex" => rename(&unhex(&args[i + 1])),

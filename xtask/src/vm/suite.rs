@@ -85,6 +85,14 @@ pub const SUITE: &[(&str, Place)] = &[
         },
     ),
     ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
+    (
+        "integration-tests.sessions",
+        Place::Guests {
+            why: "session lineage from each kernel's fork, exec, rename and setuid events (setsid, double forks, \
+                  reparenting), pidfd signals to leftovers, and pid reuse in a throwaway guest",
+            only: &[],
+        },
+    ),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
     ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
@@ -106,6 +114,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
     ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
+    ("guard-user.sessions_replay", Place::Host { why: "recorded session traces through the daemon, no kernel" }),
     ("guard-user.status_view", Place::Host { why: "the status file's reader" }),
     ("integration-tests.lib", Place::Host { why: "the harness, no tests" }),
     ("integration-tests.bin-guard-probe", Place::Host { why: "the probe, no tests" }),
