@@ -7,12 +7,29 @@
 //! target (the target existed before the open, so nothing else could hold its pid at that
 //! moment). A pid recycled after the check cannot receive the signal: the pidfd still names the
 //! old, dead process and the kernel answers ESRCH.
+//!
+//! # A process that dodged SIGTERM
+//! A process that answers SIGTERM by renaming itself (or exec'ing) is alive under another
+//! identity when SIGKILL is due, so it is left alone (`Survived`), as the identity rule says. If
+//! it then takes its name back, it rejoins the pile, and the same dance would save it at every
+//! enforcement, for ever. So the enforcer remembers such survivors (pid and start time, at most
+//! [`MAX_DODGERS`], for a day): the next time one of them is a target, it already had its
+//! SIGTERM, and it gets SIGKILL right after its identity check, with no grace to dodge in.
 use std::{
+    collections::HashMap,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use crate::{event::ProcState, procfs};
+use crate::{
+    event::{ProcId, ProcState},
+    procfs,
+};
+
+/// Survivors of a SIGTERM remembered at most (the oldest go first): a few bytes each.
+pub const MAX_DODGERS: usize = 4096;
+/// How long a survivor is remembered: the `REPEAT` window.
+pub const DODGER_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
 /// Why a process was not signalled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +52,9 @@ pub enum Outcome {
     Survived,
     /// Dry run: the identity holds, nothing was sent.
     Verified,
+    /// SIGTERM delivered, nothing waited for: a session's leftovers get their SIGKILL at a
+    /// later tick ([`Enforcer::term_all`], [`Enforcer::kill_all`]).
+    Termed,
     /// Not signalled.
     Refused(Refusal),
 }
@@ -43,6 +63,9 @@ pub struct Enforcer {
     pub account_uid: u32,
     pub self_pid: u32,
     pub grace: Duration,
+    /// Targets that survived their SIGTERM under another identity, and when (see the module
+    /// doc): their next enforcement sends SIGKILL at once.
+    dodgers: HashMap<ProcId, Instant>,
 }
 
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {
@@ -66,6 +89,25 @@ fn pidfd_exited(fd: &OwnedFd) -> bool {
 }
 
 impl Enforcer {
+    pub fn new(account_uid: u32, self_pid: u32, grace: Duration) -> Enforcer {
+        Enforcer { account_uid, self_pid, grace, dodgers: HashMap::new() }
+    }
+
+    /// Survivors remembered now (see the module doc).
+    pub fn dodgers(&self) -> usize {
+        self.dodgers.len()
+    }
+
+    fn remember_dodger(&mut self, id: ProcId, now: Instant) {
+        self.dodgers.retain(|_, at| now.duration_since(*at) < DODGER_MEMORY);
+        if self.dodgers.len() >= MAX_DODGERS {
+            if let Some(oldest) = self.dodgers.iter().min_by_key(|(_, at)| **at).map(|(id, _)| *id) {
+                self.dodgers.remove(&oldest);
+            }
+        }
+        self.dodgers.insert(id, now);
+    }
+
     /// Re-reads /proc and compares with what the decision was made on.
     pub fn verify(&self, target: &ProcState) -> Result<(), Refusal> {
         if target.id.pid == self.self_pid || target.id.pid <= 1 || target.euid != self.account_uid {
@@ -91,13 +133,45 @@ impl Enforcer {
         targets.iter().map(|t| self.verify(t).map_or_else(Outcome::Refused, |()| Outcome::Verified)).collect()
     }
 
+    /// SIGTERM to each target that is still itself, without waiting (a session's leftovers:
+    /// the SIGKILL comes 10 s later, at another tick; a tick never sleeps that long).
+    pub fn term_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
+        self.signal_each(targets, libc::SIGTERM, Outcome::Termed)
+    }
+
+    /// SIGKILL to each target that is still itself: a fresh pidfd, then the identity check, as
+    /// for the first signal (a pid recycled since cannot receive it).
+    pub fn kill_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
+        self.signal_each(targets, libc::SIGKILL, Outcome::Ended { needed_sigkill: true })
+    }
+
+    fn signal_each(&self, targets: &[ProcState], sig: i32, sent: Outcome) -> Vec<Outcome> {
+        targets
+            .iter()
+            .map(|t| match self.open_verified(t) {
+                Ok(fd) if pidfd_signal(&fd, sig) => sent,
+                // It exited between the check and the signal.
+                Ok(_) => Outcome::Refused(Refusal::IdentityChanged),
+                Err(r) => Outcome::Refused(r),
+            })
+            .collect()
+    }
+
     /// Ends `targets` (already classified as End): SIGTERM to all, wait `grace` once, SIGKILL to
-    /// the ones still alive as themselves. Blocking (it sleeps): run it off the event loop.
-    pub fn end_all(&self, targets: &[ProcState]) -> Vec<Outcome> {
+    /// the ones still alive as themselves. A target that dodged an earlier SIGTERM gets SIGKILL
+    /// at once instead (see the module doc). Blocking (it sleeps): run it off the event loop.
+    pub fn end_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
         let mut outcomes = vec![Outcome::Refused(Refusal::IdentityChanged); targets.len()];
         let mut termed: Vec<(usize, OwnedFd)> = Vec::with_capacity(targets.len());
         for (i, t) in targets.iter().enumerate() {
+            let dodged = self.dodgers.contains_key(&t.id);
             match self.open_verified(t) {
+                Ok(fd) if dodged => {
+                    if pidfd_signal(&fd, libc::SIGKILL) {
+                        self.dodgers.remove(&t.id);
+                        outcomes[i] = Outcome::Ended { needed_sigkill: true };
+                    }
+                }
                 Ok(fd) => {
                     if pidfd_signal(&fd, libc::SIGTERM) {
                         outcomes[i] = Outcome::Ended { needed_sigkill: false };
@@ -123,6 +197,7 @@ impl Enforcer {
             } else if pidfd_exited(&fd) {
                 Outcome::Ended { needed_sigkill: false }
             } else {
+                self.remember_dodger(targets[i].id, Instant::now());
                 Outcome::Survived
             };
         }

@@ -12,10 +12,12 @@
 //! - [`event`], [`comm`], [`table`]: typed process events and the live table of the account's
 //!   processes with per-name counts, maintained incrementally. [`machine`]: the machine's
 //!   process count (what `ps -e` lists) without a table of every process.
+//! - [`lineage`]: which session each process of the account was forked into (`sessions`).
 //! - [`procfs`]: reading /proc (bootstrap, resync, audit, the `procfs` backend, identity checks).
 //! - [`btf`], [`ebpf`]: structure offsets from the running kernel's BTF; loading and attaching the
 //!   BPF programs, draining the ring buffer, the kernel's lost-event counter.
 //! - [`enforcer`]: ending processes through pidfds after re-verifying their identity.
+//! - [`holders`]: the processes working in a directory (`guard-user holders`).
 //! - [`safefs`], [`log`], [`state`], [`status`]: files in the account's home, read and written
 //!   with the account's rights, never following a planted link; the log grammar of docs/log.md; flag
 //!   clocks; the status file. [`escape`]: the one text form of account-controlled bytes.
@@ -41,7 +43,9 @@ pub mod ebpf;
 pub mod enforcer;
 pub mod escape;
 pub mod event;
+pub mod holders;
 pub mod install;
+pub mod lineage;
 pub mod log;
 pub mod machine;
 pub mod metrics;

@@ -138,8 +138,8 @@ pub fn format_body(event: &str, fields: &[(&str, &dyn LogValue)]) -> String {
 /// |---|---|
 /// | `<3>` err | `ERROR`, `STOPPED reason=hang`, `STOPPED reason=error` |
 /// | `<4>` warning | `WARN`, `WARNING` |
-/// | `<5>` notice | `KILLED`, `DRY_RUN`, `REPEAT`, `PEGGED`, `RECOVERED`, `STARTED`, `STOPPED` (other reasons), `RELOAD`, `RESYNC` (but `reason=startup`) |
-/// | `<6>` info | everything else: `FLAGGED`, `SKIPPED`, `TICK_COMPLETE`, `RESYNC reason=startup` |
+/// | `<5>` notice | `KILLED`, `DRY_RUN`, `REPEAT`, `PEGGED`, `RECOVERED`, `LEFTOVER`, `REAPED`, `STARTED`, `STOPPED` (other reasons), `RELOAD`, `RESYNC` (but `reason=startup`) |
+/// | `<6>` info | everything else: `FLAGGED`, `UNFLAGGED`, `SKIPPED`, `TICK_COMPLETE`, `RESYNC reason=startup` |
 pub fn syslog_priority(body: &str) -> u8 {
     let event = body.split(' ').next().unwrap_or("");
     let reason = top_level_value(body, "reason");
@@ -148,7 +148,8 @@ pub fn syslog_priority(body: &str) -> u8 {
         "STOPPED" if matches!(reason, Some("hang" | "error")) => 3,
         "WARN" | "WARNING" => 4,
         "RESYNC" if reason == Some("startup") => 6,
-        "KILLED" | "DRY_RUN" | "REPEAT" | "PEGGED" | "RECOVERED" | "STARTED" | "STOPPED" | "RELOAD" | "RESYNC" => 5,
+        "KILLED" | "DRY_RUN" | "REPEAT" | "PEGGED" | "RECOVERED" | "LEFTOVER" | "REAPED" | "STARTED" | "STOPPED"
+        | "RELOAD" | "RESYNC" => 5,
         _ => 6,
     }
 }

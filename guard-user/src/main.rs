@@ -13,12 +13,14 @@ fn main() -> ExitCode {
         Command::Match(args) => cmd::matches::main(args),
         Command::Explain(args) => cmd::explain::main(args),
         Command::Status(args) => cmd::status::main(args),
+        Command::Tree(args) => cmd::tree::main(args),
+        Command::Holders(args) => cmd::holders::main(args),
         Command::Check(args) => cmd::check::main(args),
         Command::Install(args) => cmd::install::main(args),
         Command::Uninstall(args) => cmd::install::uninstall(args),
         Command::Record(args) => cmd::record::main(args),
         Command::Validate(args) => cmd::validate::main(args),
-        Command::Generate(args) => cmd::generate::main(args),
+        Command::Unit(args) => cmd::unit::main(args),
         Command::PatternWorker => return guard::pattern::worker::main(),
     };
     match result {

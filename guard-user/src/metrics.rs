@@ -82,6 +82,8 @@ pub struct MetricsInput {
     pub repeat_offenders: u64,
     /// Processes in a stall-watch incident (`PEGGED`).
     pub pegged_processes: u64,
+    /// Sessions (docs/configuration.md `sessions`); `None` (and no families) while they are off.
+    pub sessions: Option<crate::status::SessionsStatus>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -172,7 +174,10 @@ fn bool01(b: bool) -> f64 {
 /// `guard_warned_names`, `guard_repeat_offenders`, `guard_pegged_processes`,
 /// `guard_flagged_age_seconds{name}`, `guard_flagged_time_left_seconds{name}`,
 /// `guard_kills_total`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
-/// `guard_lost_events_total`, `guard_resyncs_total`, `guard_mirror_dropped_total`.
+/// `guard_lost_events_total`, `guard_resyncs_total`, `guard_mirror_dropped_total`; while sessions
+/// are on, `guard_sessions{stage}`, `guard_session_leftovers`, `guard_lineage_processes`,
+/// `guard_leftovers_total`, `guard_reaped_total`, `guard_leftovers_stopped_total`,
+/// `guard_lineage_untracked_total`.
 pub fn render(m: &MetricsInput) -> String {
     use Kind::{Counter, Gauge};
     let mut w = Writer { out: String::new(), user: label_value(&escape_for_terminal(m.user.as_bytes())) };
@@ -280,5 +285,46 @@ pub fn render(m: &MetricsInput) -> String {
         "Events the swarm Redis mirror dropped (queue full while Redis was away, or rejected).",
         m.mirror_dropped as f64,
     );
+    if let Some(s) = &m.sessions {
+        sessions(&mut w, s);
+    }
     w.out
+}
+
+fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {
+    use Kind::{Counter, Gauge};
+    w.family("guard_sessions", Gauge, "Session roots: live, or ended with their leftovers still to deal with.");
+    w.sample("guard_sessions", &[("stage", "live")], s.live as f64);
+    w.sample("guard_sessions", &[("stage", "ended")], s.ended as f64);
+    w.one(
+        "guard_session_leftovers",
+        Gauge,
+        "Live processes of ended sessions (leftovers in their grace or being stopped).",
+        s.pending_leftovers as f64,
+    );
+    w.one(
+        "guard_lineage_processes",
+        Gauge,
+        "Processes the session lineage holds (members, and execs awaiting classification).",
+        s.tracked as f64,
+    );
+    w.one("guard_leftovers_total", Counter, "Leftovers of ended sessions (LEFTOVER lines).", s.leftovers_total as f64);
+    w.one(
+        "guard_reaped_total",
+        Counter,
+        "Ended sessions whose leftovers were stopped (REAPED lines).",
+        s.reaped_total as f64,
+    );
+    w.one(
+        "guard_leftovers_stopped_total",
+        Counter,
+        "Leftovers ended (the sum of REAPED count=).",
+        s.stopped_total as f64,
+    );
+    w.one(
+        "guard_lineage_untracked_total",
+        Counter,
+        "Processes left without lineage at a cap (never reaped), and execs left unclassified at a cap.",
+        (s.untracked_total + s.unclassified_total) as f64,
+    );
 }

@@ -254,6 +254,16 @@ pub fn cmdline_capped(pid: u32, max: usize) -> Option<Vec<u8>> {
     Some(raw)
 }
 
+/// When the machine booted, unix seconds (`btime` of `/proc/stat`), read once: with a start time
+/// in clock ticks since boot it gives a process's age. 0 when unreadable.
+pub fn boot_unix() -> f64 {
+    static BOOT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+        stat.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok()).unwrap_or(0.0)
+    })
+}
+
 /// `/proc/PID` for a pid (used by the enforcer's identity check).
 pub fn proc_dir(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}"))

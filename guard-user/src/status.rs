@@ -17,6 +17,11 @@ pub struct NameStatus {
     pub would_skip: Option<u32>,
     /// For flagged names: processes an enforcement would end.
     pub would_end: Option<u32>,
+    /// A name in `excludes` at or over the threshold: never flagged, never ended, but shown, so
+    /// a pile that renamed itself to an excluded name (`bash`, or `BASH`: excludes ignore case)
+    /// is not invisible.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub excluded: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -61,6 +66,78 @@ pub struct Status {
     /// The daemon's own health, so an operator can tell a slow guard from a busy machine.
     #[serde(default)]
     pub vitals: Option<Vitals>,
+    /// Session roots and their leftovers (docs/configuration.md `sessions`); absent when off.
+    #[serde(default)]
+    pub sessions: Option<SessionsStatus>,
+}
+
+/// The sessions as the last tick saw them, for `status` and `guard-user tree`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SessionsStatus {
+    /// `report` or `stop`.
+    pub leftovers: String,
+    pub grace_secs: f64,
+    /// Root sessions whose root is alive.
+    pub live: u64,
+    /// Root sessions whose root ended, in their grace or being stopped.
+    pub ended: u64,
+    /// Live processes of ended sessions (leftovers, reported or not yet).
+    pub pending_leftovers: u64,
+    /// `LEFTOVER` lines since the daemon started.
+    pub leftovers_total: u64,
+    /// `REAPED` lines since the daemon started.
+    pub reaped_total: u64,
+    /// Leftovers ended since the daemon started.
+    pub stopped_total: u64,
+    /// Processes the lineage holds (members of a session, execs awaiting classification).
+    pub tracked: u64,
+    /// Execs whose command line is still to be classified.
+    pub pending_execs: u64,
+    /// Processes left without lineage at a cap (never reaped), since start.
+    pub untracked_total: u64,
+    /// Execs never classified because of the cap on pending ones, since start.
+    pub unclassified_total: u64,
+    /// Roots refused at the cap on sessions, since start.
+    pub roots_refused_total: u64,
+    /// The first sessions (at most 64), in the order they were opened.
+    pub sessions: Vec<SessionStatus>,
+    /// Sessions beyond the first 64.
+    pub sessions_omitted: u64,
+}
+
+/// One root session.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SessionStatus {
+    pub root_pid: u32,
+    /// The root's start time in clock ticks since boot (its identity with the pid).
+    pub root_start: u64,
+    pub root_name: String,
+    /// The root's command line when it was recognised (escaped, at most 256 bytes of it).
+    pub command: String,
+    /// When it was recognised (unix seconds).
+    pub since: Option<f64>,
+    /// The root's age while it lives.
+    pub root_age_secs: Option<u64>,
+    /// `live`, `grace` (the root ended; leftovers are due at `due_at`) or `stopping`.
+    pub stage: String,
+    pub ended_at: Option<f64>,
+    /// When the next step is due (unix seconds).
+    pub due_at: Option<f64>,
+    /// Its live processes (at most 256).
+    pub processes: Vec<SessionProcess>,
+    pub processes_omitted: u64,
+}
+
+/// One process of a session.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SessionProcess {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`tree` checks it before reading the process).
+    pub start: u64,
+    pub name: String,
 }
 
 /// A name that keeps coming back after being ended (docs/log.md `REPEAT`).
@@ -170,6 +247,39 @@ impl StatusReadError {
     /// The file does not exist (no guard has run with this state directory).
     pub fn is_missing(&self) -> bool {
         matches!(self, StatusReadError::Unreadable(crate::safefs::ReadError::NotFound { .. }))
+    }
+}
+
+/// The daemon's own copy of the status file, where the account cannot write (a root daemon
+/// writes it beside its instance lock in `/run/guard-user/`), and that lock file, whose first
+/// line is the pid of the daemon that last held it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrustedCopy {
+    pub status: PathBuf,
+    pub lock: PathBuf,
+}
+
+/// What `status` and `check` show: the daemon's own copy when there is one to trust, else the
+/// file in the home ([`read`]). The account can rewrite the file in its home at any moment (a
+/// fresh `last_tick`, no `config_error`, no flagged names), so a reader that can use the copy
+/// does: root, when the copy was written by the daemon that last held the lock (its `pid`; a
+/// copy left by another daemon, e.g. before a downgrade, is not used).
+pub fn read_trusted(
+    path: &Path,
+    who: crate::safefs::FsIdentity,
+    copy: Option<&TrustedCopy>,
+) -> Result<Status, StatusReadError> {
+    use crate::safefs::{read_account_file, Follow, FsIdentity};
+    let root = FsIdentity { uid: 0, gid: 0 };
+    let trusted = copy.and_then(|c| {
+        let holder = read_account_file(&c.lock, root, 4096, Follow::NoLinks).ok()?;
+        let holder: u32 = std::str::from_utf8(&holder).ok()?.lines().next()?.trim().parse().ok()?;
+        let st = read(&c.status, root).ok()?;
+        (st.pid == holder).then_some(st)
+    });
+    match trusted {
+        Some(st) => Ok(st),
+        None => read(path, who),
     }
 }
 

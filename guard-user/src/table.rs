@@ -157,6 +157,11 @@ impl ProcessTable {
         AccountView { counts: self.counts(), members }
     }
 
+    /// The live process holding `pid`, if any.
+    pub fn get(&self, pid: u32) -> Option<ProcState> {
+        self.procs.get(&pid).map(|e| self.state(pid, e))
+    }
+
     /// The processes of one name, sorted by pid.
     pub fn processes_of(&self, name: &Comm) -> Vec<ProcState> {
         let mut v: Vec<ProcState> =

@@ -13,7 +13,10 @@
 //!   rebuild sees it);
 //! - `{"t":…,"cmdline":"text","pid":…}`: a process's command line from then on;
 //! - `{"t":…,"lost":N}`: N events the kernel could not deliver, whatever they were (a recording
-//!   follows it with a fresh scan, which a replay's rebuild reads).
+//!   follows it with a fresh scan, which a replay's rebuild reads);
+//! - `{"t":…,"parents":[[pid,ppid],…]}`: the parent pid of processes of the scan before it, as
+//!   `/proc/PID/stat` showed it (the session lineage adopts a scanned process by its parent link;
+//!   a process forked later has its parent in its fork record).
 //!
 //! A `<proc>` is `"pid":…,"start":<clock ticks>,"euid":…,"comm":"name"`; a name or command line
 //! that is not UTF-8 is written as `"comm_bytes":[…]` / `"cmdline_bytes":[…]` instead.
@@ -55,6 +58,8 @@ pub enum Record {
     },
     /// Events that were lost, unknown which: they count as lost (a rebuild follows).
     Lost(u64),
+    /// `(pid, ppid)` of scanned processes.
+    Parents(Vec<(u32, u32)>),
 }
 
 /// A parsed trace.
@@ -143,6 +148,9 @@ impl Record {
             Record::Lost(n) => {
                 m.insert("lost".into(), json!(n));
             }
+            Record::Parents(links) => {
+                m.insert("parents".into(), json!(links.iter().map(|(p, pp)| [*p, *pp]).collect::<Vec<_>>()));
+            }
         }
         Value::Object(m).to_string()
     }
@@ -187,7 +195,16 @@ impl Record {
         if let Some(n) = m.get("lost").and_then(Value::as_u64) {
             return Ok((t, Record::Lost(n)));
         }
-        Err("not a scan, an event, a cmdline or a lost count".into())
+        if let Some(links) = m.get("parents") {
+            let pair = |v: &Value| -> Option<(u32, u32)> {
+                let a = v.as_array().filter(|a| a.len() == 2)?;
+                Some((u32::try_from(a[0].as_u64()?).ok()?, u32::try_from(a[1].as_u64()?).ok()?))
+            };
+            let links = links.as_array().ok_or("\"parents\" is not an array")?;
+            let links = links.iter().map(pair).collect::<Option<Vec<_>>>().ok_or("a parent link is not [pid, ppid]")?;
+            return Ok((t, Record::Parents(links)));
+        }
+        Err("not a scan, an event, a cmdline, a lost count or parent links".into())
     }
 }
 
@@ -228,6 +245,31 @@ impl Trace {
             writeln!(out, "{}", r.to_line(*t))?;
         }
         Ok(())
+    }
+
+    /// The parent pid of each live process of the truth at `upto` that is in `ids` (same start
+    /// time): its fork record's parent, else the parent link recorded with a scan; a process
+    /// whose parent is no longer alive was reparented, to init (`1`) here.
+    pub fn parents(&self, upto: usize, ids: &[ProcId]) -> Vec<(ProcId, u32)> {
+        let records = &self.records[..upto.min(self.records.len())];
+        let mut ppid: HashMap<u32, u32> = HashMap::new();
+        for (_, r) in records {
+            match r {
+                Record::Parents(links) => ppid.extend(links.iter().copied()),
+                Record::Event { event: Event::Fork { child, parent_pid }, .. } => {
+                    ppid.insert(child.id.pid, *parent_pid);
+                }
+                _ => {}
+            }
+        }
+        let live: HashMap<u32, ProcId> = self.truth(upto).into_iter().map(|p| (p.id.pid, p.id)).collect();
+        ids.iter()
+            .filter(|id| live.get(&id.pid) == Some(id))
+            .filter_map(|id| {
+                let parent = *ppid.get(&id.pid)?;
+                Some((*id, if live.contains_key(&parent) { parent } else { 1 }))
+            })
+            .collect()
     }
 
     /// The truth after the records up to index `upto` (exclusive): the last scan before it, with
@@ -292,7 +334,7 @@ impl TraceSource {
                 Record::Cmdline { pid, text } => {
                     self.cmdlines.lock().unwrap_or_else(|p| p.into_inner()).insert(*pid, text.clone());
                 }
-                Record::Scan(_) => {}
+                Record::Scan(_) | Record::Parents(_) => {}
                 Record::Event { .. } | Record::Lost(_) => break,
             }
             *cursor += 1;
@@ -331,7 +373,7 @@ impl EventSource for TraceSource {
                 Record::Event { lost: true, .. } => self.lost = self.lost.saturating_add(1),
                 Record::Lost(k) => self.lost = self.lost.saturating_add(*k),
                 // Passed over by advance_silent.
-                Record::Scan(_) | Record::Cmdline { .. } => {}
+                Record::Scan(_) | Record::Cmdline { .. } | Record::Parents(_) => {}
             }
             *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         }
@@ -349,6 +391,14 @@ impl EventSource for TraceSource {
             // A scan that starts before any record was handed out sees the first scan.
             let upto = if upto == 0 { 1 } else { upto };
             Ok(trace.truth(upto))
+        })
+    }
+
+    fn parents(&self) -> crate::daemon::source::ParentReader {
+        let (trace, cursor) = (self.trace.clone(), self.cursor.clone());
+        Arc::new(move |ids| {
+            let upto = *cursor.lock().unwrap_or_else(|p| p.into_inner());
+            trace.parents(upto.max(1), ids)
         })
     }
 }
@@ -369,6 +419,7 @@ mod tests {
                 (0.5, Record::Event { event: Event::Exec(p), lost: true }),
                 (0.75, Record::Cmdline { pid: 7, text: b"x \xfe y".to_vec() }),
                 (1.0, Record::Lost(3)),
+                (1.0, Record::Parents(vec![(7, 1), (8, 7)])),
                 (1.0, Record::Event { event: Event::Exit(p.id), lost: false }),
             ],
         };

@@ -193,7 +193,7 @@ fn disagreements(src: &EbpfSource, table: &ProcessTable, cases: &[Case]) -> Vec<
         .map(|p| (p.id.pid, p))
         .collect();
     let events: HashMap<u32, ProcState> = table.processes().into_iter().map(|p| (p.id.pid, p)).collect();
-    let enforcer = Enforcer { account_uid: 0, self_pid: std::process::id(), grace: Duration::ZERO };
+    let enforcer = Enforcer::new(0, std::process::id(), Duration::ZERO);
     let mut buf = Vec::new();
     let mut out = Vec::new();
     for c in cases {

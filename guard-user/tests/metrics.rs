@@ -37,6 +37,7 @@ fn tick() -> MetricsInput {
         warned_names: 1,
         repeat_offenders: 0,
         pegged_processes: 2,
+        sessions: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         resyncs: 2,
         interval_secs: 60,
         config_error: None,
+        sessions: None,
     }
 }
 

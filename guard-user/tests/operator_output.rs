@@ -50,16 +50,21 @@ fn validate_prints_every_problem_with_its_fix_and_exits_1() {
 }
 
 #[test]
-fn validate_accepts_a_valid_config_with_warnings_and_refuses_a_fifo_at_once() {
+fn validate_refuses_an_unknown_key_naming_the_one_it_resembles_and_refuses_a_fifo_at_once() {
+    // An unknown key is an error for validate (the daemon only warns, and runs on the default:
+    // a misspelt key would otherwise pass CI silently). It was a warning with exit 0 before.
     let dir = tempfile::tempdir().unwrap();
     let o = validate(dir.path(), r#"{"threshold": 3, "warnBefore": 0, "stallWatch": false, "treshold": 4}"#);
-    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
     let lines = stdout_lines(&o);
     assert_eq!(
         lines[0],
-        r#"warning: treshold: is not a key guard knows, so it is ignored; did you mean "threshold"? (an unknown key is ignored)"#
+        r#"treshold: is not a key guard knows: the daemon would ignore it and keep that setting at its default; did you mean "threshold"?"#
     );
-    assert!(lines[1].ends_with("c.json is valid, with 1 warning"), "{lines:?}");
+    assert!(lines[1].ends_with("c.json is invalid: 1 problem"), "{lines:?}");
+    let o = validate(dir.path(), r#"{"threshold": 3, "warnBefore": 0, "stallWatch": false}"#);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(stdout_lines(&o)[0].ends_with("c.json is valid"), "{o:?}");
 
     let fifo = dir.path().join("fifo.json");
     let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
@@ -72,6 +77,29 @@ fn validate_accepts_a_valid_config_with_warnings_and_refuses_a_fifo_at_once() {
         stdout_lines(&o)[0],
         format!("file: {}: it is a FIFO (named pipe); replace it with a regular file", fifo.display())
     );
+}
+
+#[test]
+fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_match_much() {
+    let dir = tempfile::tempdir().unwrap();
+    for (pattern, index) in [("a||b", 1), (".*", 1), ("^", 1), ("$", 1), ("()", 1), ("x|(^|[ /])*", 1)] {
+        let json = format!(r#"{{"excludeCommands": ["(^|[ /])agentihooks swarm tick( |$)", {pattern:?}]}}"#);
+        let o = validate(dir.path(), &json);
+        assert_eq!(o.status.code(), Some(1), "{pattern}: {o:?}");
+        let lines = stdout_lines(&o);
+        let want = format!("excludeCommands[{index}]: {pattern:?} matches every command line, so it protects");
+        assert!(lines[0].starts_with(&want) && lines[0].contains("list it in excludes"), "{pattern}: {lines:?}");
+    }
+    // Together, with neither alone.
+    let o = validate(dir.path(), r#"{"excludeCommands": ["^$", "."]}"#);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(stdout_lines(&o)[0].starts_with("excludeCommands: together these patterns match every command line"));
+    // Broad, but not everything: the empty command line, or one without a slash, stays unmatched.
+    for pattern in ["^$", ".", "^[^/]*$", "[^z]", "\\b", " --keep( |$)"] {
+        let json = format!(r#"{{"excludeCommands": [{pattern:?}]}}"#);
+        let o = validate(dir.path(), &json);
+        assert_eq!(o.status.code(), Some(0), "{pattern}: {o:?}");
+    }
 }
 
 /// The daemon under "systemd": stdout is a pipe that `JOURNAL_STREAM` names. Its echoed lines

@@ -29,6 +29,7 @@ fn a_pile_is_flagged_then_ended_at_its_timeout_sparing_the_excluded_wrappers() {
             "KILLED pid=103 name=agentihooks reason=ghost_detected count=5 elapsed=0.0h",
             "KILLED pid=104 name=agentihooks reason=ghost_detected count=5 elapsed=0.0h",
             "TICK_COMPLETE flagged=1 kills=3 errors=0",
+            "UNFLAGGED name=agentihooks count=2 flagged_for=3m reason=below_threshold",
             "TICK_COMPLETE flagged=0 kills=0 errors=0",
             "STOPPED reason=signal",
         ]
@@ -54,6 +55,27 @@ fn a_dry_run_verifies_and_logs_dry_run_but_sends_nothing() {
     assert!(r.log.contains(&"TICK_COMPLETE flagged=1 kills=0 errors=0".to_string()));
     assert!(r.signals().iter().all(|(dry, _)| *dry), "a dry run only verifies: {:?}", r.signals());
     assert!(r.log[0].contains("dry_run=1"));
+}
+
+#[test]
+fn a_pattern_that_matches_everything_is_warned_once_per_list_and_honoured() {
+    // `a||b` protects every process of the pile: flagged, warned, never ended. The warning is
+    // said once for the list, and again when the config brings another such list.
+    let config = r#"{"threshold": 5, "timeout": "2m", "excludeCommands": ["never-matches", "a||b"]}"#;
+    let changed = r#"{"threshold": 5, "timeout": "2m", "excludeCommands": [".*"]}"#;
+    let r = replay(Setup {
+        fixture: "handmade-pile.trace",
+        config,
+        config_changes: vec![(Duration::from_secs(230), changed)],
+        ..Default::default()
+    });
+    let warns: Vec<&str> = r.lines("WARN").into_iter().filter(|l| l.contains("pattern_matches_all")).collect();
+    assert_eq!(warns, ["WARN pattern_matches_all index=1", "WARN pattern_matches_all index=0"], "{:#?}", r.log);
+    assert!(r.lines("KILLED").is_empty() && r.signals().is_empty(), "{:#?}", r.log);
+    assert_eq!(r.lines("SKIPPED").len(), 5, "every process of the enforced pile is protected: {:#?}", r.log);
+    // The shipped list warns nothing.
+    let r = replay(Setup { fixture: "handmade-pile.trace", config: PILE_CONFIG, ..Default::default() });
+    assert!(!r.log.iter().any(|l| l.contains("pattern_matches_all")), "{:#?}", r.log);
 }
 
 #[test]

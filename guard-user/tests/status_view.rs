@@ -32,6 +32,7 @@ fn status(last_tick_ago: f64) -> Status {
                 time_left_secs: Some(3480.0),
                 would_skip: Some(1),
                 would_end: Some(30),
+                excluded: false,
             },
             NameStatus { name: "yes".into(), count: 16, threshold: 30, ..Default::default() },
         ],

@@ -237,6 +237,7 @@ fn every_line_is_one_event(log: &str) {
         "RECOVERED",
         "WARNING",
         "REPEAT",
+        "UNFLAGGED",
     ];
     for l in log.lines() {
         let parts: Vec<&str> = l.splitn(4, ' ').collect();

@@ -327,6 +327,28 @@ fn install_without_systemd_links_and_says_the_guard_is_not_scheduled() {
 }
 
 #[test]
+fn install_without_systemd_prints_one_outcome_and_the_command_to_run_instead() {
+    let Some(_g) = setup("install no systemd, twice") else { return };
+    let host = Host::new();
+    assert_eq!(host.run_with("install", &host.source(), "0").code, 1);
+    // Run again, so nothing changes: the `[!!]` line stays the one outcome (no `[OK] … nothing
+    // changed` after it), and the way forward is the command the unit would have run.
+    let out = host.run_with("install", &host.source(), "0");
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let outcomes: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(outcomes.len(), 1, "{}", out.stdout);
+    assert!(outcomes[0].starts_with("[!!] Host guard linked in "), "{}", out.stdout);
+    assert!(out.stdout.lines().any(|l| l == "  nothing changed"), "{}", out.stdout);
+    let command = format!(
+        "{} run --user {} --home {}",
+        host.p("bin/guard-user").display(),
+        host.user,
+        host.home.path().display()
+    );
+    assert!(out.stdout.lines().any(|l| l.trim() == command), "no `{command}` in:\n{}", out.stdout);
+}
+
+#[test]
 fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log() {
     let Some(_g) = setup("uninstall") else { return };
     let host = Host::new();

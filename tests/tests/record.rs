@@ -45,6 +45,11 @@ fn record(seconds: u32, keep_as: &str, workload: impl FnOnce()) -> Trace {
 
 /// Replays `trace` under `config` for `secs` (virtual), returning the log bodies and signals.
 fn replay(trace: Trace, config: &str, secs: u64) -> (Vec<String>, Vec<(bool, Vec<u32>)>) {
+    replay_every(trace, config, secs, Duration::from_secs(60))
+}
+
+/// [`replay`] with ticks every `interval`.
+fn replay_every(trace: Trace, config: &str, secs: u64, interval: Duration) -> (Vec<String>, Vec<(bool, Vec<u32>)>) {
     let home = tempfile::tempdir().unwrap();
     std::fs::write(home.path().join("guard-config.json"), config).unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -54,7 +59,7 @@ fn replay(trace: Trace, config: &str, secs: u64) -> (Vec<String>, Vec<(bool, Vec
         config_path: home.path().join("guard-config.json"),
         home: home.path().into(),
         dry_run: false,
-        interval: Duration::from_secs(60),
+        interval,
         backend: Backend::Auto,
         audit_interval: Duration::from_secs(600),
         ring_bytes: None,
@@ -151,6 +156,65 @@ fn a_recorded_fork_storm_replays_without_ghosts() {
     assert!(signals.is_empty());
 }
 
+/// A session root recorded from the real kernel (a setsid child that execs, a double-forked
+/// grandchild, an excluded name, a child that renames itself, then the root's exit), replayed with
+/// `sessions`: every one of them is a leftover of the root, whatever it did after its fork.
+#[test]
+fn a_recorded_session_replays_to_its_leftovers() {
+    let Some(_g) = setup("record a session") else { return };
+    if !ebpf_available("record a session") {
+        return;
+    }
+    let home = Home::new();
+    for name in ["agent-wrapper", "watcher", "daemonish", "claude"] {
+        home.probe_named(name);
+    }
+    let dir = home.path().join("bin");
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut root_pid = 0;
+    let trace = record(6, "recorded-session.trace", || {
+        let mut root = Command::new(dir.join("agent-wrapper"))
+            .args(["session", dir.to_str().unwrap(), "0"])
+            .uid(TEST_UID)
+            .gid(TEST_UID)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        root_pid = root.id();
+        let mut line = String::new();
+        BufReader::new(root.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        // Alive for more than a replayed tick (1 s), then it ends.
+        std::thread::sleep(Duration::from_millis(2500));
+        use std::io::Write;
+        root.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        root.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let pids: Vec<u32> = std::fs::read_to_string(dir.join("pids"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1)?.parse().ok())
+        .collect();
+    for pid in &pids {
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+    let config = r#"{"threshold": 1000, "excludes": ["claude"],
+        "sessions": {"roots": ["(^|/)agent-wrapper session "], "leftovers": "stop", "grace": "1s"}}"#;
+    let (log, _) = replay_every(trace, config, 40, Duration::from_secs(1));
+    let leftovers: Vec<&String> = log.iter().filter(|l| l.starts_with("LEFTOVER")).collect();
+    assert_eq!(leftovers.len(), 4, "{log:#?}");
+    for name in ["watcher", "daemonish", "claude", "renamed"] {
+        assert!(leftovers.iter().any(|l| l.contains(&format!(" name={name} root={root_pid} "))), "{name}: {log:#?}");
+    }
+    let reaped: Vec<&String> = log.iter().filter(|l| l.starts_with("REAPED")).collect();
+    assert_eq!(reaped.len(), 1, "{log:#?}");
+    assert!(reaped[0].starts_with(&format!("REAPED root={root_pid} name=agent-wrapper ")), "{log:#?}");
+}
+
 /// For a failure message: the processes the trace leaves alive (scan, then every event by
 /// identity, as the table applies them), each with its records.
 fn live_at_the_end(trace: &Trace) -> String {
@@ -179,7 +243,7 @@ fn live_at_the_end(trace: &Trace) -> String {
                 };
                 history.entry(pid).or_default().push(format!("{t:.3}s {event:?} lost={lost}"));
             }
-            Record::Cmdline { .. } => {}
+            Record::Cmdline { .. } | Record::Parents(_) => {}
             Record::Lost(n) => lost += n,
         }
     }

@@ -56,6 +56,11 @@ pub struct Options {
     /// build of the same figures).
     #[arg(long)]
     pub binary: Option<PathBuf>,
+    /// Every measuring daemon runs with `sessions` on (a root pattern nothing matches, so every
+    /// fork and exec of the account goes through the session lineage and every exec is
+    /// classified): the lineage's cost, side by side with a run without it.
+    #[arg(long)]
+    pub sessions: bool,
 }
 
 impl Options {
@@ -70,6 +75,20 @@ impl Options {
 
 /// Config for measuring: a threshold nothing reaches, so no run ends anything.
 const NEVER: &str = r#"{"threshold": 1000000, "timeout": "1h"}"#;
+/// [`NEVER`] with the session lineage on (`--sessions`).
+const NEVER_WITH_SESSIONS: &str = r#"{"threshold": 1000000, "timeout": "1h",
+    "sessions": {"roots": ["^gbench-root-that-never-runs( |$)"], "leftovers": "report"}}"#;
+
+impl Options {
+    /// The measuring config.
+    fn never(&self) -> &'static str {
+        if self.sessions {
+            NEVER_WITH_SESSIONS
+        } else {
+            NEVER
+        }
+    }
+}
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -295,7 +314,7 @@ impl Bench<'_> {
     /// One daemon run: CPU seconds per tick over `--ticks` ticks, after its first two ticks
     /// (so start-up and the initial scan are not charged to the ticks).
     fn per_tick(&mut self, backend: &str, n: usize) -> anyhow::Result<TickSample> {
-        let mut d = self.daemon(&format!("tick-{backend}-{n}"), backend, NEVER, true)?;
+        let mut d = self.daemon(&format!("tick-{backend}-{n}"), backend, self.opts.never(), true)?;
         let first_status = wait_for_file(&d.status_path(), Duration::from_secs(30))?;
         let bootstrap = first_status.duration_since(d.spawned_at).as_secs_f64();
         let s0 = d.wait_ticks(2, Duration::from_secs(30))?;
@@ -322,7 +341,7 @@ impl Bench<'_> {
         for rep in 0..self.opts.reps {
             println!("bench: storm {}/{} ({secs} s without the guard, {secs} s with it)", rep + 1, self.opts.reps);
             let alone = procs::storm(workers, Duration::from_secs(secs), self.who)?;
-            let mut d = self.daemon("storm", "ebpf", NEVER, true)?;
+            let mut d = self.daemon("storm", "ebpf", self.opts.never(), true)?;
             d.wait_ticks(1, Duration::from_secs(30))?;
             let (e0, l0, r0) =
                 (d.field("events").unwrap_or(0), d.field("lost_events").unwrap_or(0), d.field("resyncs").unwrap_or(0));
@@ -467,7 +486,7 @@ impl Bench<'_> {
         println!("bench: {SECS} s idle figure (1,000 sleepers, 10 execs/s, 60 s ticks)");
         let _sleepers = Sleepers::spawn(1000, "gbidle", self.who)?;
         self.runs += 1;
-        let home = self.home(&format!("idle-{}", self.runs), NEVER)?;
+        let home = self.home(&format!("idle-{}", self.runs), self.opts.never())?;
         let mut d = Daemon::start_with(&self.binary, &self.opts.user, &home, "ebpf", true, "60s", &[])?;
         d.wait_ticks(1, Duration::from_secs(30))?;
         let events0 = d.field("events").unwrap_or(0);

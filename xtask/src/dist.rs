@@ -1,9 +1,10 @@
 //! `cargo xtask dist [--check]`: the Debian package an operator installs with
 //! `apt install ./guard-user_<version>_<arch>.deb` on a machine without Rust.
 //!
-//! 1. `cargo xtask build --release` (the BPF object embedded), then the binary itself writes
-//!    what derives from it (`guard-user __generate`: man pages, completions, the unit template),
-//!    so the package documents and installs exactly the binary it ships;
+//! 1. `cargo xtask build --release` (the BPF object embedded); the man pages and completions
+//!    rendered here from guard-user's command line (the `guard-cli` crate, [`generate`]); the
+//!    unit template printed by the built binary itself (`guard-user __unit`), so the package
+//!    installs exactly the unit that binary's `check` compares with;
 //! 2. a staging tree `target/dist/root` in Debian's layout (below), files 0644 / 0755, every
 //!    mtime clamped to `SOURCE_DATE_EPOCH` (default: the last commit's time);
 //! 3. DEBIAN/control (Depends from `dpkg-shlibdeps`), md5sums and the maintainer scripts of
@@ -16,9 +17,11 @@
 //! | in the package | from |
 //! |---|---|
 //! | `/usr/bin/guard-user` | the release build, stripped like dh_strip does |
-//! | `/lib/systemd/system/guard-user@.service` | `guard::install::unit_text("/usr/bin")` via `__generate` |
-//! | `/usr/share/man/man8/guard-user*.8.gz` | clap_mangen via `__generate` |
-//! | `/usr/share/{bash-completion/completions,zsh/vendor-completions,fish/vendor_completions.d}` | clap_complete via `__generate` |
+//! | `/lib/systemd/system/guard-user@.service` | `guard::install::unit_text("/usr/bin")` via `guard-user __unit` |
+//! | `/usr/share/man/man8/guard-user*.8.gz` | clap_mangen over `guard-cli` ([`generate`]) |
+//! | `/usr/share/man/man5/guard-config.json.5.gz` | `packaging/man/guard-config.json.5` |
+//! | `/usr/share/{bash-completion/completions,zsh/vendor-completions,fish/vendor_completions.d}` | clap_complete over `guard-cli` ([`generate`]) |
+//! | `/usr/share/doc/guard-user/examples/` | the Grafana dashboard and Prometheus alert rules of `packaging/monitoring/` |
 //! | `/usr/share/guard-user/guard-config.json` | `config/guard-config.json` (install's default source on a packaged host) |
 //! | `/usr/share/doc/guard-user/` | README.md, `docs/*.md`, copyright (DEP-5), changelog.Debian.gz |
 use std::{
@@ -37,8 +40,11 @@ use crate::{
 };
 
 mod check;
+pub mod completion_check;
 mod crates;
 mod debian;
+pub mod generate;
+mod monitoring;
 
 #[derive(clap::Args, Debug, Default)]
 pub struct Options {
@@ -46,7 +52,7 @@ pub struct Options {
     #[arg(long)]
     pub check: bool,
     /// The Maintainer field, "Name <email>" (default: $DEBFULLNAME <$DEBEMAIL>, else git's
-    /// user.name <user.email>).
+    /// user.name <user.email>, else the project's maintainers from Cargo.toml).
     #[arg(long, value_name = "NAME <EMAIL>")]
     pub maintainer: Option<String>,
     /// The Debian revision after the workspace version (0.1.0-<REVISION>).
@@ -55,7 +61,7 @@ pub struct Options {
 }
 
 pub const PACKAGE: &str = "guard-user";
-/// Where the files derived from the binary go, by the name `__generate` gives them.
+/// Where the generated files go, by the name [`build`] gives them in `target/dist/generated`.
 const GENERATED: &[(&str, &str)] = &[
     ("guard-user@.service", "lib/systemd/system/guard-user@.service"),
     ("guard-user.bash", "usr/share/bash-completion/completions/guard-user"),
@@ -63,7 +69,10 @@ const GENERATED: &[(&str, &str)] = &[
     ("guard-user.fish", "usr/share/fish/vendor_completions.d/guard-user.fish"),
 ];
 const MAN_DIR: &str = "usr/share/man/man8";
+const MAN5_DIR: &str = "usr/share/man/man5";
 const DOC_DIR: &str = "usr/share/doc/guard-user";
+/// The monitoring examples ([`monitoring::FILES`]), uncompressed so they can be used as they are.
+const EXAMPLES_DIR: &str = "usr/share/doc/guard-user/examples";
 pub const CONFIG: &str = "usr/share/guard-user/guard-config.json";
 /// Docs over this size are gzipped, as dh_compress does (Debian policy 12.3).
 const COMPRESS_OVER: u64 = 4096;
@@ -83,8 +92,8 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     let epoch = source_date_epoch(&root_dir)?;
     let version = format!("{}-{}", env!("CARGO_PKG_VERSION"), opts.revision);
     let arch = output(Command::new("dpkg").arg("--print-architecture"), "dpkg --print-architecture")?;
-    let maintainer = maintainer(opts.maintainer.as_deref(), &root_dir)?;
-    println!("dist: {PACKAGE} {version} {arch}, SOURCE_DATE_EPOCH={epoch}, Maintainer: {maintainer}");
+    let (maintainer, from) = maintainer(opts.maintainer.as_deref(), &root_dir)?;
+    println!("dist: {PACKAGE} {version} {arch}, SOURCE_DATE_EPOCH={epoch}, Maintainer: {maintainer} (from {from})");
 
     let binary = build::build(true)?;
     let dist = build_ebpf::target_dir().join("dist");
@@ -96,15 +105,20 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     if generated.exists() {
         fs::remove_dir_all(&generated).with_context(|| format!("removing {}", generated.display()))?;
     }
-    run_checked(
-        Command::new(&binary)
-            .arg("__generate")
-            .arg("--out-dir")
-            .arg(&generated)
-            .args(["--bin-dir", "/usr/bin", "--date", &debian::iso_date(epoch)])
-            .stdout(std::process::Stdio::null()),
-        "guard-user __generate",
-    )?;
+    fs::create_dir_all(&generated).with_context(|| format!("creating {}", generated.display()))?;
+    let date = debian::iso_date(epoch);
+    for page in generate::man_pages(&date, env!("CARGO_PKG_VERSION")).context("rendering the man pages")? {
+        write_file(&generated.join(&page.name), &page.bytes, 0o644)?;
+    }
+    for (shell, name) in [
+        (clap_complete::Shell::Bash, "guard-user.bash"),
+        (clap_complete::Shell::Zsh, "_guard-user"),
+        (clap_complete::Shell::Fish, "guard-user.fish"),
+    ] {
+        write_file(&generated.join(name), &generate::completion(shell), 0o644)?;
+    }
+    let unit = output_bytes(Command::new(&binary).args(["__unit", "--bin-dir", "/usr/bin"]), "guard-user __unit")?;
+    write_file(&generated.join("guard-user@.service"), &unit, 0o644)?;
 
     // The binary, stripped of its symbols and debug info (dh_strip's options for executables).
     let bin = root.join("usr/bin/guard-user");
@@ -124,12 +138,15 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
         .filter(|p| p.extension().is_some_and(|e| e == "8"))
         .collect();
     pages.sort();
-    anyhow::ensure!(pages.iter().any(|p| p.ends_with("guard-user.8")), "__generate wrote no guard-user.8");
+    anyhow::ensure!(pages.iter().any(|p| p.ends_with("guard-user.8")), "no guard-user.8 was rendered");
     for page in &pages {
         let dest = root.join(MAN_DIR).join(page.file_name().unwrap());
         install_file(page, &dest, 0o644)?;
         gzip(&dest)?;
     }
+    let config_page = root.join(MAN5_DIR).join("guard-config.json.5");
+    install_file(&root_dir.join(generate::CONFIG_PAGE), &config_page, 0o644)?;
+    gzip(&config_page)?;
     install_file(&root_dir.join("config/guard-config.json"), &root.join(CONFIG), 0o644)?;
     docs(&root_dir, &root.join(DOC_DIR), &maintainer, &version, epoch)?;
     let overrides = root_dir.join("packaging/debian/lintian-overrides");
@@ -188,18 +205,29 @@ fn source_date_epoch(root: &Path) -> anyhow::Result<u64> {
     out.parse().with_context(|| format!("git log printed {out:?} for the commit time"))
 }
 
-fn maintainer(given: Option<&str>, root: &Path) -> anyhow::Result<String> {
+/// The Maintainer field, and where it came from: `--maintainer`, then Debian's `$DEBFULLNAME
+/// <$DEBEMAIL>`, then git's `user.name <user.email>` (who builds the package), then the project's
+/// maintainers as the workspace's Cargo.toml declares them, so a build machine without an identity
+/// still writes a real address, never a placeholder or nothing.
+fn maintainer(given: Option<&str>, root: &Path) -> anyhow::Result<(String, &'static str)> {
     if let Some(m) = given {
-        return Ok(m.to_string());
+        return Ok((m.to_string(), "--maintainer"));
     }
     if let (Ok(name), Ok(email)) = (env::var("DEBFULLNAME"), env::var("DEBEMAIL")) {
-        return Ok(format!("{name} <{email}>"));
+        return Ok((format!("{name} <{email}>"), "$DEBFULLNAME <$DEBEMAIL>"));
     }
     let git = |key: &str| output(Command::new("git").args(["config", key]).current_dir(root), "git config");
-    match (git("user.name"), git("user.email")) {
-        (Ok(name), Ok(email)) if !name.is_empty() && !email.is_empty() => Ok(format!("{name} <{email}>")),
-        _ => bail!("no maintainer: pass --maintainer \"Name <email>\" or set DEBFULLNAME and DEBEMAIL"),
+    if let (Ok(name), Ok(email)) = (git("user.name"), git("user.email")) {
+        if !name.is_empty() && !email.is_empty() {
+            return Ok((format!("{name} <{email}>"), "git config user.name/user.email"));
+        }
     }
+    let project = env!("CARGO_PKG_AUTHORS").split(':').next().unwrap_or_default().trim();
+    anyhow::ensure!(
+        project.contains('<'),
+        "Cargo.toml's workspace authors has no \"Name <email>\" to use as Maintainer"
+    );
+    Ok((project.to_string(), "the project's maintainers (Cargo.toml authors)"))
 }
 
 /// README, the operator docs present at build time, copyright and changelog.Debian.gz.
@@ -224,6 +252,10 @@ fn docs(root_dir: &Path, doc: &Path, maintainer: &str, version: &str, epoch: u64
         if fs::metadata(&dest)?.len() > COMPRESS_OVER {
             gzip(&dest)?;
         }
+    }
+    let examples = doc.join("examples");
+    for name in monitoring::FILES {
+        install_file(&root_dir.join(monitoring::SOURCE_DIR).join(name), &examples.join(name), 0o644)?;
     }
     let commit = output(Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(root_dir), "git")?;
     let crates = crates::linked(root_dir)?;
@@ -332,6 +364,15 @@ fn ensure_tool(tool: &str, package: &str) -> anyhow::Result<()> {
         Command::new("apt-get").args(["install", "-y", "-q", package]).env("DEBIAN_FRONTEND", "noninteractive"),
         &format!("apt-get install {package}"),
     )
+}
+
+/// A command's stdout as it is; fails with its stderr.
+fn output_bytes(cmd: &mut Command, what: &str) -> anyhow::Result<Vec<u8>> {
+    let out = cmd.output().with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(out.stdout)
 }
 
 /// A command's stdout, trimmed; fails with its stderr.

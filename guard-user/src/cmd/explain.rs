@@ -59,6 +59,9 @@ fn verdict_text(v: CmdVerdict, patterns: &[String], excluded: bool) -> String {
         CmdVerdict::Budget => {
             "skip: match_budget (the pattern could not be decided in time; the process is protected)".into()
         }
+        CmdVerdict::TooLong => "skip: cmdline_too_long (the command line is longer than 1 MiB, which is never \
+                                 matched on a cut-off prefix; the process is protected)"
+            .into(),
         CmdVerdict::Gone => "gone".into(),
     }
 }
@@ -101,8 +104,12 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 verdicts.insert(p.id, CmdVerdict::Gone);
             }
             Some(cmd) => {
-                if cmd.len() > max {
-                    verdicts.insert(p.id, CmdVerdict::Budget);
+                // As the daemon does (daemon::verdicts): no pattern protects nothing; a text
+                // over the matcher's cap is protected unmatched.
+                if patterns.is_empty() {
+                    verdicts.insert(p.id, CmdVerdict::End);
+                } else if cmd.len() > max {
+                    verdicts.insert(p.id, CmdVerdict::TooLong);
                 } else {
                     asked.push(p.id);
                 }

@@ -39,6 +39,7 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     require_root("install")?;
     let l = Layout::for_install(&request(&args)?)?;
     let (outcome, changes) = install::install(&l, &Systemctl).context("install")?;
+    let scheduled = outcome == Outcome::Scheduled;
     let code = match outcome {
         Outcome::Scheduled => {
             println!(
@@ -58,13 +59,33 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
             ExitCode::from(1)
         }
     };
-    if changes.is_empty() {
-        println!("[OK] (already installed, nothing changed)");
+    match (scheduled, changes.is_empty()) {
+        (true, true) => println!("[OK] (already installed, nothing changed)"),
+        // Not an outcome of its own: the `[!!]` line above is the one outcome.
+        (false, true) => println!("  nothing changed"),
+        _ => {}
     }
     for c in &changes {
         println!("  {c}");
     }
+    if !scheduled {
+        // The way forward (docs/operations.md, exit status 1): the command the unit would run.
+        let argv = l.dropin()?.argv();
+        println!("  nothing will start it here: run it as root under this host's own service manager:");
+        println!("    {}", argv.iter().map(|w| shell_word(w)).collect::<Vec<_>>().join(" "));
+        println!("  or run guard-user install again once systemd runs");
+    }
     Ok(code)
+}
+
+/// `word` as a POSIX shell reads it back: bare when it is plain, else single-quoted.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./:@%+=,-".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 pub fn uninstall(args: InstallArgs) -> anyhow::Result<ExitCode> {

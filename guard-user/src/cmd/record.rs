@@ -30,6 +30,7 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let scan = account_scan(uid)?;
     let mut mine: HashSet<u32> = scan.iter().map(|p| p.id.pid).collect();
     trace.records.push((t(), Record::Scan(scan.clone())));
+    trace.records.push((t(), parents_of(&scan)));
     for p in &scan {
         if let Some(text) = procfs::cmdline(p.id.pid) {
             trace.records.push((t(), Record::Cmdline { pid: p.id.pid, text }));
@@ -85,7 +86,9 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
                 // loss's time, so the replay has it by the time the loss starts the rebuild.
                 if let Ok(scan) = account_scan(uid) {
                     mine = scan.iter().map(|p| p.id.pid).collect();
+                    let parents = parents_of(&scan);
                     trace.records.push((at, Record::Scan(scan)));
+                    trace.records.push((at, parents));
                 }
             }
         }
@@ -118,6 +121,12 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(&args.out, out).with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("guard-user record: {} records in {}", trace.records.len(), args.out.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The parent links of scanned processes (what the session lineage adopts them by).
+fn parents_of(scan: &[crate::event::ProcState]) -> Record {
+    let ids: Vec<_> = scan.iter().map(|p| p.id).collect();
+    Record::Parents(crate::lineage::parents::read_parents(&ids).into_iter().map(|(id, pp)| (id.pid, pp)).collect())
 }
 
 /// The account's processes as /proc shows them now.

@@ -20,6 +20,18 @@ pub fn resolve_account(args: &AccountArgs) -> anyhow::Result<(Account, std::path
 
 pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
     let (account, home, config_path) = resolve_account(&args.account)?;
+    if args.account.user.is_none() {
+        anyhow::ensure!(account.uid != 0, "{}", NO_IMPLICIT_ROOT);
+        // Said once, on the terminal that started it: whom a bare `run` guards, and why.
+        let sudo = std::env::var("SUDO_USER").is_ok_and(|u| u == account.name);
+        let from = if sudo { "$SUDO_USER, who ran sudo" } else { "the invoking user" };
+        tracing::info!(
+            "guarding {} (uid {}, from {from}); --user NAME guards another account",
+            account.name,
+            account.uid
+        );
+    }
+    let metrics_file = args.metrics_file.as_deref().map(metrics_file).transpose()?;
     let interval = parse_duration(&args.interval).context("--interval")?;
     anyhow::ensure!(!interval.is_zero(), "--interval must be longer than 0s");
     let audit_interval = parse_duration(&args.audit_interval).context("--audit-interval")?;
@@ -38,8 +50,28 @@ pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
         audit_interval,
         ring_bytes: args.ring_bytes,
         deadline_timer: !args.no_deadline_timer,
-        metrics_file: args.metrics_file.clone(),
+        metrics_file,
     })
+}
+
+/// Why a bare `run` as root does not start: the default account (`$SUDO_USER`, else the invoking
+/// user) would be root itself, and a guard enforcing on root's processes is never what an
+/// operator meant without saying so. `--user root` still guards root.
+pub const NO_IMPLICIT_ROOT: &str = "no account to guard: run as root without --user (and not through sudo), \
+     guard-user would guard root's own processes; name the account to guard, e.g. guard-user run --user alice \
+     (or --user root if root's processes are really what you mean)";
+
+/// `--metrics-file PATH`: node_exporter's textfile collector reads only `*.prom`, so any other
+/// name would be written every tick and never collected. Refused before anything starts.
+fn metrics_file(path: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let name = path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default();
+    anyhow::ensure!(
+        name.len() > ".prom".len() && name.ends_with(b".prom"),
+        "--metrics-file {}: node_exporter's textfile collector reads only files whose name ends in .prom, \
+         so it would never read this one; name it e.g. guard-<account>.prom",
+        crate::escape::text(path.as_os_str().as_encoded_bytes())
+    );
+    Ok(path.to_path_buf())
 }
 
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {

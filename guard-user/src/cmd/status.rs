@@ -26,7 +26,8 @@ pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
         .map(|c| c.state_file)
         .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, &home));
     let path = status::path_beside(&state_file);
-    let s = match status::read(&path, who) {
+    let copy = crate::daemon::instance::trusted_status(account.uid, &home);
+    let s = match status::read_trusted(&path, who, copy.as_ref()) {
         Ok(s) => s,
         Err(e) => {
             if e.is_missing() {
@@ -122,6 +123,16 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
     for w in &s.warnings {
         rows.push(("warning", text(w)));
     }
+    if let Some(x) = &s.sessions {
+        // Counts only; `guard-user tree` lists the sessions.
+        rows.push((
+            "sessions",
+            format!(
+                "{} live, {} ended with {} leftovers pending; {} leftovers, {} reaped since start (guard-user tree lists them)",
+                x.live, x.ended, x.pending_leftovers, x.leftovers_total, x.reaped_total
+            ),
+        ));
+    }
     if let Some(v) = s.vitals.as_ref().map(vitals).filter(|v| !v.is_empty()) {
         rows.push(("daemon", v));
     }
@@ -195,6 +206,8 @@ fn names(out: &mut String, s: &Status) {
         });
         let left = n.time_left_secs.map(|t| human(secs(t)));
         let dash = || "-".to_string();
+        // An excluded name is never flagged: the column says why.
+        let since = since.or_else(|| n.excluded.then(|| "excluded".to_string()));
         let _ = writeln!(
             out,
             "{:<16} {:>6} {:>9} {:<19} {:>10} {:>10} {:>9}",

@@ -6,6 +6,10 @@ use std::{fmt, path::Path, time::Duration};
 use serde_json::{Map, Value};
 
 use super::*;
+
+#[path = "sessions.rs"]
+mod sessions;
+
 use crate::{
     duration::{parse_duration_max, DurationError},
     pattern::PatternSetError,
@@ -73,23 +77,35 @@ impl Problem {
     /// pattern=<p> index=<i>` with the matcher's reason (`validate` compiles each one alone, so it says
     /// which `index` that was).
     pub fn refused_pattern(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
-        refused_problem(Some(index), pattern, e)
+        refused_problem(PatternList::ExcludeCommands, Some(index), pattern, e)
+    }
+
+    /// [`Problem::refused_pattern`] for a pattern of `sessions.roots`.
+    pub fn refused_root(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
+        refused_problem(PatternList::SessionsRoots, Some(index), pattern, e)
+    }
+
+    /// A problem only `validate` reports: the daemon uses the document as it is (e.g. a pattern
+    /// that matches every command line, docs/configuration.md), so there is no `ERROR` line.
+    pub fn validate_only(key: String, what: String, fix: String) -> Problem {
+        Problem { key, what, fix, warning: false, error: None }
     }
 }
 
-fn refused_problem(index: Option<usize>, pattern: &str, e: &PatternSetError) -> Problem {
+fn refused_problem(list: PatternList, index: Option<usize>, pattern: &str, e: &PatternSetError) -> Problem {
     match e {
-        PatternSetError::Invalid { reason, .. } => pattern_problem(index, pattern, reason),
+        PatternSetError::Invalid { reason, .. } => pattern_problem(list, index, pattern, reason),
         PatternSetError::TooCostly { why, .. } => {
-            pattern_problem(index, pattern, &format!("too costly to match safely ({why})"))
+            pattern_problem(list, index, pattern, &format!("too costly to match safely ({why})"))
         }
-        PatternSetError::Worker(_) => pattern_problem(index, pattern, &format!("could not be checked: {e}")),
-        other => pattern_problem(index, pattern, &other.to_string()),
+        PatternSetError::Worker(_) => pattern_problem(list, index, pattern, &format!("could not be checked: {e}")),
+        other => pattern_problem(list, index, pattern, &other.to_string()),
     }
 }
 
-fn pattern_problem(index: Option<usize>, pattern: &str, reason: &str) -> Problem {
-    let key = index.map_or_else(|| "excludeCommands".to_string(), |i| format!("excludeCommands[{i}]"));
+/// `list` is the key the patterns are under: `excludeCommands` or `sessions.roots`.
+fn pattern_problem(list: PatternList, index: Option<usize>, pattern: &str, reason: &str) -> Problem {
+    let key = index.map_or_else(|| list.key().to_string(), |i| format!("{}[{i}]", list.key()));
     let what = format!(
         "\"{}\" is not a valid bash extended regex ({})",
         escape::text_capped(pattern.as_bytes(), 60),
@@ -97,22 +113,27 @@ fn pattern_problem(index: Option<usize>, pattern: &str, reason: &str) -> Problem
         reason.chars().filter(|c| !c.is_control()).collect::<String>()
     );
     let fix = FIX_INVALID_PATTERN;
-    let error = ConfigError::Pattern { pattern: prefix(pattern), index, why: what.clone(), fix };
+    let error = ConfigError::Pattern { list, pattern: prefix(pattern), index, why: what.clone(), fix };
     Problem { key, what, fix: fix.into(), warning: false, error: Some(error) }
 }
 
 /// The config error of a compile of `excludeCommands` (the stopgap in-process one).
-pub(super) fn pattern_error(index: Option<usize>, pattern: &str, reason: &str) -> ConfigError {
-    pattern_problem(index, pattern, reason).error.expect("a pattern problem is an error")
+pub(super) fn pattern_error(list: PatternList, index: Option<usize>, pattern: &str, reason: &str) -> ConfigError {
+    pattern_problem(list, index, pattern, reason).error.expect("a pattern problem is an error")
 }
 
 /// The config error of a pattern list the daemon's sandboxed matcher refused: the problem,
 /// reason and fix `validate` gives for that pattern, so the log, status, heartbeat and `check`
 /// never word it another way.
 pub fn refused_patterns(patterns: &[String], e: &PatternSetError) -> ConfigError {
+    refused_patterns_of(PatternList::ExcludeCommands, patterns, e)
+}
+
+/// [`refused_patterns`] for the list under `list` (`sessions.roots`).
+pub fn refused_patterns_of(list: PatternList, patterns: &[String], e: &PatternSetError) -> ConfigError {
     let index = e.index();
     let pattern = index.and_then(|i| patterns.get(i)).map(String::as_str).or(e.pattern()).unwrap_or_default();
-    refused_problem(index, pattern, e).error.expect("a pattern problem is an error")
+    refused_problem(list, index, pattern, e).error.expect("a pattern problem is an error")
 }
 
 /// `threshold: "30" is a string; write a whole number >= 1, e.g. 30`
@@ -196,6 +217,7 @@ impl Checker {
             warn_before: DEFAULT_WARN_BEFORE,
             repeat_after: DEFAULT_REPEAT_AFTER,
             stall_watch: Some(DEFAULT_STALL_WATCH),
+            sessions: None,
             unknown_keys: Vec::new(),
             unknown_keys_unlisted: 0,
         };
@@ -251,6 +273,11 @@ impl Checker {
                         c.stall_watch = s;
                     }
                 }
+                "sessions" => {
+                    if let Some(s) = self.sessions(v) {
+                        c.sessions = s;
+                    }
+                }
                 _ => unreachable!("every known key is checked"),
             }
         }
@@ -302,8 +329,15 @@ impl Checker {
     }
 
     fn exclude_commands(&mut self, v: &Value) -> Option<Vec<String>> {
+        self.patterns(PatternList::ExcludeCommands, v)
+    }
+
+    /// A list of patterns under `list` (`excludeCommands`, `sessions.roots`): the same static
+    /// bounds for both, so neither can hold what the matcher refuses to compile.
+    fn patterns(&mut self, list: PatternList, v: &Value) -> Option<Vec<String>> {
+        let key = list.key();
         let Value::Array(items) = v else {
-            self.bad("excludeCommands", None, format!("{} is {}", shown(v), kind(v)), FIX_PATTERNS, v);
+            self.bad(key, None, format!("{} is {}", shown(v), kind(v)), FIX_PATTERNS, v);
             return None;
         };
         let before = self.problems.len();
@@ -313,7 +347,7 @@ impl Checker {
                 Value::String(s) => patterns.push(s.clone()),
                 other => {
                     let what = format!("{} is {}", shown(other), kind(other));
-                    self.bad("excludeCommands", Some(i), what, FIX_PATTERN, v);
+                    self.bad(key, Some(i), what, FIX_PATTERN, v);
                 }
             }
         }
@@ -322,17 +356,18 @@ impl Checker {
         }
         for issue in check_patterns_static(&patterns) {
             match issue.index {
-                None => self.bad("excludeCommands", None, issue.what, FIX_PATTERN, v),
+                None => self.bad(key, None, issue.what, FIX_PATTERN, v),
                 Some(i) => {
                     // A pattern too costly to match safely needs another fix than a malformed one.
                     let fix = if issue.what.starts_with("is too costly") { FIX_COSTLY } else { FIX_PATTERN };
                     let error = ConfigError::Pattern {
+                        list,
                         pattern: prefix(&patterns[i]),
                         index: Some(i),
                         why: issue.what.clone(),
                         fix,
                     };
-                    self.error(format!("excludeCommands[{i}]"), issue.what, fix, error);
+                    self.error(format!("{key}[{i}]"), issue.what, fix, error);
                 }
             }
         }
@@ -462,7 +497,10 @@ fn shown(v: &Value) -> String {
 
 /// The keys whose value may be a string: theirs is shown as its text (`value=1d`).
 fn takes_string(log_key: &str) -> bool {
-    matches!(log_key, "timeout" | "warnBefore" | "stateFile" | "stallWatch.peggedFor")
+    matches!(
+        log_key,
+        "timeout" | "warnBefore" | "stateFile" | "stallWatch.peggedFor" | "sessions.leftovers" | "sessions.grace"
+    )
 }
 
 /// A value as the log shows it (docs/log.md): a string where the key takes one as its text,

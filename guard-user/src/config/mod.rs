@@ -29,7 +29,7 @@ mod doc;
 #[cfg(test)]
 mod tests;
 
-pub use check::{problems, refused_patterns, Problem};
+pub use check::{problems, refused_patterns, refused_patterns_of, Problem};
 
 /// Configs beyond this size are refused without being read (a config is a few hundred bytes).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -100,6 +100,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "warnBefore",
     "repeatAfter",
     "stallWatch",
+    "sessions",
 ];
 
 /// The stall watch's settings (docs/configuration.md).
@@ -133,12 +134,48 @@ pub struct Config {
     pub repeat_after: u32,
     /// The stall watch, `None` when turned off (`"stallWatch": false`).
     pub stall_watch: Option<StallWatch>,
+    /// Session roots and their leftovers (docs/configuration.md); `None` when off.
+    pub sessions: Option<Sessions>,
     /// Keys we do not know: a warning, not an error (a newer config on an older guard). At
     /// most [`MAX_UNKNOWN_KEYS`], sorted, each cut to 200 bytes (`…` marks a cut).
     pub unknown_keys: Vec<String>,
     /// Unknown keys past the [`MAX_UNKNOWN_KEYS`] kept: counted, not listed.
     pub unknown_keys_unlisted: usize,
 }
+
+/// `sessions` (docs/configuration.md): which processes are session roots, and what happens to
+/// what a root leaves behind when it ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sessions {
+    /// Bash extended regexes on the command line, validated like `excludeCommands`.
+    pub roots: Vec<String>,
+    pub leftovers: Leftovers,
+    /// How long after a root ends its session's live processes count as leftovers.
+    pub grace: Duration,
+}
+
+/// What happens to a session's leftovers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leftovers {
+    /// `LEFTOVER` lines only.
+    Report,
+    /// `LEFTOVER` lines, then SIGTERM, 10 s, SIGKILL, and one `REAPED` line.
+    Stop,
+}
+
+impl Leftovers {
+    pub fn token(self) -> &'static str {
+        match self {
+            Leftovers::Report => "report",
+            Leftovers::Stop => "stop",
+        }
+    }
+}
+
+/// `sessions.grace` when the key is absent.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// `sessions.grace` at most: a day (a grace longer than that is a session that never ends).
+pub const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 impl Config {
     /// The configuration with every key at its default (`home` expands `~`).
@@ -157,8 +194,28 @@ impl Config {
         self.exclude_commands
             .iter()
             .enumerate()
-            .map(|(i, p)| Pattern::new(p).map_err(|e| check::pattern_error(Some(i), p, &e.to_string())))
+            .map(|(i, p)| {
+                Pattern::new(p)
+                    .map_err(|e| check::pattern_error(PatternList::ExcludeCommands, Some(i), p, &e.to_string()))
+            })
             .collect()
+    }
+}
+
+/// The lists of patterns a config has (one byte, so [`ConfigError`] stays small).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatternList {
+    ExcludeCommands,
+    SessionsRoots,
+}
+
+impl PatternList {
+    /// The key the list is under.
+    pub fn key(self) -> &'static str {
+        match self {
+            PatternList::ExcludeCommands => "excludeCommands",
+            PatternList::SessionsRoots => "sessions.roots",
+        }
     }
 }
 
@@ -231,8 +288,10 @@ pub enum ConfigError {
         why: String,
         fix: &'static str,
     },
-    #[error("config_malformed excludeCommands pattern={}", escape::log_value_capped(pattern.as_bytes(), MAX_SHOWN_VALUE))]
+    #[error("config_malformed {} pattern={}", list.key(), escape::log_value_capped(pattern.as_bytes(), MAX_SHOWN_VALUE))]
     Pattern {
+        /// The list the pattern is in.
+        list: PatternList,
         /// The pattern as written, or its first [`MAX_SHOWN_VALUE`] + 1 bytes or more.
         pattern: String,
         index: Option<usize>,

@@ -48,6 +48,10 @@ pub trait Signaller: Send {
     fn end_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
     /// Dry run: verify identities, send nothing.
     fn verify_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
+    /// A session's leftovers: SIGTERM to those still themselves, no wait.
+    fn term_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
+    /// A session's leftovers, 10 s later: SIGKILL to those still themselves.
+    fn kill_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
 }
 
 /// The Prometheus text file (`--metrics-file`, docs/metrics.md).
@@ -65,6 +69,9 @@ pub trait ProcessReader: Send {
     fn machine_processes(&mut self) -> Option<u64> {
         None
     }
+    /// When the machine booted (unix seconds): a process's age is counted from its start time
+    /// (clock ticks since boot).
+    fn boot_unix(&mut self) -> f64;
 }
 
 /// `excludeCommands` matching (docs/configuration.md, docs/architecture.md): compiled once per change of the list, each match
@@ -170,6 +177,8 @@ pub struct Effects {
     pub signals: Box<dyn Signaller>,
     pub procs: Box<dyn ProcessReader>,
     pub classifier: Box<dyn Classifier>,
+    /// `sessions.roots`, in a matcher of their own (each matcher holds one compiled list).
+    pub roots: Box<dyn Classifier>,
     pub cpu: Box<dyn CpuSampler>,
     pub mirror: Arc<dyn MirrorSink>,
     pub clock: Arc<dyn Clock>,
@@ -211,9 +220,12 @@ impl StateStore for StateFile {
     }
 }
 
-/// The status file, written atomically as the account.
+/// The status file, written atomically as the account; a root daemon also keeps its own copy
+/// where the account cannot write (`status::read_trusted`).
 pub struct StatusFile {
     pub who: FsIdentity,
+    /// The copy beside the instance lock (root only; see `instance::trusted_status`).
+    pub copy: Option<std::path::PathBuf>,
 }
 
 impl StatusSink for StatusFile {
@@ -222,6 +234,11 @@ impl StatusSink for StatusFile {
         bytes.push(b'\n');
         if let Err(e) = atomic_replace(path, &bytes, self.who) {
             tracing::warn!("cannot write the status file: {e}");
+        }
+        if let Some(copy) = &self.copy {
+            if let Err(e) = atomic_replace(copy, &bytes, FsIdentity { uid: 0, gid: 0 }) {
+                tracing::warn!("cannot write the status copy: {e}");
+            }
         }
     }
 }
@@ -233,6 +250,14 @@ impl Signaller for Enforcer {
 
     fn verify_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
         Enforcer::verify_all(self, targets)
+    }
+
+    fn term_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        Enforcer::term_all(self, targets)
+    }
+
+    fn kill_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        Enforcer::kill_all(self, targets)
     }
 }
 
@@ -264,6 +289,10 @@ impl ProcessReader for Procfs {
 
     fn machine_processes(&mut self) -> Option<u64> {
         self.machine.read()
+    }
+
+    fn boot_unix(&mut self) -> f64 {
+        procfs::boot_unix()
     }
 }
 
@@ -305,14 +334,12 @@ pub fn real(account: &Account, log: Logger, mirror: Mirror, metrics_file: Option
     Effects {
         log: Arc::new(log),
         state: Box::new(StateFile { who }),
-        status: Box::new(StatusFile { who }),
-        signals: Box::new(Enforcer {
-            account_uid: account.uid,
-            self_pid: std::process::id(),
-            grace: Duration::from_millis(500),
-        }),
+        status: Box::new(StatusFile { who, copy: None }),
+        signals: Box::new(Enforcer::new(account.uid, std::process::id(), Duration::from_millis(500))),
         procs: Box::new(Procfs::default()),
         classifier: Box::new(sandboxed_matcher()),
+        // Its worker starts only once a list of roots is set.
+        roots: Box::new(sandboxed_matcher()),
         cpu: Box::new(ProcfsCpu),
         mirror: Arc::new(mirror),
         clock: Arc::new(SystemClock),

@@ -76,10 +76,29 @@ fn ensure_dir(dir: &Path) -> Result<(), InstanceError> {
     Ok(())
 }
 
+/// The lock file of (`uid`, `home`) in `dir`.
+fn lock_path(dir: &Path, uid: u32, home: &Path) -> PathBuf {
+    dir.join(format!("{uid}-{:016x}.lock", fnv1a(home.as_os_str().as_encoded_bytes())))
+}
+
+/// Where a root daemon keeps its own copy of the status file, beside its lock, and the lock
+/// file that names the daemon which wrote it (see [`crate::status::read_trusted`]). `None`
+/// unless this process is root: only root's lock directory is out of the account's reach.
+/// `home` is canonicalized as `run` does before it takes the lock.
+pub fn trusted_status(uid: u32, home: &Path) -> Option<crate::status::TrustedCopy> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let home = home.canonicalize().unwrap_or_else(|_| home.to_path_buf());
+    let lock = lock_path(&lock_dir(), uid, &home);
+    Some(crate::status::TrustedCopy { status: lock.with_extension("status.json"), lock })
+}
+
 /// Takes the lock for (`uid`, `home`) in `dir`, or says who holds it.
 pub fn acquire(dir: &Path, uid: u32, user: &str, home: &Path) -> Result<InstanceLock, InstanceError> {
     ensure_dir(dir)?;
-    let path = dir.join(format!("{uid}-{:016x}.lock", fnv1a(home.as_os_str().as_encoded_bytes())));
+    let path = lock_path(dir, uid, home);
     let io = |source| InstanceError::Io { path: path.clone(), source };
     let mut file = OpenOptions::new()
         .read(true)

@@ -5,6 +5,8 @@
 //! - [`source`]: where events come from ([`EventSource`]: the BPF ring, the `procfs` backend's
 //!   nothing, a recorded trace).
 //! - [`pump`]: the one owner of the [`crate::table::ProcessTable`]; answers snapshot requests.
+//! - [`keeper`]: the pump's side of the session lineage (events, adoption, parent reads).
+//! - [`sessions`]: the tick's side of sessions: classify roots, gather, apply the plan.
 //! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
 //! - [`tick`]: one tick — gather, [`crate::policy::decide`], apply.
 //! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache.
@@ -30,10 +32,13 @@ use crate::{
 pub mod effects;
 pub mod fault;
 pub mod instance;
+pub mod keeper;
+pub mod match_all;
 pub mod pump;
 pub mod rebuild;
 pub mod recording;
 pub mod report;
+pub mod sessions;
 pub mod source;
 pub mod supervise;
 pub mod tick;
@@ -203,6 +208,10 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Arc::new(move |w: String| warn_log.raw(&format!("WARN {w}"))),
     );
     let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());
+    // Root keeps a copy of the status the account cannot rewrite, for `status` and `check`.
+    if let Some(copy) = instance::trusted_status(opts.account.uid, &opts.home) {
+        fx.status = Box::new(effects::StatusFile { who, copy: Some(copy.status) });
+    }
     // CPU samples: the scheduler's accounting (cost follows the busy processes), else one pass
     // of the task iterator, else /proc (the fallbacks visit every process).
     let forced_procfs = crate::ebpf::task_iter::forced_procfs();

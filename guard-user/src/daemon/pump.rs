@@ -5,17 +5,19 @@
 use std::{io, sync::Arc, time::Duration};
 
 use tokio::{
-    sync::{mpsc, oneshot},
+    sync::{mpsc, oneshot, Notify},
     task::JoinHandle,
 };
 
 use super::{
     effects::LogSink,
+    keeper::{LineageKeeper, LineageMode},
     rebuild::{Rebuilder, Step},
     source::{EventSource, Scanner},
 };
 use crate::{
     event::{Event, ProcState},
+    lineage::{LineageCmd, SessionsView},
     policy::{line::Line, AccountView},
     table::{ProcessTable, Scope},
 };
@@ -36,12 +38,17 @@ pub struct PumpStats {
 pub struct Snapshot {
     pub view: AccountView,
     pub stats: PumpStats,
+    /// The session lineage, while it is on.
+    pub sessions: Option<SessionsView>,
 }
 
 pub enum Request {
     /// Drain the source, then reply with the account's view (members of names with at least
     /// `min_count` processes). Queued until the start-up table is complete.
-    Snapshot { min_count: u32, reply: oneshot::Sender<Snapshot> },
+    Snapshot { min_count: u32, lineage: LineageMode, reply: oneshot::Sender<Snapshot> },
+    /// The tick's answers about sessions (classified, settled); the reply is the lineage after
+    /// them (for the status).
+    Lineage { cmds: Vec<LineageCmd>, reply: oneshot::Sender<Option<SessionsView>> },
     /// Liveness: answered when the pump's loop turns.
     Ping { reply: oneshot::Sender<PumpStats> },
     /// Answered once the start-up table is complete.
@@ -52,16 +59,31 @@ pub enum Request {
 #[derive(Clone)]
 pub struct PumpHandle {
     tx: mpsc::Sender<Request>,
+    /// Notified when a root session ended: the tick loop runs a tick at once.
+    wake: Arc<Notify>,
 }
 
 impl PumpHandle {
     /// From a blocking thread (the tick). `None` when the pump is gone. It blocks as long as the
     /// pump does not answer: a wedged pump makes the tick overrun, which the supervisor turns into
     /// `STOPPED reason=hang`.
-    pub fn snapshot_blocking(&self, min_count: u32) -> Option<Snapshot> {
+    pub fn snapshot_blocking(&self, min_count: u32, lineage: LineageMode) -> Option<Snapshot> {
         let (reply, rx) = oneshot::channel();
-        self.tx.blocking_send(Request::Snapshot { min_count, reply }).ok()?;
+        self.tx.blocking_send(Request::Snapshot { min_count, lineage, reply }).ok()?;
         rx.blocking_recv().ok()
+    }
+
+    /// From a blocking thread (the tick): the lineage's answers; returns the lineage's view
+    /// after them (`None` when the pump is gone or the lineage off).
+    pub fn lineage_blocking(&self, cmds: Vec<LineageCmd>) -> Option<SessionsView> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.blocking_send(Request::Lineage { cmds, reply }).ok()?;
+        rx.blocking_recv().ok().flatten()
+    }
+
+    /// Resolves when a root session ended (see [`super::keeper`]).
+    pub async fn woken(&self) {
+        self.wake.notified().await
     }
 
     /// Waits until the start-up table is complete; false when the pump is gone.
@@ -101,6 +123,10 @@ struct Pump<S: EventSource> {
     batch: Vec<Event>,
     /// The account the table holds, and the daemon's own pid.
     scope: Scope,
+    /// The session lineage beside the table.
+    keeper: LineageKeeper,
+    /// Snapshot requests waiting for the lineage's parent read.
+    held: Vec<Request>,
     /// The start-up table's phase was traced.
     announced: bool,
     /// Snapshot requests answered (for the test-only fault hook).
@@ -118,7 +144,10 @@ pub fn spawn<S: EventSource>(
     let (tx, rx) = mpsc::channel(16);
     let scope = Scope { account, ignore_pid: Some(std::process::id()) };
     let last_lost = src.lost();
+    let wake = Arc::new(Notify::new());
     let pump = Pump {
+        keeper: LineageKeeper::new(src.parents(), scope.ignore_pid, wake.clone()),
+        held: Vec::new(),
         scanner: src.scanner(),
         src,
         log,
@@ -132,7 +161,7 @@ pub fn spawn<S: EventSource>(
         announced: false,
         snapshots: 0,
     };
-    (PumpHandle { tx }, tokio::spawn(pump.run(rx, audit_every)))
+    (PumpHandle { tx, wake }, tokio::spawn(pump.run(rx, audit_every)))
 }
 
 impl<S: EventSource> Pump<S> {
@@ -165,11 +194,15 @@ impl<S: EventSource> Pump<S> {
                                 self.start_scan();
                             }
                         }
+                        Request::Lineage { cmds, reply } => {
+                            self.keeper.command(&cmds);
+                            let _ = reply.send(self.keeper.view(&self.table));
+                        }
                         req if !self.rebuild.ready() => waiting.push(req),
-                        Request::Snapshot { min_count, reply } => {
+                        req @ Request::Snapshot { .. } => {
                             self.count_snapshot();
                             self.drain_all();
-                            let _ = reply.send(self.snapshot(min_count));
+                            self.answer(req);
                         }
                         Request::WhenReady { reply } => { let _ = reply.send(()); }
                     }
@@ -185,13 +218,15 @@ impl<S: EventSource> Pump<S> {
                     self.scan = None;
                     if rescans {
                         match scan {
-                            Ok(procs) => self.table = ProcessTable::from_snapshot(procs, self.scope),
+                            Ok(procs) => {
+                                let fresh = ProcessTable::from_snapshot(procs, self.scope);
+                                let before = std::mem::replace(&mut self.table, fresh);
+                                self.keeper.on_table(Some(&before), &self.table);
+                            }
                             Err(e) => tracing::warn!("cannot read /proc: {e}"),
                         }
                         for req in waiting.drain(..) {
-                            if let Request::Snapshot { min_count, reply } = req {
-                                let _ = reply.send(self.snapshot(min_count));
-                            }
+                            self.answer(req);
                         }
                         continue;
                     }
@@ -199,13 +234,26 @@ impl<S: EventSource> Pump<S> {
                     if self.rebuild.ready() {
                         for req in waiting.drain(..) {
                             match req {
-                                Request::Snapshot { min_count, reply } => {
+                                req @ Request::Snapshot { .. } => {
                                     self.drain_all();
-                                    let _ = reply.send(self.snapshot(min_count));
+                                    self.answer(req);
                                 }
                                 Request::WhenReady { reply } => { let _ = reply.send(()); }
                                 Request::Ping { reply } => { let _ = reply.send(self.stats); }
+                                Request::Lineage { cmds, reply } => {
+                                    self.keeper.command(&cmds);
+                                    let _ = reply.send(self.keeper.view(&self.table));
+                                }
                             }
+                        }
+                    }
+                }
+                read = self.keeper.read_done() => {
+                    self.keeper.finish_read(read);
+                    if !self.keeper.busy() {
+                        for req in std::mem::take(&mut self.held) {
+                            self.drain_all();
+                            self.answer(req);
                         }
                     }
                 }
@@ -216,8 +264,17 @@ impl<S: EventSource> Pump<S> {
         }
     }
 
-    fn snapshot(&self, min_count: u32) -> Snapshot {
-        Snapshot { view: self.table.view(min_count), stats: self.stats }
+    /// Answers a snapshot request, or holds it while the lineage reads parent links (a tick
+    /// must not decide on processes whose session is still to come).
+    fn answer(&mut self, req: Request) {
+        let Request::Snapshot { min_count, lineage, reply } = req else { return };
+        self.keeper.configure(lineage, &self.table);
+        if self.keeper.busy() {
+            self.held.push(Request::Snapshot { min_count, lineage: LineageMode::Keep, reply });
+            return;
+        }
+        let sessions = self.keeper.view(&self.table);
+        let _ = reply.send(Snapshot { view: self.table.view(min_count), stats: self.stats, sessions });
     }
 
     fn start_scan(&mut self) {
@@ -235,6 +292,7 @@ impl<S: EventSource> Pump<S> {
         for e in &self.batch {
             self.table.apply(e);
         }
+        self.keeper.on_events(&self.batch);
         self.stats.events += self.batch.len() as u64;
         let mut step = self.rebuild.on_events(&self.batch);
         let lost = self.src.lost();
@@ -276,7 +334,8 @@ impl<S: EventSource> Pump<S> {
                 self.announced = true;
                 crate::startup_phase("table consistent (/proc scan + replay)");
             }
-            self.table = t;
+            let before = std::mem::replace(&mut self.table, t);
+            self.keeper.on_table(Some(&before), &self.table);
             // The scan's and the replay's buffers are freed; give their pages back.
             super::trim::heap();
         }

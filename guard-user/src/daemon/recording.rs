@@ -99,6 +99,10 @@ pub struct RecordingSignals {
     pub calls: Arc<Mutex<Vec<SignalCall>>>,
     pub survivors: Arc<Mutex<HashSet<u32>>>,
     pub vanished: Arc<Mutex<HashSet<u32>>>,
+    /// Each `term_all` call's pids (a session's leftovers), in order.
+    pub terms: Arc<Mutex<Vec<Vec<u32>>>>,
+    /// Each `kill_all` call's pids, in order.
+    pub kills: Arc<Mutex<Vec<Vec<u32>>>>,
 }
 
 impl RecordingSignals {
@@ -128,15 +132,43 @@ impl Signaller for RecordingSignals {
     fn verify_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
         self.record(targets, true)
     }
+
+    fn term_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        lock(&self.terms).push(targets.iter().map(|t| t.id.pid).collect());
+        let gone = lock(&self.vanished);
+        targets
+            .iter()
+            .map(|t| {
+                if gone.contains(&t.id.pid) {
+                    Outcome::Refused(crate::enforcer::Refusal::IdentityChanged)
+                } else {
+                    Outcome::Termed
+                }
+            })
+            .collect()
+    }
+
+    fn kill_all(&mut self, targets: &[ProcState]) -> Vec<Outcome> {
+        lock(&self.kills).push(targets.iter().map(|t| t.id.pid).collect());
+        targets.iter().map(|t| self.outcome(t.id.pid, false)).collect()
+    }
 }
 
 /// Command lines by pid; a pid without one is gone.
 #[derive(Clone, Default)]
 pub struct FakeProcs(pub Arc<Mutex<HashMap<u32, Vec<u8>>>>);
 
+/// The boot time replays run with (unix seconds): the base of [`Recorder::effects`]' clock in
+/// the replay tests, so a process started at tick `t` is `now - base - t/100` seconds old.
+pub const REPLAY_BOOT_UNIX: f64 = 1_800_000_000.0;
+
 impl ProcessReader for FakeProcs {
     fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>> {
         lock(&self.0).get(&pid).map(|c| c[..c.len().min(max + 1)].to_vec())
+    }
+
+    fn boot_unix(&mut self) -> f64 {
+        REPLAY_BOOT_UNIX
     }
 }
 
@@ -277,6 +309,7 @@ impl Recorder {
             signals: Box::new(self.signals.clone()),
             procs: Box::new(self.procs.clone()),
             classifier: Box::new(InProcessClassifier { classified: self.classified.clone(), ..Default::default() }),
+            roots: Box::new(InProcessClassifier::default()),
             cpu: Box::new(self.cpu.clone()),
             mirror: Arc::new(self.mirror.clone()),
             clock: Arc::new(TokioClock { wall_step: self.wall_step.clone(), ..TokioClock::new(base_unix) }),

@@ -49,6 +49,8 @@ pub struct TickFigures<'a> {
     pub vitals: Vitals,
     pub tick_secs: f64,
     pub mirror_dropped: u64,
+    /// Sessions, while they are on.
+    pub sessions: Option<crate::status::SessionsStatus>,
 }
 
 impl TickFigures<'_> {
@@ -76,6 +78,7 @@ impl TickFigures<'_> {
             pegged: self.pegged.clone(),
             repeat_offenders: self.offenders.clone(),
             vitals: Some(self.vitals.clone()),
+            sessions: self.sessions.clone(),
         }
     }
 
@@ -95,6 +98,14 @@ impl TickFigures<'_> {
             resyncs: self.stats.resyncs,
             interval_secs: self.interval.as_secs().max(1),
             config_error: self.config_error.clone(),
+            sessions: self.sessions.as_ref().map(|s| crate::mirror::SessionCounts {
+                live: s.live,
+                ended: s.ended,
+                pending_leftovers: s.pending_leftovers,
+                leftovers: s.leftovers_total,
+                reaped: s.reaped_total,
+                stopped: s.stopped_total,
+            }),
         }
     }
 
@@ -140,6 +151,7 @@ impl TickFigures<'_> {
             warned_names: self.warnings.len() as u64,
             repeat_offenders: self.offenders.len() as u64,
             pegged_processes: self.pegged.len() as u64,
+            sessions: self.sessions.clone(),
         }
     }
 }

@@ -4,12 +4,16 @@ use std::{future::Future, io, sync::Arc};
 
 use crate::{
     ebpf::{task_iter, EbpfSource},
-    event::{Event, ProcState},
+    event::{Event, ProcId, ProcState},
     procfs,
 };
 
 /// How a rebuild reads the whole table: runs on a blocking thread.
 pub type Scanner = Arc<dyn Fn() -> io::Result<Vec<ProcState>> + Send + Sync>;
+
+/// How the lineage learns the parent of each process it adopts from a scan (`(process, ppid)`
+/// for those still alive as themselves): runs on a blocking thread.
+pub type ParentReader = Arc<dyn Fn(&[ProcId]) -> Vec<(ProcId, u32)> + Send + Sync>;
 
 /// A stream of process events plus a way to read the whole table.
 pub trait EventSource: Send + 'static {
@@ -33,6 +37,11 @@ pub trait EventSource: Send + 'static {
     /// cost model of the `procfs` backend).
     fn rescans_every_tick(&self) -> bool {
         false
+    }
+
+    /// Parent links of live processes (`/proc/PID/stat`; a trace answers from its records).
+    fn parents(&self) -> ParentReader {
+        Arc::new(crate::lineage::parents::read_parents)
     }
 }
 

@@ -123,6 +123,10 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// A tick unsettled this many deadlines is a hang.
 pub const HANG_FACTOR: u32 = 10;
 
+/// Ticks the pump asks for (a root session ended) start at least this long after the previous
+/// tick started: roots ending by the thousand cannot keep the loop ticking back to back.
+pub const WAKE_SPACING: Duration = Duration::from_secs(1);
+
 /// How the loop was set up.
 pub struct LoopSettings {
     pub interval: Duration,
@@ -159,6 +163,9 @@ pub async fn tick_loop(
     let (pong_tx, mut pongs) = mpsc::channel::<bool>(2);
     let mut ping_outstanding = false;
     let mut reloading = false;
+    let mut last_began = Instant::now();
+    // A wake that came while a tick ran: that tick may have missed it, so another follows.
+    let mut wake_after = false;
     let spawn = |t: Ticker| Running {
         handle: tokio::task::spawn_blocking(move || {
             let mut t = t;
@@ -246,6 +253,10 @@ pub async fn tick_loop(
                             let wait = (at - now_mono()).clamp(0.0, 366.0 * 86_400.0);
                             Instant::now() + Duration::from_secs_f64(wait) + Duration::from_millis(5)
                         });
+                        if std::mem::take(&mut wake_after) {
+                            let at = Instant::now().max(last_began + WAKE_SPACING);
+                            enforce_at = Some(enforce_at.map_or(at, |e| e.min(at)));
+                        }
                         notifier.status(&format!(
                             "tracking {} processes, {} name{} flagged, last tick at {}",
                             report.tracked,
@@ -279,6 +290,15 @@ pub async fn tick_loop(
                 enforce_at = None;
                 want_tick = true;
             }
+            // A root session ended: a tick soon, so its grace counts from the exit.
+            () = pump.woken() => {
+                if running.is_some() {
+                    wake_after = true;
+                } else {
+                    let at = Instant::now().max(last_began + WAKE_SPACING);
+                    enforce_at = Some(enforce_at.map_or(at, |e| e.min(at)));
+                }
+            }
             _ = watchdog.tick() => {
                 // Ask the pump without waiting here: the answer comes back on `pongs`. A pump
                 // that leaves a ping unanswered for the hang bound has stopped draining.
@@ -306,6 +326,7 @@ pub async fn tick_loop(
         }
         if want_tick && running.is_none() {
             if let Some(t) = idle.take() {
+                last_began = Instant::now();
                 running = Some(spawn(t));
             }
         }

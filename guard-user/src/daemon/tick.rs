@@ -9,8 +9,10 @@ use std::{
 
 use super::{
     effects::Effects,
+    keeper::LineageMode,
     pump::{PumpHandle, PumpStats},
     report::{ConfigOutage, TickFigures, Totals, VitalsSampler},
+    sessions::{self, SessionsTick},
     verdicts::{round_budget, verdicts, Ask, VerdictCache},
     DaemonOptions,
 };
@@ -75,6 +77,10 @@ pub struct Ticker {
     config_outage: ConfigOutage,
     /// Verdicts of unchanged processes, so they are matched once, not every tick.
     verdicts: VerdictCache,
+    /// `excludeCommands` patterns that match every command line, warned once per list.
+    match_all: super::match_all::MatchAllWatch,
+    /// Session roots and their leftovers (docs/configuration.md `sessions`).
+    sessions: SessionsTick,
 }
 
 impl Ticker {
@@ -100,15 +106,14 @@ impl Ticker {
             deadline: super::supervise::tick_deadline(opts_interval),
             config_outage: ConfigOutage::default(),
             verdicts: VerdictCache::for_daemon(),
+            match_all: Default::default(),
+            sessions: SessionsTick::default(),
         }
     }
 
     /// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
     fn emit(&self, line: &Line, now: f64) {
-        self.fx.log.write(line);
-        if let Some(kind) = policy::decide::stream_kind(line) {
-            self.fx.mirror.event(stream_event(kind, line, now));
-        }
+        emit(&self.fx, line, now);
     }
 
     /// One tick (docs/architecture.md).
@@ -125,6 +130,10 @@ impl Ticker {
             Ok(c) => c,
             Err(e) => return self.config_error(&e, began),
         };
+        let list = &config.exclude_commands;
+        if let Some(index) = self.match_all.check(&mut *self.fx.classifier, list, began + self.deadline / 4) {
+            self.fx.log.write(&Line::new("WARN").word("pattern_matches_all").with("index", index));
+        }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
         // error (nothing is ended), a matcher that cannot run protects every process.
         let matcher_ok = match self.fx.classifier.set_patterns(&config.exclude_commands) {
@@ -145,10 +154,14 @@ impl Ticker {
                 false
             }
         };
+        if let Err(e) = self.sessions.set_roots(&mut self.fx, &config) {
+            return self.config_error(&e, began);
+        }
         self.fx.log.set_max_bytes(config.log_max_bytes);
         self.warn_unknown_keys(&config);
         let asked = Instant::now();
-        let Some(snap) = self.pump.snapshot_blocking(config.threshold) else {
+        let lineage = sessions::mode(&config, self.opts.account.uid);
+        let Some(snap) = self.pump.snapshot_blocking(config.threshold, lineage) else {
             tracing::error!("the event pump is gone; this tick cannot see the table");
             return TickReport { took: began.elapsed(), ..Default::default() };
         };
@@ -168,8 +181,11 @@ impl Ticker {
         let round_ends =
             (Instant::now() + round_budget(self.opts.interval, self.deadline)).min(began + self.deadline / 2);
         let no_clocks = FlagClocks::new();
+        // A session's leftovers due for a step this tick are matched in the same round.
+        let sessions_now = self.fx.clock.now();
+        let asked = with_members(&snap.view, self.sessions.due(snap.sessions.as_ref(), &config, sessions_now));
         let ask = Ask {
-            view: &snap.view,
+            view: &asked,
             config: &config,
             clocks: self.state.as_ref().map_or(&no_clocks, |s| &s.clocks),
             matcher_ok,
@@ -219,6 +235,18 @@ impl Ticker {
         );
         self.state = Some(state);
         self.state_path = config.state_file.clone();
+        let sessions = self.sessions.run(sessions::Ctx {
+            fx: &mut self.fx,
+            pump: &self.pump,
+            view: snap.sessions.as_ref(),
+            config: &config,
+            verdicts: &verdicts,
+            now: sessions_now,
+            dry_run: self.opts.dry_run,
+            deadline: self.deadline,
+        });
+        self.totals.skipped += sessions.skipped;
+        self.totals.dry_runs += sessions.dry_runs;
         self.watch_stalls(&config, now);
         self.fx.log.write(&complete(plan.flagged, kills, errors));
         let took = began.elapsed().as_secs_f64();
@@ -234,8 +262,13 @@ impl Ticker {
             now: now.wall,
             tick_secs: took,
             pump_lag: Some(pump_lag),
+            sessions: sessions.status,
         });
-        let next_deadline = plan.next_deadline.filter(|_| self.opts.deadline_timer);
+        let next_deadline = match (plan.next_deadline, sessions.next_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let next_deadline = next_deadline.filter(|_| self.opts.deadline_timer);
         TickReport { next_deadline, took: began.elapsed(), tracked: snap.view.tracked_account(), flagged: plan.flagged }
     }
 
@@ -314,7 +347,8 @@ impl Ticker {
         let reason = e.log_reason();
         self.fx.log.write(&Line::new("ERROR").word(reason.clone()));
         self.fx.log.write(&complete(0, 0, 1));
-        let snap = self.pump.snapshot_blocking(u32::MAX);
+        // The lineage is kept as it is: a broken config must not forget the sessions.
+        let snap = self.pump.snapshot_blocking(u32::MAX, LineageMode::Keep);
         self.totals.config_errors += 1;
         let (view, stats) = snap.map(|s| (s.view, s.stats)).unwrap_or_default();
         let took = began.elapsed().as_secs_f64();
@@ -330,14 +364,27 @@ impl Ticker {
             now,
             tick_secs: took,
             pump_lag: None,
+            sessions: None,
         });
         TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
     }
 
     /// Status file, heartbeat and metrics from one set of figures.
     fn report(&mut self, done: Done) {
-        let Done { view, stats, names, pegged, warnings, offenders, config, config_error, now, tick_secs, pump_lag } =
-            done;
+        let Done {
+            view,
+            stats,
+            names,
+            pegged,
+            warnings,
+            offenders,
+            config,
+            config_error,
+            now,
+            tick_secs,
+            pump_lag,
+            sessions,
+        } = done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
             self.fx.mirror.event(ev);
         }
@@ -365,6 +412,7 @@ impl Ticker {
             vitals,
             tick_secs,
             mirror_dropped: self.fx.mirror.dropped(),
+            sessions,
         };
         self.fx.mirror.heartbeat(figures.heartbeat(crate::daemon::hostname()), self.opts.interval * 3);
         self.fx.status.write(&status::path_beside(&self.state_path), &figures.status());
@@ -392,6 +440,31 @@ struct Done<'a> {
     tick_secs: f64,
     /// How long the pump took to answer the snapshot.
     pump_lag: Option<f64>,
+    /// Sessions, while they are on.
+    sessions: Option<crate::status::SessionsStatus>,
+}
+
+/// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
+pub(super) fn emit(fx: &Effects, line: &Line, now: f64) {
+    fx.log.write(line);
+    if let Some(kind) = policy::decide::stream_kind(line) {
+        fx.mirror.event(stream_event(kind, line, now));
+    }
+}
+
+/// `view` with `extra` processes added to its members (each once), for one matching round.
+fn with_members(view: &AccountView, extra: Vec<crate::event::ProcState>) -> std::borrow::Cow<'_, AccountView> {
+    if extra.is_empty() {
+        return std::borrow::Cow::Borrowed(view);
+    }
+    let mut v = view.clone();
+    for p in extra {
+        let list = v.members.entry(p.comm).or_default();
+        if !list.iter().any(|q| q.id == p.id) {
+            list.push(p);
+        }
+    }
+    std::borrow::Cow::Owned(v)
 }
 
 /// A streamed line as a Redis stream entry (docs/operations.md).

@@ -27,6 +27,14 @@
 //! [`MAX_ENTRIES`] entries (about 1 MiB); past the cap a new process's verdict is not kept, so it
 //! is matched again each tick, within the budget, as every process was before the cache.
 //!
+//! # Without patterns, and past the matcher's cap
+//! An empty `excludeCommands` list protects nothing, so every live process is `End` without
+//! asking the matcher: neither a command line over its cap nor a worker that cannot run may
+//! protect what no pattern could. With patterns, a command line over the cap (1 MiB) is never
+//! matched on a cut-off prefix (`$` would change meaning) and is protected as `TooLong`, logged
+//! `SKIPPED … reason=cmdline_too_long`: a reason of its own, since padding its arguments is a way
+//! for the account to be protected that no pattern shows.
+//!
 //! # What is never cached into an end
 //! Only `NoMatch` leads to an end, and it is only ever settled after every pattern answered "no
 //! match" on exactly this text. A settled `Budget` (patterns overran or ran out of memory on
@@ -205,9 +213,14 @@ pub fn verdicts(
                 continue;
             };
             seen.insert(p.id);
-            // Longer than the matcher takes: never matched on a cut prefix; protected.
+            // No pattern: nothing can protect it, whatever its length or the worker's health.
+            if config.exclude_commands.is_empty() {
+                out.insert(p.id, CmdVerdict::End);
+                continue;
+            }
+            // Longer than the matcher takes: never matched on a cut prefix; protected, and said so.
             if cmd.len() > max {
-                out.insert(p.id, CmdVerdict::Budget);
+                out.insert(p.id, CmdVerdict::TooLong);
                 continue;
             }
             let key = cache.key(&cmd);

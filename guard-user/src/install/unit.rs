@@ -21,10 +21,10 @@ pub fn instance_name(user: &AccountName) -> String {
 /// from its drop-in; the template's own `ExecStart=` only serves an instance started without
 /// one. `tests::the_template_pins_its_directives` lists every directive: change both together.
 pub fn unit_text(bin: &Executable) -> String {
-    // The package ships guard-user(8); a source install has no man page (and `systemd-analyze
-    // verify` fails on a man: link that does not resolve).
+    // The package ships guard-user(8) and guard-config.json(5); a source install has no man page
+    // (and `systemd-analyze verify` fails on a man: link that does not resolve).
     let docs = if bin.as_str() == "/usr/bin/guard-user" {
-        format!("man:guard-user(8) file://{bin}")
+        "man:guard-user(8) man:guard-config.json(5)".to_string()
     } else {
         format!("file://{bin}")
     };

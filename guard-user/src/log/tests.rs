@@ -61,6 +61,8 @@ fn syslog_priorities_follow_the_table() {
         ("DRY_RUN pid=1 name=x", 5),
         ("REPEAT name=x enforcements_24h=3 kills_24h=9", 5),
         ("PEGGED pid=1 name=x cpu=1.00 for=300s", 5),
+        ("LEFTOVER pid=1 name=x root=2 age=30s", 5),
+        ("REAPED root=2 name=x count=1 survivors=0", 5),
         ("STARTED version=0.1.0", 5),
         ("STOPPED reason=signal", 5),
         ("RELOAD reason=sighup", 5),

@@ -59,6 +59,26 @@ pub struct Heartbeat {
     /// The last tick's config error (the `ERROR` line's reason, as in the log), `null` when
     /// the config was valid. While it is set the guard ends nothing.
     pub config_error: Option<String>,
+    /// Session counts (docs/configuration.md `sessions`); `null` while sessions are off.
+    pub sessions: Option<SessionCounts>,
+}
+
+/// The heartbeat's session counts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(default)]
+pub struct SessionCounts {
+    /// Root sessions whose root is alive.
+    pub live: u64,
+    /// Root sessions that ended, their leftovers still to deal with.
+    pub ended: u64,
+    /// Live processes of ended sessions.
+    pub pending_leftovers: u64,
+    /// `LEFTOVER` lines since the daemon started.
+    pub leftovers: u64,
+    /// `REAPED` lines since the daemon started.
+    pub reaped: u64,
+    /// Leftovers ended since the daemon started.
+    pub stopped: u64,
 }
 
 /// One stream entry; mirrors a FLAGGED (first tick only), KILLED, DRY_RUN or SKIPPED log line,

@@ -60,6 +60,7 @@ use std::fmt;
 
 mod child;
 pub mod limits;
+pub mod match_all;
 pub mod matcher;
 mod page;
 mod protocol;

@@ -48,6 +48,11 @@ pub enum CmdVerdict {
     Excluded { index: usize },
     /// The bounded matcher could not decide in time: protected, never ended.
     Budget,
+    /// The command line is longer than the matcher takes (1 MiB): never matched on a cut-off
+    /// prefix, so protected while the pattern list is not empty (nothing can protect it
+    /// otherwise). A reason of its own, because a real program almost never has one: the
+    /// account may have padded its arguments to be protected, and the operator must see that.
+    TooLong,
     /// Matches no pattern: ended when its name is enforced.
     End,
 }
@@ -112,7 +117,7 @@ pub fn decide(input: &TickInput) -> TickPlan {
     incidents::prune(&mut inc, &names.clocks, now);
     let mut warnings = Vec::new();
     let mut next_deadline = names.next_deadline(config);
-    let mut lines = Vec::new();
+    let mut lines = unflagged(view, config, clocks, &names.clocks, now);
     let mut targets = Vec::new();
     let mut status = Vec::new();
     for v in &names.names {
@@ -139,6 +144,10 @@ pub fn decide(input: &TickInput) -> TickPlan {
                     skip += 1;
                     "match_budget"
                 }
+                CmdVerdict::TooLong => {
+                    skip += 1;
+                    "cmdline_too_long"
+                }
             };
             // SKIPPED is an enforcement's line: a flagged name waiting for its timeout skips nothing yet.
             if v.enforce {
@@ -163,16 +172,20 @@ pub fn decide(input: &TickInput) -> TickPlan {
             time_left_secs: Some((v.deadline(config) - now).max(0.0)),
             would_skip: Some(skip),
             would_end: Some(end),
+            excluded: false,
         });
     }
-    // `status` also shows names on their way: at or over half the threshold, not excluded.
+    // `status` also shows names on their way (at or over half the threshold, not excluded), and
+    // excluded names at or over it: never ended, but a pile hiding under one is seen.
     let half = config.threshold.div_ceil(2);
     for (name, count) in &view.counts {
-        if *count >= half && *count < config.threshold && !config.is_excluded(name) {
+        let excluded = config.is_excluded(name);
+        if (*count >= half && *count < config.threshold && !excluded) || (excluded && *count >= config.threshold) {
             status.push(NameStatus {
                 name: name.to_string(),
                 count: *count,
                 threshold: config.threshold,
+                excluded,
                 ..Default::default()
             });
         }
@@ -188,6 +201,25 @@ pub fn decide(input: &TickInput) -> TickPlan {
         incidents: inc,
         warnings,
     }
+}
+
+/// `UNFLAGGED` for every name whose clock this tick drops (docs/architecture.md step 6): below
+/// the threshold, or excluded now. Its clock starts again when it comes back, so a pile that dips
+/// under the threshold at a tick, or is renamed away for one, starts its `timeout` over; this
+/// line says so, with how long the clock had run, so such a dip is never silent.
+fn unflagged(view: &AccountView, config: &Config, held: &FlagClocks, kept: &FlagClocks, now: f64) -> Vec<Line> {
+    held.iter()
+        .filter(|(name, _)| !kept.contains_key(*name))
+        .map(|(name, since)| {
+            let count = view.counts.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+            let reason = if config.is_excluded(name) { "excluded" } else { "below_threshold" };
+            Line::new("UNFLAGGED")
+                .with("name", *name)
+                .with("count", count)
+                .with("flagged_for", format!("{}m", minutes_ago((now - since).max(0.0))))
+                .with("reason", reason)
+        })
+        .collect()
 }
 
 fn skipped(pid: u32, name: Comm, reason: &str) -> Line {
@@ -229,7 +261,9 @@ pub fn after_signals(plan: &TickPlan, outcomes: &[Outcome], config: &Config, now
             }
             Outcome::Verified => ended("DRY_RUN"),
             // Not signalled, or it changed identity after SIGTERM and was left alone.
-            Outcome::Refused(_) | Outcome::Survived => skipped(t.proc.id.pid, t.proc.comm, "identity_changed"),
+            Outcome::Refused(_) | Outcome::Survived | Outcome::Termed => {
+                skipped(t.proc.id.pid, t.proc.comm, "identity_changed")
+            }
         });
     }
     let mut incidents = plan.incidents.clone();
@@ -253,6 +287,8 @@ pub fn stream_kind(line: &Line) -> Option<&'static str> {
         "WARNING" => Some("warning"),
         "REPEAT" => Some("repeat"),
         "PEGGED" => Some("pegged"),
+        "LEFTOVER" => Some("leftover"),
+        "REAPED" => Some("reaped"),
         _ => None,
     }
 }

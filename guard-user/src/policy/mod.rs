@@ -9,6 +9,7 @@ use crate::{comm::Comm, config::Config, pattern::Pattern};
 pub mod decide;
 pub mod incidents;
 pub mod line;
+pub mod sessions;
 pub mod stall;
 #[cfg(test)]
 mod tests;

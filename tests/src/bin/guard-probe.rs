@@ -7,8 +7,15 @@
 //! rename, which `ps` and node's `process.title` use; it takes any byte but NUL), with
 //! `userns new` it moves into a new user namespace of its own (unshare(2); a /proc scan then
 //! reads its euid from `status`), with
-//! `dodge NAME` it survives SIGTERM by renaming itself to NAME, with `busy ON/OFF`
+//! `dodge NAME` it survives SIGTERM by renaming itself to NAME, with `dodge-back NAME` it does
+//! the same and takes its own name back 1.5 s later (past the enforcer's SIGKILL re-check), with
+//! `blank-cmdline 1` it overwrites its arguments so /proc/PID/cmdline reads empty, with
+//! `leader-exits 1` its main thread exits once it is set up (a thread keeps the process alive,
+//! its leader a zombie), with `busy ON/OFF`
 //! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins).
+//!
+//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
+//! roots of the sessions tests (see `guard-probe/session.rs`).
 //!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
@@ -18,6 +25,9 @@
 //!   to LIST; `full` is printed when fork first fails (the pid space is exhausted), after which it
 //!   keeps retrying, so every pid that becomes free is taken again at once.
 use std::{io::Write, time::Duration};
+
+#[path = "guard-probe/session.rs"]
+mod session;
 
 static mut RECORD: Option<std::fs::File> = None;
 
@@ -43,6 +53,29 @@ extern "C" fn on_term_dodge(_sig: i32) {
     unsafe {
         #[allow(static_mut_refs)]
         libc::prctl(libc::PR_SET_NAME, DODGE.as_ptr());
+    }
+}
+
+/// Set by the `dodge-back` handler: the main loop takes the name back.
+static DODGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_term_dodge_back(sig: i32) {
+    on_term_dodge(sig);
+    DODGED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Overwrites the argument area so /proc/PID/cmdline reads as empty: its first byte NUL and its
+/// last one not, which the kernel reads as a setproctitle(3) title ending at the first NUL.
+fn blank_cmdline() {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
+    // proc(5): arg_start and arg_end are fields 48 and 49; `fields[0]` is field 3.
+    let (start, end): (usize, usize) = (fields[45].parse().unwrap(), fields[46].parse().unwrap());
+    // SAFETY: [arg_start, arg_end) is this process's own argument area, which nothing reads
+    // again (std copied the arguments at start-up).
+    unsafe {
+        std::ptr::write_bytes(start as *mut u8, 0, end - start);
+        *((end - 1) as *mut u8) = b'x';
     }
 }
 
@@ -127,12 +160,17 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("pidns") => pidns(&args[2..]),
         Some("churn") => churn(&args[2], &args[3]),
+        Some("session") => session::root(&args[2..]),
+        Some("session-after-reexec") => session::after_reexec(&args[2..]),
+        Some("bomb") => session::bomb(&args[2..]),
         _ => {}
     }
     let mut threads = 0;
     let mut forks = 0;
     // `busy ON_MS/OFF_MS`: burn a core for ON_MS, then sleep OFF_MS, forever (OFF_MS 0: spin).
     let mut busy: Option<(u64, u64)> = None;
+    let mut dodge_back = false;
+    let mut leader_exits = false;
     let mut i = 1;
     while i + 1 < args.len() {
         match args[i].as_str() {
@@ -143,6 +181,12 @@ fn main() {
                 busy = Some((on.parse().unwrap(), off.parse().unwrap()));
             }
             "record" => install_recorder(&args[i + 1]),
+            // `announce ROLE=FILE`: appends `ROLE <pid>` to FILE (the sessions tests' roles).
+            "announce" => {
+                let (role, file) = args[i + 1].split_once('=').unwrap();
+                let mut f = std::fs::OpenOptions::new().append(true).create(true).open(file).unwrap();
+                let _ = f.write_all(format!("{role} {}\n", std::process::id()).as_bytes());
+            }
             // prctl(PR_SET_NAME): the leader's comm, as a program renaming itself does.
             "rename" => rename(args[i + 1].as_bytes()),
             "rename-hex" => rename(&unhex(&args[i + 1])),
@@ -151,6 +195,18 @@ fn main() {
                 // SAFETY: a plain syscall; the probe is still single-threaded here.
                 let r = unsafe { libc::unshare(libc::CLONE_NEWUSER) };
                 assert_eq!(r, 0, "unshare(CLONE_NEWUSER): {}", std::io::Error::last_os_error());
+            }
+            "blank-cmdline" => blank_cmdline(),
+            "leader-exits" => leader_exits = true,
+            "dodge-back" => {
+                let name = args[i + 1].as_bytes();
+                dodge_back = true;
+                // SAFETY: written before the handler that reads it is installed.
+                unsafe {
+                    #[allow(static_mut_refs)]
+                    DODGE[..name.len().min(15)].copy_from_slice(&name[..name.len().min(15)]);
+                    libc::signal(libc::SIGTERM, on_term_dodge_back as *const () as libc::sighandler_t);
+                }
             }
             "dodge" => {
                 let name = args[i + 1].as_bytes();
@@ -181,6 +237,25 @@ fn main() {
     // Tell the test we are set up (threads and children exist).
     println!("ready");
     let _ = std::io::stdout().flush();
+    if leader_exits {
+        std::thread::spawn(|| loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        });
+        // SAFETY: the raw exit(2) ends only this thread (exit_group would end them all), with no
+        // unwinding through Rust frames (pthread_exit's forced unwind aborts in Rust's main); the
+        // process lives on in the thread just spawned.
+        unsafe { libc::syscall(libc::SYS_exit, 0) };
+    }
+    if dodge_back {
+        let own = std::fs::read("/proc/self/comm").unwrap();
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            if DODGED.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1500));
+                rename(own.strip_suffix(b"\n").unwrap_or(&own));
+            }
+        }
+    }
     if let Some((on, off)) = busy {
         let mut x = 0u64;
         loop {

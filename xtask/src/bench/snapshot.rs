@@ -18,7 +18,7 @@ use std::{
 use anyhow::Context as _;
 use serde_json::{json, Value};
 
-use super::{median, ms, procs, wait_for_file, Bench, Row, NEVER};
+use super::{median, ms, procs, wait_for_file, Bench, Row};
 use crate::build_ebpf;
 
 const N: usize = 10_000;
@@ -91,7 +91,7 @@ impl Bench<'_> {
     /// after two more ticks, tracked processes).
     fn start_up(&mut self, mode: &str) -> anyhow::Result<(f64, f64, u64)> {
         self.runs += 1;
-        let home = self.home(&format!("snapshot-{mode}-{}", self.runs), NEVER)?;
+        let home = self.home(&format!("snapshot-{mode}-{}", self.runs), self.opts.never())?;
         // The start-up phases land in the home's .stderr file next to it (the profile behind the figure).
         let env = [("GUARD_SNAPSHOT", mode), ("GUARD_TRACE_STARTUP", "1")];
         let mut d = procs::Daemon::start_env(&self.binary, &self.opts.user, &home, "ebpf", true, "1s", &[], &env)?;

@@ -5,9 +5,12 @@
 //!    with its mode, and nothing lies outside /usr and /lib;
 //! 3. the extracted binary runs, says its version, and the unit it would write for /usr/bin is
 //!    byte for byte the packaged one (what its `check` compares with);
-//! 4. every man page formats without a groff warning (`man --warnings -l`); the completions parse
-//!    (`bash -n`, and `zsh -n`/`fish -n` where installed);
-//! 5. lintian, failing on any error or warning (info, pedantic and overridden tags are shown).
+//! 4. every man page formats without a groff warning (`man --warnings -l`); the completions
+//!    complete real command lines ([`super::completion_check`]: bash's function called as readline
+//!    calls it, `fish -c 'complete -C …'`, zsh loading it under compinit);
+//! 5. the monitoring examples: `promtool check rules` and `promtool test rules` on the alert
+//!    rules and their recorded series, the dashboard's JSON ([`super::monitoring`]);
+//! 6. lintian, failing on any error or warning (info, pedantic and overridden tags are shown).
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -16,8 +19,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use super::{ensure_tool, output, CONFIG, GENERATED, MAN_DIR, PACKAGE};
-use crate::build_ebpf::which;
+use super::{ensure_tool, output, output_bytes, CONFIG, GENERATED, MAN5_DIR, MAN_DIR, PACKAGE};
 
 /// Control fields that must be present and non-empty.
 const FIELDS: &[&str] = &[
@@ -54,6 +56,7 @@ pub fn run(deb: &Path) -> anyhow::Result<()> {
     check_binary(&dir)?;
     check_man_pages(&dir)?;
     check_completions(&dir)?;
+    super::monitoring::check(&dir.join(super::EXAMPLES_DIR))?;
     lintian(deb)?;
     println!("dist --check: {} passed ({} KiB)", deb.display(), fs::metadata(deb)?.len() / 1024);
     Ok(())
@@ -65,10 +68,12 @@ fn check_listing(listing: &str) -> anyhow::Result<()> {
         ("./usr/bin/guard-user".into(), "-rwxr-xr-x"),
         (format!("./{CONFIG}"), "-rw-r--r--"),
         (format!("./{MAN_DIR}/guard-user.8.gz"), "-rw-r--r--"),
+        (format!("./{MAN5_DIR}/guard-config.json.5.gz"), "-rw-r--r--"),
         ("./usr/share/doc/guard-user/copyright".into(), "-rw-r--r--"),
         ("./usr/share/doc/guard-user/changelog.Debian.gz".into(), "-rw-r--r--"),
     ];
     want.extend(GENERATED.iter().map(|(_, dest)| (format!("./{dest}"), "-rw-r--r--")));
+    want.extend(super::monitoring::FILES.iter().map(|f| (format!("./{}/{f}", super::EXAMPLES_DIR), "-rw-r--r--")));
     for line in listing.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         anyhow::ensure!(fields.len() >= 6, "unexpected dpkg-deb -c line: {line}");
@@ -98,15 +103,16 @@ fn check_binary(dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(version == format!("guard-user {}", env!("CARGO_PKG_VERSION")), "--version says {version:?}");
     let help = output(Command::new(&bin).arg("--help"), "guard-user --help")?;
     anyhow::ensure!(!help.contains("SPEC"), "--help mentions SPEC, which the package does not ship:\n{help}");
-    let fresh = dir.join("regenerated");
-    output(
-        Command::new(&bin).arg("__generate").arg("--out-dir").arg(&fresh).args(["--bin-dir", "/usr/bin"]),
-        "guard-user __generate",
-    )?;
+    let fresh = output_bytes(Command::new(&bin).args(["__unit", "--bin-dir", "/usr/bin"]), "guard-user __unit")?;
     let packaged = fs::read(dir.join("lib/systemd/system/guard-user@.service"))?;
     anyhow::ensure!(
-        packaged == fs::read(fresh.join("guard-user@.service"))?,
+        packaged == fresh,
         "the packaged unit differs from the one the packaged binary renders for /usr/bin"
+    );
+    let unit = String::from_utf8_lossy(&packaged);
+    anyhow::ensure!(
+        unit.lines().any(|l| l.starts_with("Documentation=man:guard-user(8)")),
+        "the packaged unit's Documentation= does not name guard-user(8)"
     );
     println!("dist --check: {version}; the packaged unit is the one it renders for /usr/bin");
     Ok(())
@@ -114,8 +120,10 @@ fn check_binary(dir: &Path) -> anyhow::Result<()> {
 
 fn check_man_pages(dir: &Path) -> anyhow::Result<()> {
     ensure_tool("man", "man-db")?;
-    let mut pages: Vec<PathBuf> =
-        fs::read_dir(dir.join(MAN_DIR))?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    let mut pages: Vec<PathBuf> = Vec::new();
+    for sub in [MAN_DIR, MAN5_DIR] {
+        pages.extend(fs::read_dir(dir.join(sub))?.map(|e| e.map(|e| e.path())).collect::<Result<Vec<_>, _>>()?);
+    }
     pages.sort();
     for page in &pages {
         let out = Command::new("man")
@@ -144,17 +152,13 @@ fn check_man_pages(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn check_completions(dir: &Path) -> anyhow::Result<()> {
-    for (shell, path) in [
-        ("bash", "usr/share/bash-completion/completions/guard-user"),
-        ("zsh", "usr/share/zsh/vendor-completions/_guard-user"),
-        ("fish", "usr/share/fish/vendor_completions.d/guard-user.fish"),
-    ] {
-        if which(shell).is_none() {
-            println!("dist --check: {shell} completion not parsed: {shell} is not installed");
-            continue;
-        }
-        output(Command::new(shell).arg("-n").arg(dir.join(path)), &format!("{shell} -n {path}"))?;
-        println!("dist --check: {shell} parses {path}");
+    let path = |shell: &str| {
+        let dest = GENERATED.iter().find(|(name, _)| name.contains(shell)).map(|(_, d)| *d).expect("a completion");
+        dir.join(dest)
+    };
+    let lines = super::completion_check::check(&path("bash"), &path("_guard-user"), &path("fish"))?;
+    for line in lines {
+        println!("dist --check: {line}");
     }
     Ok(())
 }

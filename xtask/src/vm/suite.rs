@@ -83,10 +83,28 @@ pub const SUITE: &[(&str, Place)] = &[
         "integration-tests.reliability_boundary",
         Place::Guests { why: "other uids, pid namespaces and pid reuse", only: &[] },
     ),
+    (
+        "integration-tests.redteam",
+        Place::Guests {
+            why: "the account's tricks against each kernel: signal handlers racing the pidfd kill, a zombie leader \
+                  in /proc and the BPF events, exec's argument limit and /proc/PID/cmdline of a rewritten argv",
+            only: &[],
+        },
+    ),
     ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
+    (
+        "integration-tests.sessions",
+        Place::Guests {
+            why: "session lineage from each kernel's fork, exec, rename and setuid events (setsid, double forks, \
+                  reparenting), pidfd signals to leftovers, and pid reuse in a throwaway guest",
+            only: &[],
+        },
+    ),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
+    ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
     ("guard-user.bin-guard-user", Place::Host { why: "no tests in main.rs" }),
+    ("guard-user.doc_claims", Place::Host { why: "what the docs and man pages claim, against the binary" }),
     ("guard-user.fuzz_inputs", Place::Host { why: "parsers and the matcher on generated input" }),
     ("guard-user.log_grammar", Place::Host { why: "the log's text" }),
     (
@@ -99,9 +117,11 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.mirror_offline", Place::Host { why: "endpoint and fleet text" }),
     ("guard-user.operator_output", Place::Host { why: "validate and journal output" }),
     ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
+    ("guard-user.redteam_rules", Place::Host { why: "verdicts and warnings from the account's inputs, no kernel" }),
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
     ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
+    ("guard-user.sessions_replay", Place::Host { why: "recorded session traces through the daemon, no kernel" }),
     ("guard-user.status_view", Place::Host { why: "the status file's reader" }),
     ("integration-tests.lib", Place::Host { why: "the harness, no tests" }),
     ("integration-tests.bin-guard-probe", Place::Host { why: "the probe, no tests" }),
@@ -146,6 +166,37 @@ mod tests {
                 assert!(only.iter().all(|t| !t.is_empty()), "{name}: an empty filter would match every test");
             }
         }
+    }
+
+    /// Every test binary `cargo test --workspace` builds is placed here, so the VM step never
+    /// fails late (after the host tests) on a test file added without a place.
+    #[test]
+    fn every_test_binary_of_the_workspace_has_a_place() {
+        let out = std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(crate::build_ebpf::workspace_root())
+            .output()
+            .expect("cargo metadata");
+        let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+        let mut unplaced = Vec::new();
+        for package in metadata["packages"].as_array().expect("packages") {
+            let name = package["name"].as_str().unwrap_or_default();
+            for target in package["targets"].as_array().into_iter().flatten() {
+                let target_name = target["name"].as_str().unwrap_or_default();
+                let kinds: Vec<&str> =
+                    target["kind"].as_array().into_iter().flatten().filter_map(|k| k.as_str()).collect();
+                let guest_name = match kinds.first().copied() {
+                    Some("lib" | "rlib" | "proc-macro") => format!("{name}.lib"),
+                    Some("bin") => format!("{name}.bin-{target_name}"),
+                    Some("test") => format!("{name}.{target_name}"),
+                    _ => continue,
+                };
+                if place(&guest_name).is_err() {
+                    unplaced.push(guest_name);
+                }
+            }
+        }
+        assert!(unplaced.is_empty(), "add these to xtask/src/vm/suite.rs: {unplaced:?}");
     }
 
     #[test]

@@ -1,0 +1,165 @@
+//! `guard-user tree [--json]` (docs/operations.md): the account's live sessions as the running
+//! guard's last tick saw them (the status file), each root with its command and age, each process
+//! of the session with its CPU seconds and age read from /proc now, and the leftovers of ended
+//! sessions waiting for their grace. Only the daemon knows the lineage (it comes from fork events
+//! /proc no longer shows), so without a running guard there is nothing to show.
+//!
+//! The status file is the account's to rewrite: every text is shown escaped, and a process is
+//! shown only while /proc says it is still itself (same start time) and the account's.
+use std::{fmt::Write as _, process::ExitCode, time::Duration, time::SystemTime};
+
+use serde::Serialize;
+
+use super::TreeArgs;
+use crate::{
+    comm::Comm,
+    config,
+    duration::human,
+    escape,
+    event::{ProcId, ProcState},
+    status::{self, SessionStatus, SessionsStatus},
+};
+
+/// One process as `tree` shows it.
+#[derive(Serialize, Debug)]
+struct Shown {
+    pid: u32,
+    name: String,
+    cpu_secs: f64,
+    age_secs: u64,
+}
+
+/// One session as `tree` shows it.
+#[derive(Serialize, Debug)]
+struct Session {
+    root_pid: u32,
+    root_name: String,
+    command: String,
+    /// `live`, `grace` or `stopping`.
+    stage: String,
+    root_age_secs: Option<u64>,
+    /// For an ended session: seconds until its next step (its leftovers are due, or the SIGKILL).
+    due_in_secs: Option<f64>,
+    processes: Vec<Shown>,
+    /// Processes the status file did not list (over its cap) or that are gone since.
+    not_shown: u64,
+}
+
+pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
+    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let who = crate::safefs::FsIdentity::from(&account);
+    let state_file = config::load(&config_path, &home, who)
+        .map(|c| c.state_file)
+        .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, &home));
+    let path = status::path_beside(&state_file);
+    let s = match status::read(&path, who) {
+        Ok(s) => s,
+        Err(e) if e.is_missing() => {
+            eprintln!(
+                "guard-user tree: no status file yet ({}): sessions are known only to a running guard; is it running? (guard-user check tells)",
+                escape::text(path.as_os_str().as_encoded_bytes())
+            );
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => {
+            eprintln!("guard-user tree: {e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let now = SystemTime::now();
+    let stale = s.freshness(now).stale;
+    let Some(sessions) = s.sessions.as_ref() else {
+        eprintln!("guard-user tree: sessions are off (the config has no \"sessions\" with roots)");
+        return Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    };
+    let now_secs = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let shown: Vec<Session> = sessions.sessions.iter().map(|row| session(row, s.uid, now_secs)).collect();
+    if args.json {
+        let out = serde_json::json!({ "stale": stale, "leftovers": sessions.leftovers, "sessions": shown,
+            "sessions_not_shown": sessions.sessions_omitted });
+        println!("{}", super::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
+    } else {
+        print!("{}", render(sessions, &shown, stale));
+    }
+    Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn session(row: &SessionStatus, uid: u32, now: f64) -> Session {
+    let mut processes = Vec::new();
+    for p in &row.processes {
+        let id = ProcId { pid: p.pid, start_ticks: p.start };
+        let mut buf = Vec::new();
+        // Still itself and the account's: else the file (the account's) or time moved on.
+        let Some(live) = crate::procfs::read_process(p.pid, &mut buf).filter(|q| q.id == id && q.euid == uid) else {
+            continue;
+        };
+        let Some((cpu_secs, age_secs)) = crate::holders::cpu_and_age(&live) else { continue };
+        processes.push(Shown { pid: p.pid, name: live.comm.to_string(), cpu_secs, age_secs });
+    }
+    let not_shown = row.processes_omitted + (row.processes.len() - processes.len()) as u64;
+    let root =
+        ProcState { id: ProcId { pid: row.root_pid, start_ticks: row.root_start }, euid: uid, comm: Comm::new(b"") };
+    Session {
+        root_pid: row.root_pid,
+        root_name: row.root_name.clone(),
+        command: row.command.clone(),
+        stage: row.stage.clone(),
+        root_age_secs: (row.stage == "live").then(|| crate::holders::cpu_and_age(&root).map(|(_, a)| a)).flatten(),
+        due_in_secs: row.due_at.map(|at| (at - now).max(0.0)),
+        processes,
+        not_shown,
+    }
+}
+
+fn text(s: &str) -> String {
+    escape::printable(s).into_owned()
+}
+
+fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
+    let mut out = String::new();
+    if stale {
+        out.push_str("(STALE: the guard is not ticking; this is its last view)\n");
+    }
+    let _ = writeln!(
+        out,
+        "{} live session{}, {} ended; leftovers are {} after {}",
+        all.live,
+        if all.live == 1 { "" } else { "s" },
+        all.ended,
+        if all.leftovers == "stop" { "stopped" } else { "reported" },
+        human(Duration::from_secs_f64(all.grace_secs.clamp(0.0, 1e9)))
+    );
+    for s in sessions {
+        let state = match (s.stage.as_str(), s.due_in_secs) {
+            ("live", _) => {
+                format!("live {}", s.root_age_secs.map(|a| human(Duration::from_secs(a))).unwrap_or_default())
+            }
+            ("grace", Some(d)) => format!("ended, leftovers due in {}", human(Duration::from_secs_f64(d.min(1e9)))),
+            ("stopping", _) => "ended, its leftovers being stopped".to_string(),
+            (other, _) => format!("ended ({})", text(other)),
+        };
+        let _ = writeln!(out, "\nroot {} {}  {}  {}", s.root_pid, text(&s.root_name), state, text(&s.command));
+        if s.processes.is_empty() && s.not_shown == 0 {
+            out.push_str("  (no process left)\n");
+            continue;
+        }
+        let _ = writeln!(out, "  {:>8}  {:<16} {:>10} {:>8}", "PID", "NAME", "CPU", "AGE");
+        for p in &s.processes {
+            let _ = writeln!(
+                out,
+                "  {:>8}  {:<16} {:>9.2}s {:>8}",
+                p.pid,
+                text(&p.name),
+                p.cpu_secs,
+                human(Duration::from_secs(p.age_secs))
+            );
+        }
+        if s.not_shown > 0 {
+            let _ = writeln!(out, "  … and {} more (not listed, or gone since the last tick)", s.not_shown);
+        }
+    }
+    if all.sessions_omitted > 0 {
+        let _ = writeln!(out, "\n… and {} more sessions", all.sessions_omitted);
+    }
+    out
+}

@@ -1,0 +1,335 @@
+//! The session rules without a kernel: views built by hand, time passed in.
+use std::{path::Path, time::Duration};
+
+use super::*;
+use crate::{
+    config::parse,
+    lineage::{Candidate, LineageCounts},
+};
+
+const ROOT: u32 = 200;
+
+fn p(pid: u32, name: &str) -> ProcState {
+    ProcState { id: ProcId { pid, start_ticks: u64::from(pid) }, euid: 1000, comm: Comm::new(name.as_bytes()) }
+}
+
+fn config(leftovers: &str, grace: u64) -> Config {
+    let json = format!(
+        r#"{{"excludes": ["claude"], "sessions": {{"roots": ["wrapper"], "leftovers": "{leftovers}", "grace": {grace}}}}}"#
+    );
+    parse(json.as_bytes(), Path::new("/h")).unwrap()
+}
+
+/// One session of ROOT with `members`, ended or not.
+fn view(ended: bool, members: &[ProcState]) -> SessionsView {
+    SessionsView {
+        candidates: Vec::new(),
+        sessions: vec![SessionRow {
+            id: 7,
+            root: p(ROOT, "wrapper").id,
+            root_state: (!ended).then(|| p(ROOT, "wrapper")),
+            ended,
+            members: members.to_vec(),
+        }],
+        counts: LineageCounts::default(),
+    }
+}
+
+/// A tick's plan and the lines its outcomes add (every signal succeeds).
+struct Tick {
+    plan: SessionPlan,
+    after: Vec<Line>,
+}
+
+impl Tick {
+    fn lines(&self) -> Vec<String> {
+        self.plan.lines.iter().chain(&self.after).map(Line::body).collect()
+    }
+}
+
+fn tick(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64, dry_run: bool) -> Tick {
+    let sessions = cfg.sessions.as_ref().unwrap();
+    let due = due_members(v, book, sessions, now);
+    let verdicts: HashMap<ProcId, CmdVerdict> = due
+        .iter()
+        .map(|m| {
+            (m.id, if m.comm == Comm::new(b"protected") { CmdVerdict::Excluded { index: 0 } } else { CmdVerdict::End })
+        })
+        .collect();
+    let roots: HashMap<SessionId, RootVerdict> = v
+        .candidates
+        .iter()
+        .map(|c| {
+            let root = c.process.comm == Comm::new(b"wrapper");
+            (c.session, if root { RootVerdict::Root { command: b"wrapper --x".to_vec() } } else { RootVerdict::Other })
+        })
+        .collect();
+    let mut plan = decide_sessions(&SessionsInput {
+        view: v,
+        config: cfg,
+        sessions,
+        now: Now::same(now),
+        dry_run,
+        ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
+        roots: &roots,
+        verdicts: &verdicts,
+        book,
+    });
+    let ok = if dry_run { Outcome::Verified } else { Outcome::Ended { needed_sigkill: false } };
+    let term = vec![ok; plan.term.len()];
+    let kill = vec![Outcome::Ended { needed_sigkill: true }; plan.kill.len()];
+    let after = after_reap(&mut plan, &term, &kill, dry_run);
+    Tick { plan, after }
+}
+
+fn status_of(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64) -> SessionsStatus {
+    status(v, book, cfg.sessions.as_ref().unwrap(), Ages { boot_unix: 0.0, ticks_per_sec: 1 }, Now::same(now))
+}
+
+fn recognised(cfg: &Config) -> SessionBook {
+    let mut v = view(false, &[]);
+    v.sessions.clear();
+    v.candidates = vec![Candidate { session: 7, process: p(ROOT, "wrapper"), parent: None }];
+    let t = tick(cfg, &v, &SessionBook::default(), 1000.0, false);
+    assert_eq!(t.plan.commands, [LineageCmd::Classified { session: 7, root: true }]);
+    t.plan.book
+}
+
+#[test]
+fn a_candidate_is_a_root_only_when_its_command_line_matched() {
+    let cfg = config("report", 10);
+    let mut v = view(false, &[]);
+    v.sessions.clear();
+    v.candidates = vec![
+        Candidate { session: 7, process: p(ROOT, "wrapper"), parent: None },
+        Candidate { session: 8, process: p(300, "make"), parent: None },
+        Candidate { session: 9, process: p(301, "unread"), parent: None },
+    ];
+    let sessions = cfg.sessions.as_ref().unwrap();
+    let roots = HashMap::from([(7, RootVerdict::Root { command: vec![b'w'; 1000] }), (8, RootVerdict::Other)]);
+    let plan = decide_sessions(&SessionsInput {
+        view: &v,
+        config: &cfg,
+        sessions,
+        now: Now::same(5.0),
+        dry_run: false,
+        ages: Ages { boot_unix: 0.0, ticks_per_sec: 100 },
+        roots: &roots,
+        verdicts: &HashMap::new(),
+        book: &SessionBook::default(),
+    });
+    assert_eq!(
+        plan.commands,
+        [LineageCmd::Classified { session: 7, root: true }, LineageCmd::Classified { session: 8, root: false }],
+        "an unread candidate waits for the next tick"
+    );
+    assert_eq!(plan.book.roots[&7].command.len(), MAX_ROOT_COMMAND);
+}
+
+#[test]
+fn leftovers_are_reported_after_the_grace_and_the_session_settled() {
+    let cfg = config("report", 10);
+    let book = recognised(&cfg);
+    let ended = view(true, &[p(201, "watcher"), p(203, "daemon")]);
+    let t = tick(&cfg, &ended, &book, 1100.0, false);
+    assert!(t.lines().is_empty(), "nothing before the grace: {:?}", t.lines());
+    assert_eq!(t.plan.next_deadline, Some(1110.0), "the deadline timer wakes the tick at the grace");
+    assert_eq!(status_of(&cfg, &ended, &t.plan.book, 1100.0).sessions[0].stage, "grace");
+    let t = tick(&cfg, &ended, &t.plan.book, 1110.0, false);
+    assert_eq!(
+        t.lines(),
+        ["LEFTOVER pid=201 name=watcher root=200 age=909s", "LEFTOVER pid=203 name=daemon root=200 age=907s"]
+    );
+    assert_eq!(t.plan.commands, [LineageCmd::Settle(7)]);
+    assert!(t.plan.term.is_empty() && t.plan.kill.is_empty(), "report ends nothing");
+    assert_eq!(t.plan.book.totals.leftovers, 2);
+    assert!(t.plan.book.ended.is_empty());
+}
+
+#[test]
+fn a_session_that_left_nothing_logs_nothing() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let t = tick(&cfg, &view(true, &[]), &book, 1100.0, false);
+    assert!(t.lines().is_empty());
+    assert_eq!(t.plan.commands, [LineageCmd::Settle(7)]);
+}
+
+#[test]
+fn stop_sends_sigterm_after_the_grace_sigkill_ten_seconds_later_then_one_reaped_line() {
+    let cfg = config("stop", 10);
+    let book = recognised(&cfg);
+    let (w, d, c, x) = (p(201, "watcher"), p(203, "daemon"), p(204, "claude"), p(205, "protected"));
+    let ended = view(true, &[w, d, c, x]);
+    let t = tick(&cfg, &ended, &book, 1100.0, false);
+    let t = tick(&cfg, &ended, &t.plan.book, 1110.0, false);
+    assert_eq!(
+        t.lines(),
+        [
+            "LEFTOVER pid=201 name=watcher root=200 age=909s",
+            "LEFTOVER pid=203 name=daemon root=200 age=907s",
+            "LEFTOVER pid=204 name=claude root=200 age=906s",
+            "LEFTOVER pid=205 name=protected root=200 age=905s",
+            "SKIPPED pid=204 name=claude reason=excluded_name",
+            "SKIPPED pid=205 name=protected reason=excluded_command",
+        ]
+    );
+    assert_eq!(t.plan.term.iter().map(|t| t.proc.id.pid).collect::<Vec<_>>(), [201, 203]);
+    assert_eq!(t.plan.next_deadline, Some(1120.0));
+    assert!(t.plan.commands.is_empty());
+    // 203 ignores SIGTERM; a new member 206 appeared meanwhile. Nothing before the 10 s.
+    let still = view(true, &[d, c, x, p(206, "child")]);
+    let t = tick(&cfg, &still, &t.plan.book, 1115.0, false);
+    assert!(t.lines().is_empty() && t.plan.kill.is_empty());
+    assert_eq!(t.plan.next_deadline, Some(1120.0));
+    let t = tick(&cfg, &still, &t.plan.book, 1120.0, false);
+    assert_eq!(t.lines(), ["LEFTOVER pid=206 name=child root=200 age=914s"]);
+    assert_eq!(t.plan.kill.iter().map(|t| t.proc.id.pid).collect::<Vec<_>>(), [203, 206]);
+    assert_eq!(t.plan.next_deadline, Some(1121.0));
+    // The survivors are the protected ones.
+    let t = tick(&cfg, &view(true, &[c, x]), &t.plan.book, 1121.0, false);
+    assert_eq!(t.lines(), ["REAPED root=200 name=wrapper count=3 survivors=2"]);
+    assert_eq!(t.plan.commands, [LineageCmd::Settle(7)]);
+    assert_eq!((t.plan.book.totals.reaped, t.plan.book.totals.stopped), (1, 3));
+}
+
+#[test]
+fn a_session_whose_leftovers_all_left_after_sigterm_closes_at_the_next_tick() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let t = tick(&cfg, &view(true, &[p(201, "watcher")]), &book, 1100.0, false);
+    assert_eq!(t.plan.term.len(), 1);
+    let t = tick(&cfg, &view(true, &[]), &t.plan.book, 1101.0, false);
+    assert_eq!(t.lines(), ["REAPED root=200 name=wrapper count=1 survivors=0"]);
+}
+
+#[test]
+fn only_protected_leftovers_still_make_one_reaped_line() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let t = tick(&cfg, &view(true, &[p(204, "claude")]), &book, 1100.0, false);
+    assert_eq!(
+        t.lines(),
+        [
+            "LEFTOVER pid=204 name=claude root=200 age=896s",
+            "SKIPPED pid=204 name=claude reason=excluded_name",
+            "REAPED root=200 name=wrapper count=0 survivors=1",
+        ]
+    );
+}
+
+#[test]
+fn a_dry_run_logs_dry_run_for_what_it_would_stop_and_settles() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let t = tick(&cfg, &view(true, &[p(201, "watcher"), p(204, "claude")]), &book, 1100.0, true);
+    assert_eq!(
+        t.lines(),
+        [
+            "LEFTOVER pid=201 name=watcher root=200 age=899s",
+            "LEFTOVER pid=204 name=claude root=200 age=896s",
+            "SKIPPED pid=204 name=claude reason=excluded_name",
+            "DRY_RUN pid=201 name=watcher reason=leftover root=200",
+        ]
+    );
+    assert_eq!(t.plan.commands, [LineageCmd::Settle(7)]);
+    assert!(t.plan.book.ended.is_empty());
+}
+
+#[test]
+fn a_member_forking_through_every_round_is_left_after_three_and_the_session_closed() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let mut t = tick(&cfg, &view(true, &[p(300, "bomb")]), &book, 1100.0, false);
+    let mut now = 1110.0;
+    for round in 1..=3u32 {
+        let v = view(true, &[p(300 + round, "bomb")]);
+        t = tick(&cfg, &v, &t.plan.book, now, false);
+        assert_eq!(t.plan.kill.len(), 1, "round {round}: {:?}", t.lines());
+        now += 1.0;
+    }
+    t = tick(&cfg, &view(true, &[p(304, "bomb")]), &t.plan.book, now, false);
+    assert_eq!(t.lines(), ["REAPED root=200 name=wrapper count=4 survivors=1"]);
+}
+
+#[test]
+fn a_leftover_gone_before_its_sigterm_is_skipped_as_identity_changed_and_not_counted() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let v = view(true, &[p(201, "watcher")]);
+    let sessions = cfg.sessions.as_ref().unwrap();
+    let verdicts = HashMap::from([(p(201, "x").id, CmdVerdict::End)]);
+    let mut plan = decide_sessions(&SessionsInput {
+        view: &v,
+        config: &cfg,
+        sessions,
+        now: Now::same(1100.0),
+        dry_run: false,
+        ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
+        roots: &HashMap::new(),
+        verdicts: &verdicts,
+        book: &book,
+    });
+    let lines = after_reap(&mut plan, &[Outcome::Refused(crate::enforcer::Refusal::IdentityChanged)], &[], false);
+    assert_eq!(
+        lines.iter().map(Line::body).collect::<Vec<_>>(),
+        ["SKIPPED pid=201 name=watcher reason=identity_changed"]
+    );
+    let t = tick(&cfg, &view(true, &[]), &plan.book, 1101.0, false);
+    assert_eq!(t.lines(), ["REAPED root=200 name=wrapper count=0 survivors=0"]);
+}
+
+#[test]
+fn a_member_without_a_verdict_is_never_ended_on_a_guess_and_is_decided_again_at_the_next_step() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let v = view(true, &[p(201, "watcher")]);
+    let input = |now: f64, verdicts: &'static [(u32, CmdVerdict)], book: &SessionBook| {
+        let verdicts: HashMap<ProcId, CmdVerdict> = verdicts.iter().map(|(pid, v)| (p(*pid, "x").id, *v)).collect();
+        decide_sessions(&SessionsInput {
+            view: &v,
+            config: &cfg,
+            sessions: cfg.sessions.as_ref().unwrap(),
+            now: Now::same(now),
+            dry_run: false,
+            ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
+            roots: &HashMap::new(),
+            verdicts: &verdicts,
+            book,
+        })
+    };
+    let plan = input(1100.0, &[], &book);
+    assert!(plan.term.is_empty());
+    assert!(plan.lines.iter().any(|l| l.body() == "SKIPPED pid=201 name=watcher reason=match_budget"));
+    assert!(plan.lines.iter().all(|l| l.event != "REAPED"), "the session waits for the next step");
+    assert_eq!(plan.next_deadline, Some(1110.0));
+    // Still undecided in between: no second line, nothing signalled.
+    let plan = input(1105.0, &[(201, CmdVerdict::Budget)], &plan.book);
+    assert!(plan.lines.is_empty() && plan.kill.is_empty());
+    // Decided at the next step: ended then.
+    let plan = input(1110.0, &[(201, CmdVerdict::End)], &plan.book);
+    assert_eq!(plan.kill.iter().map(|t| t.proc.id.pid).collect::<Vec<_>>(), [201]);
+}
+
+#[test]
+fn the_status_lists_sessions_their_stage_and_counts() {
+    let cfg = config("stop", 30);
+    let book = recognised(&cfg);
+    let live = view(false, &[p(201, "watcher")]);
+    let t = tick(&cfg, &live, &book, 1010.0, false);
+    let s = &status_of(&cfg, &live, &t.plan.book, 1010.0);
+    assert_eq!((s.leftovers.as_str(), s.grace_secs), ("stop", 30.0));
+    let row = &s.sessions[0];
+    assert_eq!(
+        (row.root_pid, row.root_name.as_str(), row.command.as_str(), row.stage.as_str()),
+        (200, "wrapper", "wrapper --x", "live")
+    );
+    assert_eq!(row.processes, [SessionProcess { pid: 201, start: 201, name: "watcher".into() }]);
+    let ended = view(true, &[p(201, "watcher")]);
+    let t = tick(&cfg, &ended, &t.plan.book, 1020.0, false);
+    let s = status_of(&cfg, &ended, &t.plan.book, 1020.0);
+    let row = &s.sessions[0];
+    assert_eq!((row.stage.as_str(), row.ended_at, row.due_at), ("grace", Some(1020.0), Some(1050.0)));
+    assert_eq!(s.pending_leftovers, 1);
+    let _ = Duration::ZERO;
+}

@@ -1,0 +1,185 @@
+//! Session roots for the sessions tests (run as the test account, copied as `agent-wrapper`):
+//!
+//! - `session DIR OTHER_UID [reexec]`: forks what an agent wrapper leaves behind, then waits for
+//!   a line on stdin and exits. Its processes announce themselves in `DIR/pids` (`<role> <pid>`)
+//!   and record the signals they get in `DIR/signals` (`<pid> <signal>`):
+//!   `setsid` (a child that calls setsid(2) and execs `DIR/watcher`), `double` (a grandchild
+//!   whose parent exits at once, reparented to init, that execs `DIR/daemonish`), `excluded`
+//!   (execs `DIR/claude`), `renamed` (renames itself without exec and ignores SIGTERM, so only
+//!   SIGKILL ends it) and, when the root's real uid is 0 and OTHER_UID is not, `other` (a child
+//!   that becomes OTHER_UID's process through setuid). With `reexec`, the first line makes the
+//!   root exec itself (`session-after-reexec DIR`), which forks one more watcher (`late`) and
+//!   waits for a second line.
+//! - `bomb DIR N`: forks N children, each of which forks one more (2N processes, none execs),
+//!   prints `ready`, waits for a line and exits.
+use std::{
+    ffi::CString,
+    fs::OpenOptions,
+    io::{BufRead, Write},
+    time::{Duration, Instant},
+};
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+/// execv(path, argv); returns only on failure (then the child exits 127).
+fn exec(path: &str, argv: &[&str]) -> ! {
+    let argv: Vec<CString> = argv.iter().map(|a| cstr(a)).collect();
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let path = cstr(path);
+    // SAFETY: NUL-terminated strings and a NULL-terminated argv that outlive the call.
+    unsafe {
+        libc::execv(path.as_ptr(), ptrs.as_ptr());
+        libc::_exit(127);
+    }
+}
+
+fn announce(dir: &str, role: &str, pid: u32) {
+    let mut f = OpenOptions::new().append(true).create(true).open(format!("{dir}/pids")).unwrap();
+    let _ = f.write_all(format!("{role} {pid}\n").as_bytes());
+}
+
+/// A child that execs `DIR/<exe>` as one of the root's leftovers.
+fn spawn_exec(dir: &str, exe: &str, role: &str, setsid: bool) {
+    // SAFETY: the child only makes syscalls and execs.
+    if unsafe { libc::fork() } == 0 {
+        // SAFETY: plain syscalls. Its stdout is not the root's: only the root says `ready`.
+        unsafe {
+            if setsid {
+                libc::setsid();
+            }
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+            libc::dup2(null, 1);
+        }
+        let (path, signals, pids) = (format!("{dir}/{exe}"), format!("{dir}/signals"), format!("{role}={dir}/pids"));
+        exec(&path, &[exe, "record", &signals, "announce", &pids]);
+    }
+}
+
+static mut SIGNALS: i32 = -1;
+
+extern "C" fn record_only(sig: i32) {
+    // SAFETY: write(2) of a small stack buffer from a signal handler; SIGNALS is set before.
+    unsafe {
+        let mut buf = [0u8; 32];
+        let msg = format!("{} {sig}\n", libc::getpid());
+        let n = msg.len().min(buf.len());
+        buf[..n].copy_from_slice(&msg.as_bytes()[..n]);
+        libc::write(SIGNALS, buf.as_ptr().cast(), n);
+    }
+}
+
+fn sleep_forever() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Waits until `DIR/pids` names every role in `roles` (at most 10 s).
+fn wait_announced(dir: &str, roles: &[&str]) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        let pids = std::fs::read_to_string(format!("{dir}/pids")).unwrap_or_default();
+        if roles.iter().all(|r| pids.lines().any(|l| l.split(' ').next() == Some(r))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("not every role announced itself in {dir}/pids");
+}
+
+fn ready_then_wait_line() {
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+}
+
+pub fn root(args: &[String]) -> ! {
+    let dir = args[0].as_str();
+    let other: u32 = args[1].parse().unwrap();
+    let reexec = args.get(2).is_some_and(|a| a == "reexec");
+    let mut roles = vec!["setsid", "double", "excluded", "renamed"];
+    spawn_exec(dir, "watcher", "setsid", true);
+    // The double fork: the middle process exits at once, its child is reparented to init.
+    // SAFETY: both children only make syscalls and exec or exit.
+    let middle = unsafe { libc::fork() };
+    if middle == 0 {
+        spawn_exec(dir, "daemonish", "double", false);
+        // SAFETY: exits the middle process at once.
+        unsafe { libc::_exit(0) };
+    }
+    // SAFETY: reaps the middle process.
+    unsafe { libc::waitpid(middle, std::ptr::null_mut(), 0) };
+    spawn_exec(dir, "claude", "excluded", false);
+    // SAFETY: the child renames itself, records signals and sleeps.
+    if unsafe { libc::fork() } == 0 {
+        let f = OpenOptions::new().append(true).create(true).open(format!("{dir}/signals")).unwrap();
+        // SAFETY: the fd is kept open for the handler; prctl and signal are plain calls.
+        unsafe {
+            use std::os::fd::IntoRawFd;
+            SIGNALS = f.into_raw_fd();
+            libc::prctl(libc::PR_SET_NAME, c"renamed".as_ptr());
+            libc::signal(libc::SIGTERM, record_only as *const () as libc::sighandler_t);
+        }
+        announce(dir, "renamed", std::process::id());
+        sleep_forever();
+    }
+    // SAFETY: getuid has no preconditions.
+    if other != 0 && unsafe { libc::getuid() } == 0 {
+        roles.push("other");
+        // SAFETY: the child only changes its ids (its real uid 0 allows it), then sleeps.
+        if unsafe { libc::fork() } == 0 {
+            let f = OpenOptions::new().append(true).create(true).open(format!("{dir}/signals")).unwrap();
+            announce(dir, "other", std::process::id());
+            // SAFETY: plain syscalls; the handler only writes to the fd kept here.
+            unsafe {
+                use std::os::fd::IntoRawFd;
+                SIGNALS = f.into_raw_fd();
+                let ok = libc::setresuid(0, 0, 0) == 0
+                    && libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setresgid(other, other, other) == 0
+                    && libc::setresuid(other, other, other) == 0;
+                assert!(ok, "setuid to {other}: {}", std::io::Error::last_os_error());
+                libc::signal(libc::SIGTERM, record_only as *const () as libc::sighandler_t);
+            }
+            sleep_forever();
+        }
+    }
+    wait_announced(dir, &roles);
+    ready_then_wait_line();
+    if reexec {
+        let me = std::fs::read_link("/proc/self/exe").unwrap();
+        exec(me.to_str().unwrap(), &["agent-wrapper", "session-after-reexec", dir]);
+    }
+    std::process::exit(0)
+}
+
+/// The root after it exec'd itself: one more leftover, then a line to end.
+pub fn after_reexec(args: &[String]) -> ! {
+    let dir = args[0].as_str();
+    spawn_exec(dir, "watcher", "late", false);
+    wait_announced(dir, &["late"]);
+    ready_then_wait_line();
+    std::process::exit(0)
+}
+
+pub fn bomb(args: &[String]) -> ! {
+    let n: usize = args[1].parse().unwrap();
+    for _ in 0..n {
+        // SAFETY: the children only fork once more and pause.
+        if unsafe { libc::fork() } == 0 {
+            // SAFETY: as above.
+            unsafe {
+                libc::fork();
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+    }
+    ready_then_wait_line();
+    std::process::exit(0)
+}
