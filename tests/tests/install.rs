@@ -4,7 +4,7 @@
 use std::{
     fs,
     os::unix::fs::MetadataExt,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
     time::{Duration, SystemTime},
 };
 
@@ -383,27 +383,32 @@ fn the_relink_never_leaves_the_config_path_missing() {
     fs::copy(&a, host.link()).unwrap(); // starts as a hand copy
     let link = host.link();
     let done = AtomicBool::new(false);
-    let (seen_missing, reads) = std::thread::scope(|s| {
+    let reads = AtomicU64::new(0);
+    let (seen_missing, relinks) = std::thread::scope(|s| {
         let reader = s.spawn(|| {
-            let (mut missing, mut reads) = (0u64, 0u64);
+            let mut missing = 0u64;
             while !done.load(Ordering::Relaxed) {
                 if fs::symlink_metadata(&link).is_err() {
                     missing += 1;
                 }
-                reads += 1;
+                reads.fetch_add(1, Ordering::Relaxed);
             }
-            (missing, reads)
+            missing
         });
-        for i in 0..200 {
+        // At least 200 relinks, and on until the reader looked 1,000 times (a loaded machine
+        // may not schedule it at first); an even count leaves the link on `a`.
+        let mut i = 0u64;
+        while i < 200 || reads.load(Ordering::Relaxed) < 1_000 || i % 2 == 1 {
             let src = if i % 2 == 0 { &b } else { &a };
             let who = guard::safefs::FsIdentity { uid: host.uid, gid: host.uid };
             assert!(guard::install::relink(&link, src, who).unwrap());
+            i += 1;
         }
         done.store(true, Ordering::Relaxed);
-        reader.join().unwrap()
+        (reader.join().unwrap(), i)
     });
-    assert_eq!(seen_missing, 0, "the config path was missing in {seen_missing} of {reads} reads");
-    assert!(reads > 200);
+    let reads = reads.into_inner();
+    assert_eq!(seen_missing, 0, "the config path was missing in {seen_missing} of {reads} reads ({relinks} relinks)");
     assert!(guard::install::links_to(&link, &a));
 }
 
