@@ -79,6 +79,13 @@ fn the_state_is_saved_when_it_changed_moved_or_the_wall_clock_stepped_and_not_ot
     assert!(m.saved(&save, &Ok(())).is_none());
     // Nothing changed, same file, same clocks: nothing to write.
     assert_eq!(tick(&mut m, &config, 3, Now::same(1060.0), Outcome::Verified).save, None);
+    // The pile dipped below the threshold: its clock is dropped, and that is written.
+    let save = tick(&mut m, &config, 2, Now::same(1070.0), Outcome::Verified).save.expect("a dropped clock is saved");
+    assert!(save.file.clocks.is_empty());
+    assert!(m.saved(&save, &Ok(())).is_none());
+    // Back at the threshold: flagged again, written again.
+    let save = tick(&mut m, &config, 3, Now::same(1080.0), Outcome::Verified).save.expect("a new clock is saved");
+    assert!(m.saved(&save, &Ok(())).is_none());
     // The wall clock stepped 2 s (the monotonic one did not): the file's times would be off.
     let stepped = Now { wall: 1122.0, mono: 1120.0 };
     let save = tick(&mut m, &config, 3, stepped, Outcome::Verified).save.expect("a wall step re-dates the file");
