@@ -1,7 +1,8 @@
 //! `guard-user explain NAME [--json]` (docs/operations.md): every live process of the account with that name,
 //! and the verdict the next enforcing tick would reach for each, plus when enforcement is due.
-//! Read-only, no daemon needed: /proc, the config and the state file, run through the same
-//! `decide` the daemon runs, so the answer cannot drift from what the daemon does.
+//! Read-only, no daemon needed: the daemon's own gather step (`daemon::gather`) on one /proc
+//! scan, then the policy's `Memory::begin` the daemon runs, so the answer cannot drift from what
+//! the daemon does. The plan is never finished: nothing is signalled, nothing saved.
 use std::{io::Write, process::ExitCode, time::Duration};
 
 use serde_json::json;
