@@ -110,18 +110,20 @@ impl Ticker {
         }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
         // error (nothing is ended); what a matcher that cannot run means is the policy's.
-        let matcher_up = match self.fx.classifier.set_patterns(&config.exclude_commands) {
-            Ok(()) => true,
+        let down = match self.fx.classifier.set_patterns(&config.exclude_commands) {
+            Ok(()) => None,
             Err(e) if e.is_config_error() => {
                 tracing::warn!("excludeCommands refused: {e}");
                 return self.config_error(&config::refused_patterns(&config.exclude_commands, &e), began);
             }
-            Err(e) => {
-                tracing::error!("{e}");
-                false
-            }
+            Err(e) => Some(e),
         };
+        let matcher_up = down.is_none();
         if let Some(line) = self.memory.matcher(matcher_up) {
+            // Said once per outage, in the log and the diagnostics alike.
+            if let Some(e) = &down {
+                tracing::error!("{e}");
+            }
             self.fx.log.write(&line);
         }
         if let Err(e) = self.sessions.set_roots(&mut self.fx, &config) {
