@@ -71,6 +71,28 @@ mod tests {
         assert!(e.to_string().contains("guard"), "{e}");
     }
 
+    /// As root the wrapper really mounts a tracefs (the fallback's path when none is mounted):
+    /// its `events` directory appears at the target, and goes with the unmount.
+    #[test]
+    fn as_root_a_tracefs_is_mounted_where_asked() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        if let Err(e) = mount_tracefs(dir.path()) {
+            eprintln!("skipped: this kernel or sandbox refuses a tracefs mount: {e}");
+            return;
+        }
+        let mounted = dir.path().join("events").is_dir();
+        let c = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0, "{}", io::Error::last_os_error());
+        assert!(mounted, "no events directory in the mounted tracefs");
+        assert!(!dir.path().join("events").exists());
+    }
+
     /// The kernel's refusal comes back as its errno, with the path: ENOENT for a missing
     /// directory as root, EPERM without CAP_SYS_ADMIN. Either way nothing is mounted.
     #[test]
