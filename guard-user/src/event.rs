@@ -213,7 +213,7 @@ mod tests {
         let mut garbled = good;
         garbled[0..4].copy_from_slice(&0xdead_beef_u32.to_ne_bytes());
         assert_eq!(Event::decode(&garbled), Err(DecodeError::Kind(0xdead_beef)));
-        let mut unaligned = vec![0u8; RawEvent::SIZE + 3];
+        let mut unaligned = [0u8; RawEvent::SIZE + 3];
         unaligned[3..].copy_from_slice(&good);
         assert_eq!(Event::decode(&unaligned[3..]), Ok(st(StateKind::Setuid, 13, "su")));
     }

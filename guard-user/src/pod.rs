@@ -43,7 +43,7 @@ mod tests {
     #[test]
     fn a_record_at_an_unaligned_address_reads_like_an_aligned_one() {
         let r = sample();
-        let mut buf = vec![0u8; RawEvent::SIZE + 1];
+        let mut buf = [0u8; RawEvent::SIZE + 1];
         buf[1..].copy_from_slice(bytes(&r));
         assert_eq!(read::<RawEvent>(&buf[1..]), Some(r));
     }
