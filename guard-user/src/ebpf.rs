@@ -259,14 +259,6 @@ impl EbpfSource {
         self.task_iter.as_ref().err()
     }
 
-    /// Every process of the machine from the task iterator (see [`task_iter::TaskIter::snapshot`]).
-    pub fn snapshot(&self) -> std::io::Result<Vec<guard_common::TaskRecord>> {
-        match &self.task_iter {
-            Ok(it) => it.snapshot(),
-            Err(e) => Err(std::io::Error::new(std::io::ErrorKind::Unsupported, e.to_string())),
-        }
-    }
-
     /// Events lost, monotonic: records the programs could not queue or build (summed over
     /// CPUs), plus the event programs' runs the kernel skipped ([`prog_info`]).
     pub fn lost(&self) -> u64 {
@@ -335,8 +327,8 @@ impl EbpfSource {
         n
     }
 
-    /// The ring buffer's fd (for diagnostics).
-    pub fn ring_fd(&self) -> RawFd {
+    /// The ring buffer's fd, for the reactor and poll(2).
+    fn ring_fd(&self) -> RawFd {
         self.ring.as_fd().as_raw_fd()
     }
 }
