@@ -103,7 +103,8 @@ impl Rebuilder {
         self.ready
     }
 
-    pub fn scanning(&self) -> bool {
+    #[cfg(test)]
+    fn scanning(&self) -> bool {
         self.active.is_some()
     }
 
