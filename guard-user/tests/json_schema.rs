@@ -214,6 +214,12 @@ fn explain_json_has_exactly_the_documented_fields() {
     outputs.push(run(&["explain", "gjsonprobe", "--json"], excluded.path()));
     let stages: Vec<&Value> = outputs.iter().map(|o| &o["enforcement"]).collect();
     assert_eq!(stages, ["scheduled", "flagged_next_tick", "excluded"], "{outputs:#?}");
+    // Flagged a minute ago with a 1 h timeout: due in under 59 minutes, at the flag time + 1 h.
+    let (left, at) = (outputs[0]["due_in_secs"].as_f64().unwrap(), outputs[0]["due_at_unix"].as_f64().unwrap());
+    assert!(left > 0.0 && left <= 3540.0, "{:#}", outputs[0]);
+    assert!((at - (now + 3540.0)).abs() < 1.0, "{:#}", outputs[0]);
+    assert_eq!(outputs[1]["due_in_secs"], 3600.0, "the timeout the next tick's flag starts: {:#}", outputs[1]);
+    assert_eq!(outputs[2]["due_in_secs"], Value::Null, "{:#}", outputs[2]);
     let verdicts: Vec<(&Value, &Value)> =
         outputs[0]["processes"].as_array().unwrap().iter().map(|p| (&p["verdict"], &p["skip_reason"])).collect();
     assert!(verdicts.contains(&(&"skip".into(), &"excluded_command".into())), "{:#}", outputs[0]);

@@ -253,7 +253,11 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         let flagged_since = flagged
             .filter(|_| matches!(stage, Enforcement::Scheduled | Enforcement::DueNow))
             .and_then(|r| r.flagged_since);
-        let due_in = flagged.filter(|_| !excluded).and_then(|r| r.time_left_secs);
+        let due_in = match stage {
+            Enforcement::FlaggedNextTick => Some(config.timeout.as_secs_f64()),
+            Enforcement::Scheduled | Enforcement::DueNow => flagged.and_then(|r| r.time_left_secs),
+            Enforcement::Excluded | Enforcement::NotFlagged => None,
+        };
         let due_at = due_in.filter(|_| flagged_since.is_some()).map(|left| now.wall + left);
         let processes = rows.iter().map(|r| {
             let mut p = json!({
