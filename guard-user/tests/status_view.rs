@@ -236,3 +236,30 @@ fn both_views_show_a_config_error_as_logged_and_exit_one() {
         }
     }
 }
+
+/// A status file an older guard wrote, with sessions and the stall watch: the names it used
+/// (docs/json.md, older status files) read as today's, so `status` and `tree` keep working
+/// across an upgrade until the daemon restarts.
+#[test]
+fn an_older_status_files_session_and_pegged_names_read_as_the_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("guard-status.json");
+    let mut old = serde_json::to_value(status(10.0)).unwrap();
+    old["pegged"] = serde_json::json!([{"pid": 7, "name": "spin", "cpu": 0.9, "for_secs": 300.0}]);
+    old["sessions"] = serde_json::json!({"leftovers": "stop", "sessions": [{
+        "root_pid": 200, "root_start": 1234, "root_name": "w", "command": "w", "since": 5.0,
+        "stage": "grace", "ended_at": 6.0, "due_at": 16.0,
+        "processes": [{"pid": 201, "start": 1240, "name": "kid"}]}]});
+    std::fs::write(&path, old.to_string()).unwrap();
+    let s = status::read(&path, guard::safefs::FsIdentity::current()).expect("an older status file");
+    assert_eq!(s.pegged[0].cpu, 0.9);
+    let row = &s.sessions.as_ref().unwrap().sessions[0];
+    assert_eq!((row.root_start, row.since, row.ended_at, row.due_at), (1234, Some(5.0), Some(6.0), Some(16.0)));
+    assert_eq!(row.processes[0].start, 1240);
+    // Written back with today's names only.
+    let now = serde_json::to_value(&s).unwrap();
+    assert_eq!(now["pegged"][0]["cpu_cores"], 0.9);
+    assert_eq!(now["sessions"]["sessions"][0]["root_start_ticks"], 1234);
+    assert_eq!(now["sessions"]["sessions"][0]["processes"][0]["start_ticks"], 1240);
+    assert!(now["sessions"]["sessions"][0].get("due_at").is_none());
+}
