@@ -1,6 +1,7 @@
 //! The metrics file (docs/metrics.md): Prometheus text exposition format (version 0.0.4), as
-//! node_exporter's textfile collector reads it. [`render`] is pure; the daemon calls it after
-//! every tick and writes the result atomically to `--metrics-file PATH`.
+//! node_exporter's textfile collector reads it. [`render`] is pure: it renders the tick's status
+//! (the one the status file gets) and the few figures the status leaves out ([`MetricsInput`]);
+//! the daemon calls it after every tick and writes the result atomically to `--metrics-file PATH`.
 //!
 //! # What is in it
 //! Every family has `# HELP` and `# TYPE`, its name starts with `guard_`, and every sample carries
@@ -22,77 +23,40 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::comm::Comm;
-use crate::status::escape_for_terminal;
+use crate::status::{escape_for_terminal, Status};
 
 /// Names with the most live processes get a `guard_name_processes` sample; the rest only count in
 /// `guard_tracked_processes` and `guard_names`, so a pile of distinct names cannot blow up the
 /// number of series.
 pub const TOP_NAMES: usize = 100;
 
-/// What one tick knows; the daemon fills it. Counters are totals since the daemon started.
+/// What the metrics file carries beyond the status ([`Status`], which gives every other
+/// figure: who, when, the totals, the flagged names, the sessions), so each fact has one source.
+/// Counters are totals since the daemon started.
 #[derive(Clone, Debug, Default)]
 pub struct MetricsInput {
-    /// The guarded account's name (the `user` label on every sample).
-    pub user: String,
-    /// `crate::VERSION`.
-    pub version: String,
-    /// `ebpf` or `procfs`.
-    pub backend: String,
-    pub dry_run: bool,
-    /// Unix seconds.
-    pub started_at: f64,
-    /// Completion of the tick, unix seconds.
-    pub last_tick: f64,
-    /// How long the tick took, seconds.
-    pub tick_duration_secs: f64,
-    pub interval_secs: f64,
-    /// Live processes of the account (every name, excluded ones too).
-    pub tracked_processes: u64,
-    /// Every process of the machine as `ps -e` counts them (`crate::machine`), when known.
-    pub machine_processes: Option<u64>,
-    /// Live processes of the account per name, in any order.
+    /// Live processes of the account per name, every name, in any order (the status lists only
+    /// the names at or over half the threshold).
     pub names: Vec<(Comm, u32)>,
-    /// Flagged names (at or over the threshold), in any order.
-    pub flagged: Vec<FlaggedName>,
     /// From the config in force; `None` while it is invalid.
     pub threshold: Option<u32>,
     pub timeout_secs: Option<f64>,
-    /// The tick's config was invalid (it ended nothing).
-    pub config_error: bool,
-    pub ticks: u64,
-    /// `KILLED` lines.
-    pub kills: u64,
     /// `DRY_RUN` lines.
     pub dry_runs: u64,
     /// `SKIPPED` lines.
     pub skipped: u64,
-    /// Events the kernel dropped (ring buffer full) or never ran our programs for.
-    pub lost_events: u64,
-    /// `RESYNC` lines.
-    pub resyncs: u64,
-    /// Process events applied to the table.
-    pub events: u64,
     /// Ticks whose config was invalid.
     pub config_errors: u64,
     /// Stream events the Redis mirror dropped (`Mirror::dropped`).
     pub mirror_dropped: u64,
-    /// Names warned about (`WARNING`) whose enforcement is still ahead.
-    pub warned_names: u64,
-    /// Names enforced `repeatAfter` times within 24 h (`REPEAT`).
-    pub repeat_offenders: u64,
-    /// Processes in a stall-watch incident (`PEGGED`).
-    pub pegged_processes: u64,
-    /// Sessions (docs/configuration.md `sessions`); `None` (and no families) while they are off.
-    pub sessions: Option<crate::status::SessionsStatus>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct FlaggedName {
-    pub name: Comm,
+/// A flagged name as its two families show it.
+struct FlaggedName {
     /// Seconds since the name was flagged.
-    pub age_secs: f64,
+    age_secs: f64,
     /// Seconds left before enforcement (0 when due).
-    pub time_left_secs: f64,
+    time_left_secs: f64,
 }
 
 #[derive(Clone, Copy)]
@@ -178,26 +142,27 @@ fn bool01(b: bool) -> f64 {
 /// are on, `guard_sessions{stage}`, `guard_session_leftovers`, `guard_lineage_processes`,
 /// `guard_leftovers_total`, `guard_reaped_total`, `guard_leftovers_stopped_total`,
 /// `guard_lineage_untracked_total`.
-pub fn render(m: &MetricsInput) -> String {
+pub fn render(s: &Status, m: &MetricsInput) -> String {
     use Kind::{Counter, Gauge};
-    let mut w = Writer { out: String::new(), user: label_value(&escape_for_terminal(m.user.as_bytes())) };
+    let mut w = Writer { out: String::new(), user: label_value(&escape_for_terminal(s.user.as_bytes())) };
     let text = |s: &str| escape_for_terminal(s.as_bytes());
 
     w.family("guard_build_info", Gauge, "Always 1; the version of the running guard-user.");
-    w.sample("guard_build_info", &[("version", &text(&m.version))], 1.0);
+    w.sample("guard_build_info", &[("version", &text(&s.version))], 1.0);
     w.family("guard_backend_info", Gauge, "Always 1; the event source in use (ebpf or procfs).");
-    w.sample("guard_backend_info", &[("backend", &text(&m.backend))], 1.0);
-    w.one("guard_dry_run", Gauge, "1 when the guard only logs DRY_RUN instead of ending processes.", bool01(m.dry_run));
-    w.one("guard_start_time_seconds", Gauge, "When the daemon started, unix seconds.", m.started_at);
-    w.one("guard_last_tick_timestamp_seconds", Gauge, "When the last tick completed, unix seconds.", m.last_tick);
-    w.one("guard_tick_duration_seconds", Gauge, "How long the last tick took.", m.tick_duration_secs);
-    w.one("guard_tick_interval_seconds", Gauge, "Time between ticks.", m.interval_secs);
-    w.one("guard_ticks_total", Counter, "Ticks completed since the daemon started.", m.ticks as f64);
+    w.sample("guard_backend_info", &[("backend", &text(&s.backend))], 1.0);
+    w.one("guard_dry_run", Gauge, "1 when the guard only logs DRY_RUN instead of ending processes.", bool01(s.dry_run));
+    w.one("guard_start_time_seconds", Gauge, "When the daemon started, unix seconds.", s.started_at);
+    w.one("guard_last_tick_timestamp_seconds", Gauge, "When the last tick completed, unix seconds.", s.last_tick);
+    let tick_secs = s.vitals.as_ref().and_then(|v| v.tick_duration_last_secs).unwrap_or(0.0);
+    w.one("guard_tick_duration_seconds", Gauge, "How long the last tick took.", tick_secs);
+    w.one("guard_tick_interval_seconds", Gauge, "Time between ticks.", s.interval_secs);
+    w.one("guard_ticks_total", Counter, "Ticks completed since the daemon started.", s.ticks as f64);
     w.one(
         "guard_config_error",
         Gauge,
         "1 when the last tick's config was invalid, so that tick ended nothing.",
-        bool01(m.config_error),
+        bool01(s.config_error.is_some()),
     );
     w.one("guard_config_errors_total", Counter, "Ticks whose config was invalid.", m.config_errors as f64);
     w.family("guard_threshold", Gauge, "Live processes of one name that flag the name (config threshold).");
@@ -208,13 +173,13 @@ pub fn render(m: &MetricsInput) -> String {
     if let Some(t) = m.timeout_secs {
         w.sample("guard_timeout_seconds", &[], t);
     }
-    w.one("guard_tracked_processes", Gauge, "Live processes of the guarded account.", m.tracked_processes as f64);
+    w.one("guard_tracked_processes", Gauge, "Live processes of the guarded account.", s.tracked_processes as f64);
     w.family(
         "guard_machine_processes",
         Gauge,
         "Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included.",
     );
-    if let Some(n) = m.machine_processes {
+    if let Some(n) = s.machine_processes {
         w.sample("guard_machine_processes", &[], n as f64);
     }
 
@@ -236,28 +201,38 @@ pub fn render(m: &MetricsInput) -> String {
         w.sample("guard_name_processes", &[("name", &escape_for_terminal(name))], *count as f64);
     }
 
-    let mut flagged: BTreeMap<&[u8], &FlaggedName> = BTreeMap::new();
-    for f in &m.flagged {
-        flagged.entry(f.name.as_bytes()).or_insert(f);
+    // The status row of each live name that is flagged, keyed by the name's bytes (the status
+    // has them as text), so the order is the bytes' as everywhere in this file.
+    let mut flagged: BTreeMap<&[u8], FlaggedName> = BTreeMap::new();
+    for (name, _) in &m.names {
+        let text = name.to_string();
+        let Some((row, since)) =
+            s.names.iter().find_map(|n| Some((n, n.flagged_since?)).filter(|(n, _)| n.name == text))
+        else {
+            continue;
+        };
+        let f =
+            FlaggedName { age_secs: (s.last_tick - since).max(0.0), time_left_secs: row.time_left_secs.unwrap_or(0.0) };
+        flagged.entry(name.as_bytes()).or_insert(f);
     }
     w.one("guard_flagged_names", Gauge, "Names at or over the threshold.", flagged.len() as f64);
     w.one(
         "guard_warned_names",
         Gauge,
         "Flagged names warned about (WARNING) whose enforcement is still ahead.",
-        m.warned_names as f64,
+        s.names.iter().filter(|n| n.warned).count() as f64,
     );
     w.one(
         "guard_repeat_offenders",
         Gauge,
         "Names enforced repeatAfter times within 24 h (REPEAT): a respawn loop killing will not fix.",
-        m.repeat_offenders as f64,
+        s.repeat_offenders.len() as f64,
     );
     w.one(
         "guard_pegged_processes",
         Gauge,
         "Processes of the account pegged at peggedCpu for peggedFor (PEGGED; report only).",
-        m.pegged_processes as f64,
+        s.pegged.len() as f64,
     );
     w.family("guard_flagged_age_seconds", Gauge, "Seconds since the name was flagged.");
     for (name, f) in &flagged {
@@ -268,25 +243,25 @@ pub fn render(m: &MetricsInput) -> String {
         w.sample("guard_flagged_time_left_seconds", &[("name", &escape_for_terminal(name))], f.time_left_secs);
     }
 
-    w.one("guard_kills_total", Counter, "Processes ended (KILLED lines).", m.kills as f64);
+    w.one("guard_kills_total", Counter, "Processes ended (KILLED lines).", s.kills as f64);
     w.one("guard_dry_runs_total", Counter, "Processes a dry run would have ended (DRY_RUN lines).", m.dry_runs as f64);
     w.one("guard_skipped_total", Counter, "Processes left alone at enforcement (SKIPPED lines).", m.skipped as f64);
-    w.one("guard_events_total", Counter, "Process events applied to the live table.", m.events as f64);
+    w.one("guard_events_total", Counter, "Process events applied to the live table.", s.events as f64);
     w.one(
         "guard_lost_events_total",
         Counter,
         "Process events the kernel dropped (ring buffer full) or skipped (a program busy on that CPU).",
-        m.lost_events as f64,
+        s.lost_events as f64,
     );
-    w.one("guard_resyncs_total", Counter, "Rebuilds of the live table from /proc (RESYNC lines).", m.resyncs as f64);
+    w.one("guard_resyncs_total", Counter, "Rebuilds of the live table from /proc (RESYNC lines).", s.resyncs as f64);
     w.one(
         "guard_mirror_dropped_total",
         Counter,
         "Events the swarm Redis mirror dropped (queue full while Redis was away, or rejected).",
         m.mirror_dropped as f64,
     );
-    if let Some(s) = &m.sessions {
-        sessions(&mut w, s);
+    if let Some(x) = &s.sessions {
+        sessions(&mut w, x);
     }
     w.out
 }

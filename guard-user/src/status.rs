@@ -9,9 +9,14 @@ pub struct NameStatus {
     pub name: String,
     pub count: u32,
     pub threshold: u32,
-    /// Unix seconds when the name was flagged; absent below the threshold.
+    /// Unix seconds when the name was flagged; `null` when it is not flagged. Written
+    /// `flagged_since_unix` (docs/json.md); `flagged_since` is how older status files call it.
+    #[serde(rename = "flagged_since_unix", alias = "flagged_since")]
     pub flagged_since: Option<f64>,
-    /// Seconds left before enforcement (0 when due); absent when not flagged.
+    /// Seconds left before enforcement (0 when due); `null` when not flagged. Written
+    /// `due_in_secs`, the name `explain --json` and `tree --json` use for the same figure;
+    /// `time_left_secs` is how older status files call it.
+    #[serde(rename = "due_in_secs", alias = "time_left_secs")]
     pub time_left_secs: Option<f64>,
     /// For flagged names: processes an enforcement would leave alone (excludeCommands).
     pub would_skip: Option<u32>,
@@ -19,9 +24,15 @@ pub struct NameStatus {
     pub would_end: Option<u32>,
     /// A name in `excludes` at or over the threshold: never flagged, never ended, but shown, so
     /// a pile that renamed itself to an excluded name (`bash`, or `BASH`: excludes ignore case)
-    /// is not invisible.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// is not invisible. Always written, `false` included, so every row has the same fields.
+    #[serde(default)]
     pub excluded: bool,
+    /// A `WARNING` was logged for this flagged name's incident and enforcement is still ahead:
+    /// `status` shows it as `<name>: enforcement due in <m>m: ends <would_end>, skips
+    /// <would_skip>` from this row's own figures. Absent (false) in older status files, which
+    /// carried the warnings as text in a `warnings` list instead.
+    #[serde(default)]
+    pub warned: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -32,8 +43,13 @@ pub struct Status {
     pub pid: u32,
     pub backend: String,
     pub dry_run: bool,
-    /// Unix seconds.
+    /// When the daemon started, unix seconds (written `started_at_unix`; `started_at` in older
+    /// status files).
+    #[serde(rename = "started_at_unix", alias = "started_at")]
     pub started_at: f64,
+    /// When the last tick completed, unix seconds (written `last_tick_unix`; `last_tick` in
+    /// older status files).
+    #[serde(rename = "last_tick_unix", alias = "last_tick")]
     pub last_tick: f64,
     pub interval_secs: f64,
     pub ticks: u64,
@@ -54,9 +70,6 @@ pub struct Status {
     /// shown beside `tracked_processes` so neither is mistaken for the other.
     #[serde(default)]
     pub machine_processes: Option<u64>,
-    /// `WARNING` incidents not yet enforced: `<name>: enforcement due in <m>m: ends <k>, skips <j>`.
-    #[serde(default)]
-    pub warnings: Vec<String>,
     /// Names enforced `repeatAfter` times or more within 24 h (docs/configuration.md, the `REPEAT` line).
     #[serde(default)]
     pub repeat_offenders: Vec<RepeatOffender>,
@@ -111,19 +124,25 @@ pub struct SessionsStatus {
 #[serde(default)]
 pub struct SessionStatus {
     pub root_pid: u32,
-    /// The root's start time in clock ticks since boot (its identity with the pid).
+    /// The root's start time in clock ticks since boot (its identity with the pid); written
+    /// `root_start_ticks`, `root_start` in older status files.
+    #[serde(rename = "root_start_ticks", alias = "root_start")]
     pub root_start: u64,
     pub root_name: String,
     /// The root's command line when it was recognised (escaped, at most 256 bytes of it).
     pub command: String,
-    /// When it was recognised (unix seconds).
+    /// When it was recognised (unix seconds; written `since_unix`, `since` in older files).
+    #[serde(rename = "since_unix", alias = "since")]
     pub since: Option<f64>,
     /// The root's age while it lives.
     pub root_age_secs: Option<u64>,
     /// `live`, `grace` (the root ended; leftovers are due at `due_at`) or `stopping`.
     pub stage: String,
+    /// When the root ended (unix seconds; written `ended_at_unix`, `ended_at` in older files).
+    #[serde(rename = "ended_at_unix", alias = "ended_at")]
     pub ended_at: Option<f64>,
-    /// When the next step is due (unix seconds).
+    /// When the next step is due (unix seconds; written `due_at_unix`, `due_at` in older files).
+    #[serde(rename = "due_at_unix", alias = "due_at")]
     pub due_at: Option<f64>,
     /// Its live processes (at most 256).
     pub processes: Vec<SessionProcess>,
@@ -135,7 +154,9 @@ pub struct SessionStatus {
 #[serde(default)]
 pub struct SessionProcess {
     pub pid: u32,
-    /// Start time in clock ticks since boot (`tree` checks it before reading the process).
+    /// Start time in clock ticks since boot (`tree` checks it before reading the process);
+    /// written `start_ticks`, `start` in older status files.
+    #[serde(rename = "start_ticks", alias = "start")]
     pub start: u64,
     pub name: String,
 }
@@ -155,7 +176,9 @@ pub struct RepeatOffender {
 pub struct PeggedProcess {
     pub pid: u32,
     pub name: String,
-    /// Cores used, averaged over the window (the `cpu=` of the `PEGGED` line).
+    /// Cores used, averaged over the window (the `cpu=` of the `PEGGED` line); written
+    /// `cpu_cores`, `cpu` in older status files.
+    #[serde(rename = "cpu_cores", alias = "cpu")]
     pub cpu: f64,
     /// How long it has been pegged.
     pub for_secs: f64,
@@ -223,8 +246,22 @@ pub fn is_hidden_control(c: char) -> bool {
         || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// The status file that goes with a state file: `guard-status.json` in the same directory. The
+/// daemon writes there; readers find it through [`locate`].
 pub fn path_beside(state_file: &Path) -> PathBuf {
     state_file.with_file_name("guard-status.json")
+}
+
+/// Where the account's guard writes its status: beside the `stateFile` of the config at
+/// `config_path` (read as `who`), or beside the default state file under `home` when that config
+/// cannot be read. The one answer for every reader (`status`, `tree`, `check`), so they cannot
+/// look in different places.
+pub fn locate(config_path: &Path, home: &Path, who: crate::safefs::FsIdentity) -> PathBuf {
+    use crate::config;
+    let state_file = config::load(config_path, home, who)
+        .map(|c| c.state_file)
+        .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, home));
+    path_beside(&state_file)
 }
 
 /// A status file is written by the daemon; 16 MiB is far beyond one (a few hundred bytes per

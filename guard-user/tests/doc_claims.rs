@@ -238,15 +238,24 @@ fn the_readme_demo_config_is_valid_and_shows_a_pile_within_two_minutes() {
 
 #[test]
 fn the_monitoring_examples_name_only_metrics_guard_writes() {
-    let input = metrics::MetricsInput {
+    let status = guard::status::Status {
         user: "alice".into(),
+        last_tick: 3.0,
+        names: vec![guard::status::NameStatus {
+            name: "sleep".into(),
+            flagged_since: Some(2.0),
+            time_left_secs: Some(2.0),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let input = metrics::MetricsInput {
         names: vec![(Comm::new(b"sleep"), 31)],
-        flagged: vec![metrics::FlaggedName { name: Comm::new(b"sleep"), age_secs: 1.0, time_left_secs: 2.0 }],
         threshold: Some(30),
         timeout_secs: Some(3600.0),
         ..Default::default()
     };
-    let written: BTreeSet<String> = metrics::render(&input)
+    let written: BTreeSet<String> = metrics::render(&status, &input)
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .map(|l| l.split(' ').next().unwrap().to_string())

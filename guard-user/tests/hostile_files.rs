@@ -422,7 +422,8 @@ fn a_status_file_with_numbers_out_of_range_is_refused() {
         return;
     }
     let home = Home::new();
-    for (field, value) in [("last_tick", "1e300"), ("started_at", "-1e300"), ("interval_secs", "18446744073709551615")]
+    for (field, value) in
+        [("last_tick_unix", "1e300"), ("started_at_unix", "-1e300"), ("interval_secs", "18446744073709551615")]
     {
         let mut v = serde_json::to_value(status::Status::default()).unwrap();
         v[field] = serde_json::from_str(value).unwrap();

@@ -5,39 +5,70 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use guard::comm::Comm;
-use guard::metrics::{render, FlaggedName, MetricsInput, TOP_NAMES};
-use guard::status::escape_for_terminal;
+use guard::metrics::{render, MetricsInput, TOP_NAMES};
+use guard::status::{escape_for_terminal, NameStatus, PeggedProcess, Status, Vitals};
 
-fn tick() -> MetricsInput {
-    MetricsInput {
-        user: "alice".into(),
-        version: "0.1.0".into(),
-        backend: "ebpf".into(),
-        dry_run: false,
-        started_at: 1_700_000_000.0,
-        last_tick: 1_700_003_600.5,
-        tick_duration_secs: 0.004,
-        interval_secs: 60.0,
-        tracked_processes: 45,
-        machine_processes: Some(412),
-        names: vec![(Comm::new(b"bash"), 4), (Comm::new(b"sleep"), 31), (Comm::new(b"agentihooks"), 10)],
-        flagged: vec![FlaggedName { name: Comm::new(b"sleep"), age_secs: 120.0, time_left_secs: 3480.0 }],
-        threshold: Some(30),
-        timeout_secs: Some(3600.0),
-        config_error: false,
-        ticks: 61,
-        kills: 3,
-        dry_runs: 0,
-        skipped: 2,
-        lost_events: 0,
-        resyncs: 1,
-        events: 98_765,
-        config_errors: 1,
-        mirror_dropped: 0,
-        warned_names: 1,
-        repeat_offenders: 0,
-        pegged_processes: 2,
-        sessions: None,
+/// One tick's status and what the metrics add to it, as the daemon hands them to `render`.
+#[derive(Clone)]
+struct Tick {
+    status: Status,
+    more: MetricsInput,
+}
+
+fn render_tick(t: &Tick) -> String {
+    render(&t.status, &t.more)
+}
+
+/// A flagged name's status row: flagged `age_secs` before `last_tick`, due in `left`.
+fn flagged(name: &[u8], last_tick: f64, age_secs: f64, left: f64) -> NameStatus {
+    NameStatus {
+        name: Comm::new(name).to_string(),
+        count: 31,
+        threshold: 30,
+        flagged_since: Some(last_tick - age_secs),
+        time_left_secs: Some(left),
+        would_skip: Some(0),
+        would_end: Some(31),
+        ..Default::default()
+    }
+}
+
+fn tick() -> Tick {
+    let last_tick = 1_700_003_600.5;
+    Tick {
+        status: Status {
+            user: "alice".into(),
+            version: "0.1.0".into(),
+            backend: "ebpf".into(),
+            dry_run: false,
+            started_at: 1_700_000_000.0,
+            last_tick,
+            vitals: Some(Vitals { tick_duration_last_secs: Some(0.004), ..Default::default() }),
+            interval_secs: 60.0,
+            tracked_processes: 45,
+            machine_processes: Some(412),
+            // Warned (WARNING) and not yet enforced.
+            names: vec![NameStatus { warned: true, ..flagged(b"sleep", last_tick, 120.0, 3480.0) }],
+            config_error: None,
+            ticks: 61,
+            kills: 3,
+            lost_events: 0,
+            resyncs: 1,
+            events: 98_765,
+            repeat_offenders: Vec::new(),
+            pegged: vec![PeggedProcess::default(), PeggedProcess::default()],
+            sessions: None,
+            ..Default::default()
+        },
+        more: MetricsInput {
+            names: vec![(Comm::new(b"bash"), 4), (Comm::new(b"sleep"), 31), (Comm::new(b"agentihooks"), 10)],
+            threshold: Some(30),
+            timeout_secs: Some(3600.0),
+            dry_runs: 0,
+            skipped: 2,
+            config_errors: 1,
+            mirror_dropped: 0,
+        },
     }
 }
 
@@ -134,7 +165,7 @@ guard_mirror_dropped_total{user="alice"} 0
 
 #[test]
 fn a_known_tick_renders_exactly() {
-    assert_eq!(render(&tick()), GOLDEN);
+    assert_eq!(render_tick(&tick()), GOLDEN);
 }
 
 /// Names an account can give its processes (prctl or /proc/PID/comm: any bytes but NUL, at
@@ -174,24 +205,19 @@ fn hostile_names() -> Vec<Vec<u8>> {
     names
 }
 
-fn hostile_tick() -> MetricsInput {
+fn hostile_tick() -> Tick {
     let names = hostile_names();
-    MetricsInput {
-        user: "ali\"ce\\".into(),
-        version: "0.1.0\n".into(),
-        names: names.iter().enumerate().map(|(i, n)| (Comm::new(n), 1000 - i as u32)).collect(),
-        flagged: names
-            .iter()
-            .take(30)
-            .map(|n| FlaggedName { name: Comm::new(n), age_secs: 1.5, time_left_secs: 0.0 })
-            .collect(),
-        ..tick()
-    }
+    let mut t = tick();
+    t.status.user = "ali\"ce\\".into();
+    t.status.version = "0.1.0\n".into();
+    t.status.names = names.iter().take(30).map(|n| flagged(n, t.status.last_tick, 1.5, 0.0)).collect();
+    t.more.names = names.iter().enumerate().map(|(i, n)| (Comm::new(n), 1000 - i as u32)).collect();
+    t
 }
 
 #[test]
 fn hostile_names_stay_inside_their_label() {
-    let text = render(&hostile_tick());
+    let text = render_tick(&hostile_tick());
     for line in text.lines() {
         assert!(
             line.starts_with("# HELP guard_") || line.starts_with("# TYPE guard_") || line.starts_with("guard_"),
@@ -220,9 +246,9 @@ fn the_text_escape_is_one_to_one() {
 #[test]
 fn the_largest_names_are_kept_and_duplicates_merge() {
     let mut m = tick();
-    m.names = (0..150u32).map(|i| (Comm::new(format!("n{i:03}").as_bytes()), i)).collect();
-    m.names.push((Comm::new(b"n149"), 1));
-    let text = render(&m);
+    m.more.names = (0..150u32).map(|i| (Comm::new(format!("n{i:03}").as_bytes()), i)).collect();
+    m.more.names.push((Comm::new(b"n149"), 1));
+    let text = render_tick(&m);
     let kept: Vec<&str> = text.lines().filter(|l| l.starts_with("guard_name_processes{")).collect();
     assert_eq!(kept.len(), TOP_NAMES);
     assert_eq!(kept[0], r#"guard_name_processes{user="alice",name="n149"} 150"#);
@@ -232,8 +258,10 @@ fn the_largest_names_are_kept_and_duplicates_merge() {
 
 #[test]
 fn an_invalid_config_leaves_its_values_out_and_says_so() {
-    let m = MetricsInput { threshold: None, timeout_secs: None, config_error: true, ..tick() };
-    let text = render(&m);
+    let mut m = tick();
+    (m.more.threshold, m.more.timeout_secs) = (None, None);
+    m.status.config_error = Some("config_malformed".into());
+    let text = render_tick(&m);
     assert!(text.contains("# TYPE guard_threshold gauge\n# HELP guard_timeout_seconds"), "{text}");
     assert!(!text.contains("guard_timeout_seconds{"), "{text}");
     assert!(text.contains("guard_config_error{user=\"alice\"} 1\n"), "{text}");
@@ -294,7 +322,7 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
         return;
     };
     for m in [tick(), hostile_tick()] {
-        let text = render(&m);
+        let text = render_tick(&m);
         let parsed = parse_with_prometheus_client(python, &text);
         // Families: every TYPE line's metric, with its HELP, read back under its name (the client
         // names a counter's family without `_total`).
@@ -310,7 +338,7 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
         }
         assert_eq!(parsed.len(), families, "families the parser saw beyond the TYPE lines");
         // Samples: the user label everywhere, and each name label exactly the escaped name.
-        let user = escape_for_terminal(m.user.as_bytes());
+        let user = escape_for_terminal(m.status.user.as_bytes());
         let samples: Vec<_> = parsed.values().flat_map(|(_, _, s)| s).collect();
         assert_eq!(samples.len(), text.lines().filter(|l| !l.starts_with('#')).count());
         for (name, labels, _) in &samples {
@@ -318,17 +346,18 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
         }
         let top = &parsed["guard_name_processes"].2;
         let mut expected: Vec<(String, f64)> =
-            m.names.iter().map(|(n, c)| (escape_for_terminal(n.as_bytes()), f64::from(*c))).collect();
+            m.more.names.iter().map(|(n, c)| (escape_for_terminal(n.as_bytes()), f64::from(*c))).collect();
         expected.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         expected.truncate(TOP_NAMES);
         let got: Vec<(String, f64)> = top.iter().map(|(_, l, v)| (l["name"].clone(), *v)).collect();
         assert_eq!(got, expected);
         let flagged: BTreeSet<String> =
             parsed["guard_flagged_age_seconds"].2.iter().map(|(_, l, _)| l["name"].clone()).collect();
-        let want: BTreeSet<String> = m.flagged.iter().map(|f| escape_for_terminal(f.name.as_bytes())).collect();
+        let want: BTreeSet<String> =
+            m.status.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect();
         assert_eq!(flagged, want);
-        assert_eq!(parsed["guard_build_info"].2[0].1["version"], escape_for_terminal(m.version.as_bytes()));
-        assert_eq!(parsed["guard_events"].2[0].2, m.events as f64);
-        assert_eq!(parsed["guard_last_tick_timestamp_seconds"].2[0].2, m.last_tick);
+        assert_eq!(parsed["guard_build_info"].2[0].1["version"], escape_for_terminal(m.status.version.as_bytes()));
+        assert_eq!(parsed["guard_events"].2[0].2, m.status.events as f64);
+        assert_eq!(parsed["guard_last_tick_timestamp_seconds"].2[0].2, m.status.last_tick);
     }
 }

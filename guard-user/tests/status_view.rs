@@ -33,6 +33,7 @@ fn status(last_tick_ago: f64) -> Status {
                 would_skip: Some(1),
                 would_end: Some(30),
                 excluded: false,
+                warned: false,
             },
             NameStatus { name: "yes".into(), count: 16, threshold: 30, ..Default::default() },
         ],
@@ -88,9 +89,22 @@ fn an_older_status_file_reads_and_shows_no_empty_sections() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-status.json");
     let mut old = serde_json::to_value(status(10.0)).unwrap();
-    for field in ["machine_processes", "warnings", "repeat_offenders", "pegged", "vitals"] {
+    for field in ["machine_processes", "repeat_offenders", "pegged", "vitals", "sessions"] {
         assert!(old.as_object_mut().unwrap().remove(field).is_some(), "{field}");
     }
+    // Older guards wrote these names (docs/json.md, older status files), and warnings as text.
+    let rename = |v: &mut serde_json::Value, from: &str, to: &str| {
+        let x = v.as_object_mut().unwrap().remove(from).unwrap_or_else(|| panic!("{from}"));
+        v[to] = x;
+    };
+    rename(&mut old, "started_at_unix", "started_at");
+    rename(&mut old, "last_tick_unix", "last_tick");
+    for row in old["names"].as_array_mut().unwrap() {
+        rename(row, "flagged_since_unix", "flagged_since");
+        rename(row, "due_in_secs", "time_left_secs");
+        row.as_object_mut().unwrap().remove("warned");
+    }
+    old["warnings"] = serde_json::json!(["sleep: enforcement due in 58m: ends 30, skips 1"]);
     std::fs::write(&path, old.to_string()).unwrap();
     let s = status::read(&path, guard::safefs::FsIdentity::current()).expect("a status file without the newer fields");
     assert_eq!(s, status(10.0));
@@ -103,12 +117,12 @@ fn an_older_status_file_reads_and_shows_no_empty_sections() {
 #[test]
 fn optional_sections_show_when_the_daemon_fills_them() {
     let mut s = status(10.0);
-    s.warnings = vec!["redis_unreachable endpoint=redis://127.0.0.1:6379/0".into()];
+    s.names[0].warned = true;
     s.repeat_offenders = vec![RepeatOffender { name: "sleep".into(), enforcements_24h: 4, kills_24h: 120 }];
     s.pegged = vec![PeggedProcess { pid: 77, name: "spin".into(), cpu: 0.98, for_secs: 600.0 }];
     s.vitals = Some(Vitals { cpu_percent: Some(0.3), rss_bytes: Some(12 << 20), ..Default::default() });
     let table = render_table(&s, now());
-    assert!(table.contains("warning      redis_unreachable endpoint=redis://127.0.0.1:6379/0\n"), "{table}");
+    assert!(table.contains("warning      sleep: enforcement due in 58m: ends 30, skips 1\n"), "{table}");
     assert!(table.contains("daemon       cpu 0.3%, rss 12.0 MiB\n"), "{table}");
     assert!(table.contains("sleep                           4       120\n"), "{table}");
     assert!(table.contains("spin                   77   0.98     10m00s\n"), "{table}");
@@ -122,7 +136,7 @@ fn a_name_holding_a_newline_cannot_forge_a_row() {
     s.names.push(NameStatus { name: "\u{1b}[2J\u{9b}1A\u{202e}evil\r".into(), count: 15, ..Default::default() });
     s.user = "alice\u{1b}]0;owned\u{7}".into();
     s.config_error = Some("config_malformed excludeCommands pattern=a\nKILLED".into());
-    s.warnings = vec!["w\r\nwarning      forged".into()];
+    s.names[2].warned = true;
     s.repeat_offenders = vec![RepeatOffender { name: "r\nPEGGED".into(), ..Default::default() }];
     s.pegged = vec![PeggedProcess { name: "p\n".into(), ..Default::default() }];
     let table = render_table(&s, now());
@@ -142,7 +156,7 @@ fn a_name_holding_a_newline_cannot_forge_a_row() {
 fn status_plain_sections() -> Status {
     let mut s = status(10.0);
     s.config_error = Some("config_malformed".into());
-    s.warnings = vec!["w".into()];
+    s.names[0].warned = true;
     s.repeat_offenders = vec![RepeatOffender { name: "r".into(), ..Default::default() }];
     s.pegged = vec![PeggedProcess { name: "p".into(), ..Default::default() }];
     s
@@ -221,4 +235,31 @@ fn both_views_show_a_config_error_as_logged_and_exit_one() {
             assert_eq!(row, format!("config       INVALID, so nothing is ended: {reason}"));
         }
     }
+}
+
+/// A status file an older guard wrote, with sessions and the stall watch: the names it used
+/// (docs/json.md, older status files) read as today's, so `status` and `tree` keep working
+/// across an upgrade until the daemon restarts.
+#[test]
+fn an_older_status_files_session_and_pegged_names_read_as_the_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("guard-status.json");
+    let mut old = serde_json::to_value(status(10.0)).unwrap();
+    old["pegged"] = serde_json::json!([{"pid": 7, "name": "spin", "cpu": 0.9, "for_secs": 300.0}]);
+    old["sessions"] = serde_json::json!({"leftovers": "stop", "sessions": [{
+        "root_pid": 200, "root_start": 1234, "root_name": "w", "command": "w", "since": 5.0,
+        "stage": "grace", "ended_at": 6.0, "due_at": 16.0,
+        "processes": [{"pid": 201, "start": 1240, "name": "kid"}]}]});
+    std::fs::write(&path, old.to_string()).unwrap();
+    let s = status::read(&path, guard::safefs::FsIdentity::current()).expect("an older status file");
+    assert_eq!(s.pegged[0].cpu, 0.9);
+    let row = &s.sessions.as_ref().unwrap().sessions[0];
+    assert_eq!((row.root_start, row.since, row.ended_at, row.due_at), (1234, Some(5.0), Some(6.0), Some(16.0)));
+    assert_eq!(row.processes[0].start, 1240);
+    // Written back with today's names only.
+    let now = serde_json::to_value(&s).unwrap();
+    assert_eq!(now["pegged"][0]["cpu_cores"], 0.9);
+    assert_eq!(now["sessions"]["sessions"][0]["root_start_ticks"], 1234);
+    assert_eq!(now["sessions"]["sessions"][0]["processes"][0]["start_ticks"], 1240);
+    assert!(now["sessions"]["sessions"][0].get("due_at").is_none());
 }

@@ -34,7 +34,7 @@ struct Row {
     pid: u32,
     age: Duration,
     cmdline: Vec<u8>,
-    verdict: String,
+    verdict: CmdVerdict,
 }
 
 /// Seconds since boot (the clock /proc's start times count from).
@@ -48,6 +48,57 @@ fn uptime_secs() -> f64 {
 fn age(p: &ProcState) -> Duration {
     let started = p.id.start_ticks as f64 / clock_ticks_per_sec() as f64;
     Duration::from_secs_f64((uptime_secs() - started).max(0.0))
+}
+
+/// Where the name stands, `--json`'s `enforcement` (docs/json.md); the first line of the text
+/// says the same in a sentence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Enforcement {
+    /// In `excludes`: never enforced.
+    Excluded,
+    /// Below the threshold.
+    NotFlagged,
+    /// At the threshold without a flag clock: the next tick flags it.
+    FlaggedNextTick,
+    /// Flagged, enforcement ahead.
+    Scheduled,
+    /// Flagged and due: the next tick enforces.
+    DueNow,
+}
+
+impl Enforcement {
+    fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::Excluded => "excluded",
+            Enforcement::NotFlagged => "not_flagged",
+            Enforcement::FlaggedNextTick => "flagged_next_tick",
+            Enforcement::Scheduled => "scheduled",
+            Enforcement::DueNow => "due_now",
+        }
+    }
+}
+
+/// The verdict as `explain --json` gives it (docs/json.md): `verdict` (`end`, `skip`, `gone`),
+/// and for a skip the `SKIPPED` line's reason and the pattern that protects it.
+fn verdict_json(v: CmdVerdict, patterns: &[String], excluded: bool) -> serde_json::Value {
+    let skip = |reason: &str, index: Option<usize>| {
+        json!({
+            "verdict": "skip",
+            "skip_reason": reason,
+            "pattern_index": index,
+            "pattern": index.map(|i| patterns.get(i).map_or("?", String::as_str)),
+        })
+    };
+    if excluded {
+        return skip("excluded_name", None);
+    }
+    match v {
+        CmdVerdict::End => json!({"verdict": "end", "skip_reason": null, "pattern_index": null, "pattern": null}),
+        CmdVerdict::Excluded { index } => skip("excluded_command", Some(index)),
+        CmdVerdict::Budget => skip("match_budget", None),
+        CmdVerdict::TooLong => skip("cmdline_too_long", None),
+        CmdVerdict::Gone => json!({"verdict": "gone", "skip_reason": null, "pattern_index": null, "pattern": null}),
+    }
 }
 
 fn verdict_text(v: CmdVerdict, patterns: &[String], excluded: bool) -> String {
@@ -153,24 +204,31 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 .cloned()
                 .or_else(|| excluded.then(|| procfs::cmdline_capped(p.id.pid, max)).flatten())
                 .unwrap_or_default(),
-            verdict: verdict_text(verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone), patterns, excluded),
+            verdict: verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone),
         })
         .collect();
     let count = procs.len() as u32;
     let flagged = plan.status.iter().find(|r| r.flagged_since.is_some() && r.name == name.to_string());
-    let when = match (excluded, flagged) {
-        (true, _) => format!("never enforced: {} is in excludes", escape(name.as_bytes())),
-        (false, Some(_)) if !was_flagged => format!(
+    let stage = match (excluded, flagged) {
+        (true, _) => Enforcement::Excluded,
+        (false, None) => Enforcement::NotFlagged,
+        (false, Some(_)) if !was_flagged => Enforcement::FlaggedNextTick,
+        (false, Some(row)) if row.time_left_secs.unwrap_or(0.0) <= 0.0 => Enforcement::DueNow,
+        (false, Some(_)) => Enforcement::Scheduled,
+    };
+    let when = match (stage, flagged) {
+        (Enforcement::Excluded, _) => format!("never enforced: {} is in excludes", escape(name.as_bytes())),
+        (Enforcement::FlaggedNextTick, _) => format!(
             "at the threshold ({count} live processes, threshold {}) but not flagged yet: the next tick flags it, \
              and enforcement is due {} after that",
             config.threshold,
             human(config.timeout)
         ),
-        (false, Some(row)) => {
+        (Enforcement::DueNow | Enforcement::Scheduled, Some(row)) => {
             let since = row.flagged_since.unwrap_or(now.wall);
             let left = row.time_left_secs.unwrap_or(0.0);
             let flagged_at = local_timestamp(std::time::UNIX_EPOCH + Duration::from_secs_f64(since.max(0.0)));
-            if left <= 0.0 {
+            if stage == Enforcement::DueNow {
                 format!(
                     "flagged since {flagged_at}; enforcement is due now (the next tick ends the processes marked end)"
                 )
@@ -182,7 +240,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 )
             }
         }
-        (false, None) => format!(
+        _ => format!(
             "not flagged: {count} live process{} of {}, threshold {}",
             if count == 1 { "" } else { "es" },
             account.name,
@@ -191,24 +249,43 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     };
     let mut out = std::io::stdout().lock();
     if args.json {
+        // Only a flagged name has a flag time; a name the next tick flags is due `timeout` after.
+        let flagged_since = flagged
+            .filter(|_| matches!(stage, Enforcement::Scheduled | Enforcement::DueNow))
+            .and_then(|r| r.flagged_since);
+        let due_in = match stage {
+            Enforcement::FlaggedNextTick => Some(config.timeout.as_secs_f64()),
+            Enforcement::Scheduled | Enforcement::DueNow => flagged.and_then(|r| r.time_left_secs),
+            Enforcement::Excluded | Enforcement::NotFlagged => None,
+        };
+        let due_at = due_in.filter(|_| flagged_since.is_some()).map(|left| now.wall + left);
+        let processes = rows.iter().map(|r| {
+            let mut p = json!({
+                "pid": r.pid,
+                "age_secs": r.age.as_secs(),
+                "cmdline": String::from_utf8_lossy(&r.cmdline),
+                "cmdline_escaped": escape(&r.cmdline),
+            });
+            if let (Some(p), serde_json::Value::Object(v)) =
+                (p.as_object_mut(), verdict_json(r.verdict, patterns, excluded))
+            {
+                p.extend(v);
+            }
+            p
+        });
         let doc = json!({
             "name": name.to_string(),
             "user": account.name,
             "count": count,
             "threshold": config.threshold,
             "excluded": excluded,
-            "flagged_since": flagged.and_then(|r| r.flagged_since),
-            "due_in_secs": flagged.and_then(|r| r.time_left_secs),
-            "enforcement": when,
-            "processes": rows.iter().map(|r| json!({
-                "pid": r.pid,
-                "age_secs": r.age.as_secs(),
-                "cmdline": String::from_utf8_lossy(&r.cmdline),
-                "cmdline_escaped": escape(&r.cmdline),
-                "verdict": r.verdict,
-            })).collect::<Vec<_>>(),
+            "enforcement": stage.as_str(),
+            "flagged_since_unix": flagged_since,
+            "due_in_secs": due_in,
+            "due_at_unix": due_at,
+            "processes": processes.collect::<Vec<_>>(),
         });
-        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        writeln!(out, "{}", super::status::json_for_terminal(&serde_json::to_string_pretty(&doc)?))?;
         return Ok(ExitCode::SUCCESS);
     }
     writeln!(out, "{}: {when}", escape(name.as_bytes()))?;
@@ -218,7 +295,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     }
     writeln!(out, "{:>8} {:>8}  VERDICT\n{:>19}COMMAND", "PID", "AGE", "")?;
     for r in &rows {
-        writeln!(out, "{:>8} {:>8}  {}", r.pid, human(r.age), r.verdict)?;
+        writeln!(out, "{:>8} {:>8}  {}", r.pid, human(r.age), verdict_text(r.verdict, patterns, excluded))?;
         writeln!(out, "{:>19}{}", "", escape_for_terminal(&r.cmdline))?;
     }
     Ok(ExitCode::SUCCESS)

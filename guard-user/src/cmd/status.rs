@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use super::StatusArgs;
 use crate::{
-    config,
     duration::human,
     status::{self, escape_for_terminal, Freshness, Status},
 };
@@ -22,10 +21,7 @@ pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
     }
     let (account, home, config_path) = super::run::resolve_account(&args.account)?;
     let who = crate::safefs::FsIdentity::from(&account);
-    let state_file = config::load(&config_path, &home, who)
-        .map(|c| c.state_file)
-        .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, &home));
-    let path = status::path_beside(&state_file);
+    let path = status::locate(&config_path, &home, who);
     let copy = crate::daemon::instance::trusted_status(account.uid, &home);
     let s = match status::read_trusted(&path, who, copy.as_ref()) {
         Ok(s) => s,
@@ -120,8 +116,8 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         // (only what a hand-edited status file could hide is escaped).
         rows.push(("config", format!("INVALID, so nothing is ended: {}", crate::escape::printable(e))));
     }
-    for w in &s.warnings {
-        rows.push(("warning", text(w)));
+    for n in s.names.iter().filter(|n| n.warned) {
+        rows.push(("warning", warning(n)));
     }
     if let Some(x) = &s.sessions {
         // Counts only; `guard-user tree` lists the sessions.
@@ -155,6 +151,14 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         }
     }
     out
+}
+
+/// A `WARNING` given and not yet enforced, from the name's row: the `due_in=` of the line is
+/// the time left rounded up to whole minutes.
+fn warning(n: &status::NameStatus) -> String {
+    let due = crate::policy::incidents::minutes_up(n.time_left_secs.unwrap_or(0.0));
+    let (end, skip) = (n.would_end.unwrap_or(0), n.would_skip.unwrap_or(0));
+    format!("{}: enforcement due in {due}m: ends {end}, skips {skip}", text(&n.name))
 }
 
 /// The account's processes, and the machine's when the daemon reported them (older status files

@@ -13,7 +13,6 @@ use serde::Serialize;
 use super::TreeArgs;
 use crate::{
     comm::Comm,
-    config,
     duration::human,
     escape,
     event::{ProcId, ProcState},
@@ -42,16 +41,26 @@ struct Session {
     due_in_secs: Option<f64>,
     processes: Vec<Shown>,
     /// Processes the status file did not list (over its cap) or that are gone since.
-    not_shown: u64,
+    processes_not_shown: u64,
+}
+
+/// `tree --json` (docs/json.md): the counts of the first line and the sessions.
+#[derive(Serialize, Debug)]
+struct TreeJson<'a> {
+    stale: bool,
+    /// `report` or `stop`.
+    leftovers: &'a str,
+    grace_secs: f64,
+    live: u64,
+    ended: u64,
+    sessions: &'a [Session],
+    sessions_not_shown: u64,
 }
 
 pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
     let (account, home, config_path) = super::run::resolve_account(&args.account)?;
     let who = crate::safefs::FsIdentity::from(&account);
-    let state_file = config::load(&config_path, &home, who)
-        .map(|c| c.state_file)
-        .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, &home));
-    let path = status::path_beside(&state_file);
+    let path = status::locate(&config_path, &home, who);
     let s = match status::read(&path, who) {
         Ok(s) => s,
         Err(e) if e.is_missing() => {
@@ -75,8 +84,15 @@ pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
     let now_secs = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let shown: Vec<Session> = sessions.sessions.iter().map(|row| session(row, s.uid, now_secs)).collect();
     if args.json {
-        let out = serde_json::json!({ "stale": stale, "leftovers": sessions.leftovers, "sessions": shown,
-            "sessions_not_shown": sessions.sessions_omitted });
+        let out = TreeJson {
+            stale,
+            leftovers: &sessions.leftovers,
+            grace_secs: sessions.grace_secs,
+            live: sessions.live,
+            ended: sessions.ended,
+            sessions: &shown,
+            sessions_not_shown: sessions.sessions_omitted,
+        };
         println!("{}", super::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
     } else {
         print!("{}", render(sessions, &shown, stale));
@@ -96,7 +112,7 @@ fn session(row: &SessionStatus, uid: u32, now: f64) -> Session {
         let Some((cpu_secs, age_secs)) = crate::holders::cpu_and_age(&live) else { continue };
         processes.push(Shown { pid: p.pid, name: live.comm.to_string(), cpu_secs, age_secs });
     }
-    let not_shown = row.processes_omitted + (row.processes.len() - processes.len()) as u64;
+    let processes_not_shown = row.processes_omitted + (row.processes.len() - processes.len()) as u64;
     let root =
         ProcState { id: ProcId { pid: row.root_pid, start_ticks: row.root_start }, euid: uid, comm: Comm::new(b"") };
     Session {
@@ -107,7 +123,7 @@ fn session(row: &SessionStatus, uid: u32, now: f64) -> Session {
         root_age_secs: (row.stage == "live").then(|| crate::holders::cpu_and_age(&root).map(|(_, a)| a)).flatten(),
         due_in_secs: row.due_at.map(|at| (at - now).max(0.0)),
         processes,
-        not_shown,
+        processes_not_shown,
     }
 }
 
@@ -139,7 +155,7 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
             (other, _) => format!("ended ({})", text(other)),
         };
         let _ = writeln!(out, "\nroot {} {}  {}  {}", s.root_pid, text(&s.root_name), state, text(&s.command));
-        if s.processes.is_empty() && s.not_shown == 0 {
+        if s.processes.is_empty() && s.processes_not_shown == 0 {
             out.push_str("  (no process left)\n");
             continue;
         }
@@ -154,8 +170,8 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
                 human(Duration::from_secs(p.age_secs))
             );
         }
-        if s.not_shown > 0 {
-            let _ = writeln!(out, "  … and {} more (not listed, or gone since the last tick)", s.not_shown);
+        if s.processes_not_shown > 0 {
+            let _ = writeln!(out, "  … and {} more (not listed, or gone since the last tick)", s.processes_not_shown);
         }
     }
     if all.sessions_omitted > 0 {

@@ -1,11 +1,13 @@
 //! What a tick reports once it is done: the status file, the Redis heartbeat, the metrics file,
-//! and the daemon's vitals — all derived from one [`TickFigures`], so they cannot disagree.
+//! and the daemon's vitals. [`TickFigures`] becomes one [`Status`]; the heartbeat and the metrics
+//! are rendered from that status (the metrics with the few figures the status leaves out), so a
+//! fact is stated once and the three cannot disagree.
 use std::time::{Duration, Instant};
 
 use super::pump::PumpStats;
 use crate::{
     config::Config,
-    metrics::{FlaggedName, MetricsInput},
+    metrics::MetricsInput,
     mirror::{Heartbeat, StreamEvent},
     policy::AccountView,
     status::{NameStatus, Status, Vitals},
@@ -21,11 +23,10 @@ pub struct Totals {
     pub config_errors: u64,
 }
 
-/// Everything one tick reports.
+/// What one tick gathered for its reports.
 pub struct TickFigures<'a> {
     pub user: &'a str,
     pub uid: u32,
-    pub home: &'a str,
     pub backend: &'a str,
     pub dry_run: bool,
     pub started_at: f64,
@@ -39,23 +40,31 @@ pub struct TickFigures<'a> {
     pub names: Vec<NameStatus>,
     /// Processes in a stall-watch incident.
     pub pegged: Vec<crate::status::PeggedProcess>,
-    /// Names warned about (WARNING) and not yet enforced.
-    pub warnings: Vec<String>,
     /// Names enforced `repeatAfter` times within 24 h.
     pub offenders: Vec<crate::status::RepeatOffender>,
     /// The config in force; `None` when this tick's config was invalid.
     pub config: Option<&'a Config>,
     pub config_error: Option<String>,
+    /// Includes the tick's duration (`tick_duration_last_secs`).
     pub vitals: Vitals,
-    pub tick_secs: f64,
     pub mirror_dropped: u64,
     /// Sessions, while they are on.
     pub sessions: Option<crate::status::SessionsStatus>,
 }
 
 impl TickFigures<'_> {
-    pub fn status(&self) -> Status {
-        Status {
+    /// The status, and what the metrics file adds to it.
+    pub fn into_report(self) -> (Status, MetricsInput) {
+        let metrics = MetricsInput {
+            names: self.view.counts.clone(),
+            threshold: self.config.map(|c| c.threshold),
+            timeout_secs: self.config.map(|c| c.timeout.as_secs_f64()),
+            dry_runs: self.totals.dry_runs,
+            skipped: self.totals.skipped,
+            config_errors: self.totals.config_errors,
+            mirror_dropped: self.mirror_dropped,
+        };
+        let status = Status {
             version: crate::VERSION.into(),
             user: self.user.into(),
             uid: self.uid,
@@ -72,87 +81,44 @@ impl TickFigures<'_> {
             kills: self.totals.kills,
             tracked_processes: self.view.tracked_account(),
             machine_processes: self.machine,
-            config_error: self.config_error.clone(),
-            names: self.names.clone(),
-            warnings: self.warnings.clone(),
-            pegged: self.pegged.clone(),
-            repeat_offenders: self.offenders.clone(),
-            vitals: Some(self.vitals.clone()),
-            sessions: self.sessions.clone(),
-        }
+            config_error: self.config_error,
+            names: self.names,
+            pegged: self.pegged,
+            repeat_offenders: self.offenders,
+            vitals: Some(self.vitals),
+            sessions: self.sessions,
+        };
+        (status, metrics)
     }
+}
 
-    pub fn heartbeat(&self, host: String) -> Heartbeat {
-        Heartbeat {
-            host,
-            user: self.user.into(),
-            home: self.home.into(),
-            pid: std::process::id(),
-            version: crate::VERSION.into(),
-            backend: self.backend.into(),
-            dry_run: self.dry_run,
-            last_tick: self.now as u64,
-            flagged: self.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect(),
-            kills: self.totals.kills,
-            lost_events: self.stats.lost,
-            resyncs: self.stats.resyncs,
-            interval_secs: self.interval.as_secs().max(1),
-            config_error: self.config_error.clone(),
-            sessions: self.sessions.as_ref().map(|s| crate::mirror::SessionCounts {
-                live: s.live,
-                ended: s.ended,
-                pending_leftovers: s.pending_leftovers,
-                leftovers: s.leftovers_total,
-                reaped: s.reaped_total,
-                stopped: s.stopped_total,
-            }),
-        }
-    }
-
-    pub fn metrics(&self) -> MetricsInput {
-        let flagged = self
-            .view
-            .counts
-            .iter()
-            .filter_map(|(name, _)| {
-                let row = self.names.iter().find(|n| n.flagged_since.is_some() && n.name == name.to_string())?;
-                Some(FlaggedName {
-                    name: *name,
-                    age_secs: (self.now - row.flagged_since?).max(0.0),
-                    time_left_secs: row.time_left_secs.unwrap_or(0.0),
-                })
-            })
-            .collect();
-        MetricsInput {
-            user: self.user.into(),
-            version: crate::VERSION.into(),
-            backend: self.backend.into(),
-            dry_run: self.dry_run,
-            started_at: self.started_at,
-            last_tick: self.now,
-            tick_duration_secs: self.tick_secs,
-            interval_secs: self.interval.as_secs_f64(),
-            tracked_processes: self.view.tracked_account(),
-            machine_processes: self.machine,
-            names: self.view.counts.clone(),
-            flagged,
-            threshold: self.config.map(|c| c.threshold),
-            timeout_secs: self.config.map(|c| c.timeout.as_secs_f64()),
-            config_error: self.config_error.is_some(),
-            ticks: self.totals.ticks,
-            kills: self.totals.kills,
-            dry_runs: self.totals.dry_runs,
-            skipped: self.totals.skipped,
-            lost_events: self.stats.lost,
-            resyncs: self.stats.resyncs,
-            events: self.stats.events,
-            config_errors: self.totals.config_errors,
-            mirror_dropped: self.mirror_dropped,
-            warned_names: self.warnings.len() as u64,
-            repeat_offenders: self.offenders.len() as u64,
-            pegged_processes: self.pegged.len() as u64,
-            sessions: self.sessions.clone(),
-        }
+/// The heartbeat (docs/operations.md) of a status: its figures, plus the host and the home the
+/// status file does not carry.
+pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
+    Heartbeat {
+        host,
+        user: s.user.clone(),
+        home,
+        pid: s.pid,
+        version: s.version.clone(),
+        backend: s.backend.clone(),
+        dry_run: s.dry_run,
+        last_tick: s.last_tick as u64,
+        flagged: s.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect(),
+        kills: s.kills,
+        lost_events: s.lost_events,
+        resyncs: s.resyncs,
+        // Whole seconds, at least one, as before the status carried it.
+        interval_secs: (s.interval_secs as u64).max(1),
+        config_error: s.config_error.clone(),
+        sessions: s.sessions.as_ref().map(|s| crate::mirror::SessionCounts {
+            live: s.live,
+            ended: s.ended,
+            pending_leftovers: s.pending_leftovers,
+            leftovers: s.leftovers_total,
+            reaped: s.reaped_total,
+            stopped: s.stopped_total,
+        }),
     }
 }
 

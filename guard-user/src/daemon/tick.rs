@@ -15,7 +15,7 @@ use super::{
     gather::{gather, Request, Sources},
     keeper::LineageMode,
     pump::{PumpHandle, PumpStats},
-    report::{ConfigOutage, TickFigures, Totals, VitalsSampler},
+    report::{self, ConfigOutage, TickFigures, Totals, VitalsSampler},
     sessions::{self, SessionsTick},
     verdicts::{round_budget, VerdictCache},
     DaemonOptions,
@@ -215,7 +215,6 @@ impl Ticker {
             stats: snap.stats,
             names: done.status,
             pegged: self.memory.pegged(),
-            warnings: done.warnings,
             offenders: done.offenders,
             config: Some(&config),
             config_error: None,
@@ -267,7 +266,6 @@ impl Ticker {
             stats,
             names: Vec::new(),
             pegged: Vec::new(),
-            warnings: Vec::new(),
             offenders: Vec::new(),
             config: None,
             config_error: Some(reason),
@@ -281,29 +279,15 @@ impl Ticker {
 
     /// Status file, heartbeat and metrics from one set of figures.
     fn report(&mut self, done: Done) {
-        let Done {
-            view,
-            stats,
-            names,
-            pegged,
-            warnings,
-            offenders,
-            config,
-            config_error,
-            now,
-            tick_secs,
-            pump_lag,
-            sessions,
-        } = done;
+        let Done { view, stats, names, pegged, offenders, config, config_error, now, tick_secs, pump_lag, sessions } =
+            done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
             self.fx.mirror.event(ev);
         }
-        let home = self.opts.home.display().to_string();
         let vitals = self.vitals.sample(tick_secs, pump_lag, stats.events);
         let figures = TickFigures {
             user: &self.opts.account.name,
             uid: self.opts.account.uid,
-            home: &home,
             backend: self.backend,
             dry_run: self.opts.dry_run,
             started_at: self.started_at,
@@ -315,19 +299,19 @@ impl Ticker {
             totals: self.totals,
             names,
             pegged,
-            warnings,
             offenders,
             config,
             config_error,
             vitals,
-            tick_secs,
             mirror_dropped: self.fx.mirror.dropped(),
             sessions,
         };
-        self.fx.mirror.heartbeat(figures.heartbeat(crate::daemon::hostname()), self.opts.interval * 3);
-        self.fx.status.write(&status::path_beside(&self.state_path), &figures.status());
+        let (status, metrics) = figures.into_report();
+        let home = self.opts.home.display().to_string();
+        self.fx.mirror.heartbeat(report::heartbeat(&status, crate::daemon::hostname(), home), self.opts.interval * 3);
+        self.fx.status.write(&status::path_beside(&self.state_path), &status);
         if let Some(m) = self.fx.metrics.as_mut() {
-            m.write(&crate::metrics::render(&figures.metrics()));
+            m.write(&crate::metrics::render(&status, &metrics));
         }
         if self.totals.ticks == 1 {
             crate::startup_phase("first status written");
@@ -341,7 +325,6 @@ struct Done<'a> {
     stats: PumpStats,
     names: Vec<NameStatus>,
     pegged: Vec<crate::status::PeggedProcess>,
-    warnings: Vec<String>,
     offenders: Vec<crate::status::RepeatOffender>,
     /// `None` when the config was invalid.
     config: Option<&'a Config>,

@@ -13,7 +13,7 @@ use super::{
     systemctl::Systemctl,
     unit::{unit_text, DropIn},
 };
-use crate::{config, status};
+use crate::status;
 
 /// `check`'s findings: docs/operations.md drift lines, checks that could not run (and why), and notes
 /// that explain a drift line (printed apart, so each drift stays one line).
@@ -238,15 +238,8 @@ fn dropin_problem(layout: &Layout, path: &Path) -> Option<String> {
     })
 }
 
-fn status_path(layout: &Layout) -> PathBuf {
-    let state = read_config(&layout.config_link, &layout.home, (&layout.account).into())
-        .map(|c| c.state_file)
-        .unwrap_or_else(|_| config::expand_tilde(config::DEFAULT_STATE_FILE, &layout.home));
-    status::path_beside(&state)
-}
-
 fn heartbeat(layout: &Layout, now: SystemTime, r: &mut Report) {
-    let path = status_path(layout);
+    let path = status::locate(&layout.config_link, &layout.home, (&layout.account).into());
     let copy = crate::daemon::instance::trusted_status(layout.account.uid, &layout.home);
     let s = match status::read_trusted(&path, (&layout.account).into(), copy.as_ref()) {
         Ok(s) => s,

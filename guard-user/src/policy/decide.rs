@@ -104,8 +104,6 @@ pub struct TickPlan {
     pub next_deadline: Option<f64>,
     /// The incidents after this tick's warnings (enforcements are counted by [`after_signals`]).
     pub incidents: Incidents,
-    /// Status text for each name warned about and not yet enforced.
-    pub warnings: Vec<String>,
 }
 
 /// docs/architecture.md steps 3–6 and the per-process half of step 5, for one tick.
@@ -115,7 +113,6 @@ pub fn decide(input: &TickInput) -> TickPlan {
     let names = plan(&view.counts, config, clocks, now);
     let mut inc = before.clone();
     incidents::prune(&mut inc, &names.clocks, now);
-    let mut warnings = Vec::new();
     let mut next_deadline = names.next_deadline(config);
     let mut lines = unflagged(view, config, clocks, &names.clocks, now);
     let mut targets = Vec::new();
@@ -160,10 +157,8 @@ pub fn decide(input: &TickInput) -> TickPlan {
         if let Some(w) = incidents::warning(v, config, now, end, skip, &mut inc) {
             lines.push(w);
         }
-        if !v.enforce && inc.warned.get(&v.name) == Some(&v.first_flagged) {
-            let due = incidents::minutes_up(v.deadline(config) - now);
-            warnings.push(format!("{}: enforcement due in {due}m: ends {end}, skips {skip}", v.name));
-        }
+        // Warned and not yet enforced: `status` shows the warning from this row's figures.
+        let warned = !v.enforce && inc.warned.get(&v.name) == Some(&v.first_flagged);
         status.push(NameStatus {
             name: v.name.to_string(),
             count: v.count,
@@ -173,6 +168,7 @@ pub fn decide(input: &TickInput) -> TickPlan {
             would_skip: Some(skip),
             would_end: Some(end),
             excluded: false,
+            warned,
         });
     }
     // `status` also shows names on their way (at or over half the threshold, not excluded), and
@@ -191,16 +187,7 @@ pub fn decide(input: &TickInput) -> TickPlan {
         }
     }
     status.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
-    TickPlan {
-        next_deadline,
-        flagged: names.names.len(),
-        clocks: names.clocks,
-        lines,
-        targets,
-        status,
-        incidents: inc,
-        warnings,
-    }
+    TickPlan { next_deadline, flagged: names.names.len(), clocks: names.clocks, lines, targets, status, incidents: inc }
 }
 
 /// `UNFLAGGED` for every name whose clock this tick drops (docs/architecture.md step 6): below

@@ -118,9 +118,8 @@ pub struct Finished {
     /// The state file to write, when it is due.
     pub save: Option<Save>,
     pub counts: Counts,
-    /// Status rows, warnings and repeat offenders.
+    /// Status rows (a warned name's row says so) and repeat offenders.
     pub status: Vec<NameStatus>,
-    pub warnings: Vec<String>,
     pub offenders: Vec<RepeatOffender>,
     /// The earliest enforcement or warning still ahead (monotonic clock).
     pub next_deadline: Option<f64>,
@@ -284,7 +283,6 @@ impl<'a> Plan<'a> {
             save,
             counts: Counts { flagged: decided.flagged, kills: after.kills },
             status: decided.status,
-            warnings: decided.warnings,
             offenders,
             next_deadline: decided.next_deadline,
         }
