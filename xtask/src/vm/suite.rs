@@ -116,6 +116,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.metrics", Place::Host { why: "the Prometheus text" }),
     ("guard-user.mirror_offline", Place::Host { why: "endpoint and fleet text" }),
     ("guard-user.operator_output", Place::Host { why: "validate and journal output" }),
+    ("guard-user.json_schema", Place::Host { why: "the JSON outputs against docs/json.md" }),
     ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
     ("guard-user.redteam_rules", Place::Host { why: "verdicts and warnings from the account's inputs, no kernel" }),
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
