@@ -18,10 +18,11 @@ use super::{
 };
 use crate::{
     config::{self, Config, ConfigError},
+    log::{Kind, Line, Notice},
     mirror::StreamEvent,
     policy::{
-        self, after_signals, complete, decide, line::Line, stall::StallState, time, AccountView, AfterSignals,
-        FlagClocks, Incidents, Now, TickInput, TickPlan,
+        self, after_signals, complete, decide, stall::StallState, time, AccountView, AfterSignals, FlagClocks,
+        Incidents, Now, TickInput, TickPlan,
     },
     safefs::FsIdentity,
     state::State,
@@ -132,7 +133,7 @@ impl Ticker {
         };
         let list = &config.exclude_commands;
         if let Some(index) = self.match_all.check(&mut *self.fx.classifier, list, began + self.deadline / 4) {
-            self.fx.log.write(&Line::new("WARN").word("pattern_matches_all").with("index", index));
+            self.fx.log.write(&Line::Warn(Notice::new("pattern_matches_all").with("index", index)));
         }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
         // error (nothing is ended), a matcher that cannot run protects every process.
@@ -149,7 +150,7 @@ impl Ticker {
                 if !self.matcher_down {
                     self.matcher_down = true;
                     tracing::error!("{e}");
-                    self.fx.log.write(&Line::new("WARN").word("pattern_matcher_down").with("reason", "worker"));
+                    self.fx.log.write(&Line::Warn(Notice::new("pattern_matcher_down").with("reason", "worker")));
                 }
                 false
             }
@@ -172,7 +173,7 @@ impl Ticker {
             self.state = Some(match self.fx.state.load(&config.state_file) {
                 Ok(st) => time::to_memory(&st, now),
                 Err(e) => {
-                    self.fx.log.write(&Line::new("ERROR").word(e.to_string()));
+                    self.fx.log.write(&Line::Error(Notice::new(e.to_string())));
                     errors += 1;
                     State::default()
                 }
@@ -223,7 +224,7 @@ impl Ticker {
                     if let StateError::Write(_) = e {
                         errors += 1;
                         let path = config.state_file.as_os_str().as_encoded_bytes();
-                        self.fx.log.write(&Line::new("ERROR").word("state_unwritable").with("path", path));
+                        self.fx.log.write(&Line::Error(Notice::new("state_unwritable").with("path", path)));
                     }
                 }
             }
@@ -296,7 +297,7 @@ impl Ticker {
         for line in &plan.lines {
             self.emit(line, now.wall);
         }
-        self.totals.skipped += plan.lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
+        self.totals.skipped += count(&plan.lines, Kind::Skipped);
         let procs: Vec<_> = plan.targets.iter().map(|t| t.proc).collect();
         let outcomes = match (procs.is_empty(), self.opts.dry_run) {
             (true, _) => Vec::new(),
@@ -308,8 +309,8 @@ impl Ticker {
             self.emit(line, now.wall);
         }
         self.totals.kills += kills;
-        self.totals.dry_runs += lines.iter().filter(|l| l.event == "DRY_RUN").count() as u64;
-        self.totals.skipped += lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
+        self.totals.dry_runs += count(&lines, Kind::DryRun);
+        self.totals.skipped += count(&lines, Kind::Skipped);
         (kills, incidents)
     }
 
@@ -329,23 +330,22 @@ impl Ticker {
             self.warned_keys.insert(key.clone());
             self.fx
                 .log
-                .write(&Line::new("WARN").word("config_unknown_key").with("key", key.as_str()).with("path", path));
+                .write(&Line::Warn(Notice::new("config_unknown_key").with("key", key.as_str()).with("path", path)));
         }
         if over && !self.unknown_keys_capped {
             self.unknown_keys_capped = true;
-            self.fx.log.write(
-                &Line::new("WARN")
-                    .word("config_unknown_keys_unreported")
+            self.fx.log.write(&Line::Warn(
+                Notice::new("config_unknown_keys_unreported")
                     .with("limit", config::MAX_UNKNOWN_KEYS)
                     .with("path", path),
-            );
+            ));
         }
     }
 
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
         let now = self.fx.clock.now_unix();
         let reason = e.log_reason();
-        self.fx.log.write(&Line::new("ERROR").word(reason.clone()));
+        self.fx.log.write(&Line::Error(Notice::new(reason.clone())));
         self.fx.log.write(&complete(0, 0, 1));
         // The lineage is kept as it is: a broken config must not forget the sessions.
         let snap = self.pump.snapshot_blocking(u32::MAX, LineageMode::Keep);
@@ -447,9 +447,14 @@ struct Done<'a> {
 /// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
 pub(super) fn emit(fx: &Effects, line: &Line, now: f64) {
     fx.log.write(line);
-    if let Some(kind) = policy::decide::stream_kind(line) {
-        fx.mirror.event(stream_event(kind, line, now));
+    if let Some(ev) = StreamEvent::of(line, now) {
+        fx.mirror.event(ev);
     }
+}
+
+/// How many of `lines` are of `kind` (the totals of `status` and the metrics).
+fn count(lines: &[Line], kind: Kind) -> u64 {
+    lines.iter().filter(|l| l.kind() == kind).count() as u64
 }
 
 /// `view` with `extra` processes added to its members (each once), for one matching round.
@@ -465,25 +470,4 @@ fn with_members(view: &AccountView, extra: Vec<crate::event::ProcState>) -> std:
         }
     }
     std::borrow::Cow::Owned(v)
-}
-
-/// A streamed line as a Redis stream entry (docs/operations.md).
-fn stream_event(kind: &str, line: &Line, now: f64) -> StreamEvent {
-    let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
-    let mut ev = StreamEvent { event: kind.into(), ts: now as i64, ..Default::default() };
-    for (k, v) in &line.fields {
-        match *k {
-            "pid" => ev.pid = text(v).parse().ok(),
-            "name" => ev.name = Some(crate::comm::Comm::new(v).to_string()),
-            "reason" => ev.reason = text(v),
-            "count" => ev.count = text(v).parse().ok(),
-            "elapsed" => ev.elapsed = Some(text(v)),
-            "first_flagged" => {}
-            other => ev.extra.push((other.into(), crate::escape::text(v))),
-        }
-    }
-    if line.event == "FLAGGED" {
-        ev.reason = "threshold".into();
-    }
-    ev
 }
