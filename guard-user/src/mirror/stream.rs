@@ -107,11 +107,14 @@ mod tests {
         out
     }
 
+    /// A line, the stream event it becomes and its fields after the name.
+    type Case = (Line, &'static str, Vec<(&'static str, &'static str)>);
+
     #[test]
     fn durations_reach_the_stream_as_whole_seconds_not_the_logs_text() {
         let name = Comm::new(b"spin");
         let ended = Ended { pid: 7, name, count: 4, elapsed_secs: 5430.9 };
-        let cases: Vec<(Line, &str, Vec<(&str, &str)>)> = vec![
+        let cases: Vec<Case> = vec![
             (Line::Killed(ended.clone()), "KILLED", vec![("pid", "7"), ("count", "4"), ("elapsed_secs", "5430")]),
             (Line::DryRun(ended), "DRY_RUN", vec![("pid", "7"), ("count", "4"), ("elapsed_secs", "5430")]),
             (
