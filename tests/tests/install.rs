@@ -398,8 +398,8 @@ fn the_relink_never_leaves_the_config_path_missing() {
         // At least 200 relinks, and on until the reader looked 1,000 times (a loaded machine
         // may not schedule it at first); an even count leaves the link on `a`.
         let mut i = 0u64;
-        while i < 200 || reads.load(Ordering::Relaxed) < 1_000 || i % 2 == 1 {
-            let src = if i % 2 == 0 { &b } else { &a };
+        while i < 200 || reads.load(Ordering::Relaxed) < 1_000 || !i.is_multiple_of(2) {
+            let src = if i.is_multiple_of(2) { &b } else { &a };
             let who = guard::safefs::FsIdentity { uid: host.uid, gid: host.uid };
             assert!(guard::install::relink(&link, src, who).unwrap());
             i += 1;

@@ -1,8 +1,9 @@
 //! `guard-user explain NAME [--json]` (docs/operations.md): every live process of the account with that name,
 //! and the verdict the next enforcing tick would reach for each, plus when enforcement is due.
-//! Read-only, no daemon needed: /proc, the config and the state file, run through the same
-//! `decide` the daemon runs, so the answer cannot drift from what the daemon does.
-use std::{collections::HashMap, io::Write, process::ExitCode, time::Duration};
+//! Read-only, no daemon needed: the daemon's own gather step (`daemon::gather`) on one /proc
+//! scan, then the policy's `Memory::begin` the daemon runs, so the answer cannot drift from what
+//! the daemon does. The plan is never finished: nothing is signalled, nothing saved.
+use std::{io::Write, process::ExitCode, time::Duration};
 
 use serde_json::json;
 
@@ -10,12 +11,18 @@ use super::ExplainArgs;
 use crate::{
     comm::Comm,
     config,
+    daemon::{
+        effects::{Clock, Procfs, SystemClock},
+        gather::{gather, Request, Snapshots, Sources},
+        keeper::LineageMode,
+        pump::Snapshot,
+        verdicts::VerdictCache,
+    },
     duration::human,
     escape::log_value as escape,
     event::{clock_ticks_per_sec, ProcState},
     log::local_timestamp,
-    pattern::MatchOutcome,
-    policy::{decide, CmdVerdict, Incidents, TickInput},
+    policy::{memory::Input, CmdVerdict, Memory},
     procfs,
     safefs::FsIdentity,
     state,
@@ -67,6 +74,21 @@ fn verdict_text(v: CmdVerdict, patterns: &[String], excluded: bool) -> String {
     }
 }
 
+/// One `/proc` scan as the pump would hand it, with the processes of the explained name as
+/// the only members (whatever their count): the only ones matched, and shown.
+struct Scan {
+    table: ProcessTable,
+    name: Comm,
+}
+
+impl Snapshots for Scan {
+    fn snapshot(&mut self, _min_count: u32, _lineage: LineageMode) -> Option<Snapshot> {
+        let mut view = self.table.view(1);
+        view.members.retain(|n, _| *n == self.name);
+        Some(Snapshot { view, stats: Default::default(), sessions: None })
+    }
+}
+
 pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let (account, home, config_path) = super::run::resolve_account(&args.account)?;
     let who = FsIdentity::from(&account);
@@ -77,18 +99,9 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
-    let held = match state::load_state(&config.state_file, who) {
-        Ok(st) => st,
-        Err(e) => {
-            eprintln!("guard-user explain: {e} (treated as empty, as the daemon would)");
-            state::State::default()
-        }
-    };
     let name = Comm::new(args.name.as_bytes());
     let scope = Scope { account: account.uid, ignore_pid: Some(std::process::id()) };
     let table = ProcessTable::from_snapshot(procfs::snapshot()?, scope);
-    let view = table.view(1);
-    let procs = view.members.get(&name).cloned().unwrap_or_default();
     let patterns = &config.exclude_commands;
     let mut matcher = crate::daemon::effects::sandboxed_matcher();
     if let Err(e) = matcher.set_patterns(patterns) {
@@ -96,65 +109,62 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     let max = matcher.limits().max_text_bytes;
-    let mut verdicts = HashMap::new();
-    let mut cmdlines = HashMap::new();
-    let mut asked = Vec::new();
-    for p in &procs {
-        match procfs::cmdline_capped(p.id.pid, max) {
-            None => {
-                verdicts.insert(p.id, CmdVerdict::Gone);
-            }
-            Some(cmd) => {
-                // As the daemon does (daemon::verdicts): no pattern protects nothing; a text
-                // over the matcher's cap is protected unmatched.
-                if patterns.is_empty() {
-                    verdicts.insert(p.id, CmdVerdict::End);
-                } else if cmd.len() > max {
-                    verdicts.insert(p.id, CmdVerdict::TooLong);
-                } else {
-                    asked.push(p.id);
-                }
-                cmdlines.insert(p.id.pid, cmd);
-            }
-        }
-    }
-    let texts: Vec<&[u8]> = asked.iter().map(|id| cmdlines[&id.pid].as_slice()).collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    for (id, o) in asked.iter().zip(matcher.classify(&texts, deadline)) {
-        let v = match o {
-            MatchOutcome::Matched(index) => CmdVerdict::Excluded { index },
-            MatchOutcome::NoMatch => CmdVerdict::End,
-            MatchOutcome::Budget => CmdVerdict::Budget,
-        };
-        verdicts.insert(*id, v);
-    }
-    let now = crate::daemon::effects::Clock::now(&crate::daemon::effects::SystemClock);
-    let held = crate::policy::time::to_memory(&held, now);
-    let clocks = held.clocks.clone();
-    let incidents = Incidents { warned: held.warned, repeats: held.repeats };
-    let plan = decide(&TickInput {
-        view: &view,
+    // The daemon's gather step on one /proc scan: the state file read (never moved aside),
+    // this name's processes matched with the same rules, no cache, nothing signalled.
+    let mut memory = Memory::default();
+    let clock = SystemClock;
+    let src = Sources {
+        snapshots: &mut Scan { table, name },
+        state: &mut |path| state::load_state(path, who),
+        procs: &mut Procfs::default(),
+        classifier: &mut matcher,
+        cache: &mut VerdictCache::with_cap(0),
+        clock: &clock,
+    };
+    let req = Request {
         config: &config,
-        clocks: &clocks,
-        now,
-        verdicts: &verdicts,
-        incidents: &incidents,
-    });
+        lineage: LineageMode::Off,
+        extra: &mut |_, _| Vec::new(),
+        matcher_up: true,
+        budget: Duration::from_secs(10),
+        ends_by: std::time::Instant::now() + Duration::from_secs(10),
+        keep_cmdlines: true,
+    };
+    let gathered = gather(src, &mut memory, req).expect("a /proc scan is always there");
+    for line in &gathered.lines {
+        let why = match line {
+            crate::log::Line::Error(n) | crate::log::Line::Warn(n) => n.what.clone(),
+            other => other.body(),
+        };
+        eprintln!("guard-user explain: {why} (treated as empty, as the daemon would)");
+    }
+    let (verdicts, cmdlines) = (&gathered.verdicts, &gathered.cmdlines);
+    let procs = gathered.snapshot.view.members.get(&name).cloned().unwrap_or_default();
+    let was_flagged = memory.clocks().contains_key(&name);
+    let now = Clock::now(&clock);
+    let input = Input { view: &gathered.snapshot.view, config: &config, now, verdicts };
+    let plan = memory.begin(input);
+    let plan = plan.decided();
     let excluded = config.is_excluded(&name);
     let rows: Vec<Row> = procs
         .iter()
         .map(|p| Row {
             pid: p.id.pid,
             age: age(p),
-            cmdline: cmdlines.get(&p.id.pid).cloned().unwrap_or_default(),
-            verdict: verdict_text(verdicts[&p.id], patterns, excluded),
+            // An excluded name is not matched; its command lines are read to be shown.
+            cmdline: cmdlines
+                .get(&p.id.pid)
+                .cloned()
+                .or_else(|| excluded.then(|| procfs::cmdline_capped(p.id.pid, max)).flatten())
+                .unwrap_or_default(),
+            verdict: verdict_text(verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone), patterns, excluded),
         })
         .collect();
     let count = procs.len() as u32;
     let flagged = plan.status.iter().find(|r| r.flagged_since.is_some() && r.name == name.to_string());
     let when = match (excluded, flagged) {
         (true, _) => format!("never enforced: {} is in excludes", escape(name.as_bytes())),
-        (false, Some(_)) if !clocks.contains_key(&name) => format!(
+        (false, Some(_)) if !was_flagged => format!(
             "at the threshold ({count} live processes, threshold {}) but not flagged yet: the next tick flags it, \
              and enforcement is due {} after that",
             config.threshold,

@@ -8,7 +8,8 @@
 //! - [`keeper`]: the pump's side of the session lineage (events, adoption, parent reads).
 //! - [`sessions`]: the tick's side of sessions: classify roots, gather, apply the plan.
 //! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
-//! - [`tick`]: one tick — gather, [`crate::policy::decide`], apply.
+//! - [`tick`]: one tick, IO only — gather, [`crate::policy::Memory::begin`], signal, finish, write.
+//! - [`gather`]: the gather step the tick and `explain` share (snapshot, state, verdicts).
 //! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache.
 //! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
 //! - [`supervise`]: the tick loop, deadlines, hang detection, watchdog, SIGHUP, stop.
@@ -31,6 +32,7 @@ use crate::{
 
 pub mod effects;
 pub mod fault;
+pub mod gather;
 pub mod instance;
 pub mod keeper;
 pub mod match_all;

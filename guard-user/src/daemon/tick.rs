@@ -1,32 +1,31 @@
-//! One tick, as three steps: gather (config, a drained snapshot from the pump, the flag clocks,
-//! the command-line verdicts), [`decide`] (pure), apply (the effects). Blocking: the supervisor
-//! runs it on a blocking thread and watches its deadline.
+//! One tick, IO only: gather ([`super::gather`]: config, a drained snapshot from the pump, the
+//! state file once, the command-line verdicts), [`Memory::begin`] (the policy decides, on the
+//! clocks and incidents it holds), signal the plan's targets, [`Plan::finish`] with their
+//! outcomes, write (lines, state file, status, heartbeat, metrics). Every rule is the policy's.
+//! Blocking: the supervisor runs it on a blocking thread and watches its deadline.
+//!
+//! [`Plan::finish`]: crate::policy::memory::Plan::finish
 use std::{
-    collections::BTreeSet,
     path::PathBuf,
     time::{Duration, Instant},
 };
 
 use super::{
     effects::Effects,
+    gather::{gather, Request, Sources},
     keeper::LineageMode,
     pump::{PumpHandle, PumpStats},
     report::{ConfigOutage, TickFigures, Totals, VitalsSampler},
     sessions::{self, SessionsTick},
-    verdicts::{round_budget, verdicts, Ask, VerdictCache},
+    verdicts::{round_budget, VerdictCache},
     DaemonOptions,
 };
 use crate::{
     config::{self, Config, ConfigError},
     log::{Kind, Line, Notice},
     mirror::StreamEvent,
-    policy::{
-        self, after_signals, complete, decide, stall::StallState, time, AccountView, AfterSignals, FlagClocks,
-        Incidents, Now, TickInput, TickPlan,
-    },
+    policy::{memory::Input, AccountView, Memory, Now},
     safefs::FsIdentity,
-    state::State,
-    state::StateError,
     status::{self, NameStatus},
 };
 
@@ -53,25 +52,10 @@ pub struct Ticker {
     started_at: f64,
     totals: Totals,
     vitals: VitalsSampler,
-    /// Unknown config keys already warned about (once per key per run, not every tick), at most
-    /// [`config::MAX_UNKNOWN_KEYS`]: past it, one line says the rest are not reported.
-    warned_keys: BTreeSet<String>,
-    /// The line saying unknown keys are no longer reported one by one was written.
-    unknown_keys_capped: bool,
-    /// The flag clocks (the authority, docs/architecture.md) and the incidents, every time on
-    /// the monotonic clock ([`time`]). Read from the state file once, at the first tick with a
-    /// valid config; from then on the file only persists them.
-    state: Option<State>,
-    /// Where the clocks were last written successfully, and the wall clock's offset then
-    /// ([`Now::offset`]); another `stateFile`, a failed write, or a step of the wall clock (the
-    /// file's wall times would be off by it) makes the next tick write them again.
-    persisted_at: Option<(PathBuf, f64)>,
+    /// What the policy remembers: flag clocks, incidents, the stall watch, what was said once.
+    memory: Memory,
     /// The state file of the last valid config (a config error keeps its status beside it).
     state_path: PathBuf,
-    /// The stall watch's tracks (docs/configuration.md).
-    stall: StallState,
-    /// The sandboxed matcher could not run at the last tick (warned once per outage).
-    matcher_down: bool,
     /// The tick deadline (docs/operations.md): the matching round gets at most half of it.
     deadline: Duration,
     /// Whether the config is invalid, for the stream's once-per-outage events.
@@ -97,24 +81,14 @@ impl Ticker {
             started_at,
             totals: Totals::default(),
             vitals: VitalsSampler::default(),
-            warned_keys: BTreeSet::new(),
-            unknown_keys_capped: false,
-            state: None,
-            persisted_at: None,
+            memory: Memory::default(),
             state_path,
-            stall: StallState::default(),
-            matcher_down: false,
             deadline: super::supervise::tick_deadline(opts_interval),
             config_outage: ConfigOutage::default(),
             verdicts: VerdictCache::for_daemon(),
             match_all: Default::default(),
             sessions: SessionsTick::default(),
         }
-    }
-
-    /// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
-    fn emit(&self, line: &Line, now: f64) {
-        emit(&self.fx, line, now);
     }
 
     /// One tick (docs/architecture.md).
@@ -136,217 +110,154 @@ impl Ticker {
             self.fx.log.write(&Line::Warn(Notice::new("pattern_matches_all").with("index", index)));
         }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
-        // error (nothing is ended), a matcher that cannot run protects every process.
-        let matcher_ok = match self.fx.classifier.set_patterns(&config.exclude_commands) {
-            Ok(()) => {
-                self.matcher_down = false;
-                true
-            }
+        // error (nothing is ended); what a matcher that cannot run means is the policy's.
+        let down = match self.fx.classifier.set_patterns(&config.exclude_commands) {
+            Ok(()) => None,
             Err(e) if e.is_config_error() => {
                 tracing::warn!("excludeCommands refused: {e}");
                 return self.config_error(&config::refused_patterns(&config.exclude_commands, &e), began);
             }
-            Err(e) => {
-                if !self.matcher_down {
-                    self.matcher_down = true;
-                    tracing::error!("{e}");
-                    self.fx.log.write(&Line::Warn(Notice::new("pattern_matcher_down").with("reason", "worker")));
-                }
-                false
-            }
+            Err(e) => Some(e),
         };
+        let matcher_up = down.is_none();
+        if let Some(line) = self.memory.matcher(matcher_up) {
+            // Said once per outage, in the log and the diagnostics alike.
+            if let Some(e) = &down {
+                tracing::error!("{e}");
+            }
+            self.fx.log.write(&line);
+        }
         if let Err(e) = self.sessions.set_roots(&mut self.fx, &config) {
             return self.config_error(&e, began);
         }
         self.fx.log.set_max_bytes(config.log_max_bytes);
-        self.warn_unknown_keys(&config);
-        let asked = Instant::now();
-        let lineage = sessions::mode(&config, self.opts.account.uid);
-        let Some(snap) = self.pump.snapshot_blocking(config.threshold, lineage) else {
+        for line in self.memory.unknown_keys(&config, self.opts.config_path.as_os_str().as_encoded_bytes()) {
+            self.fx.log.write(&line);
+        }
+        let fx = &mut self.fx;
+        let sessions_book = &self.sessions;
+        let src = Sources {
+            snapshots: &mut self.pump,
+            state: &mut |path| fx.state.load(path),
+            procs: &mut *fx.procs,
+            classifier: &mut *fx.classifier,
+            cache: &mut self.verdicts,
+            clock: &*fx.clock,
+        };
+        let req = Request {
+            config: &config,
+            lineage: sessions::mode(&config, self.opts.account.uid),
+            // A session's leftovers due for a step this tick are matched in the same round.
+            extra: &mut |snap, now| sessions_book.due(snap.sessions.as_ref(), &config, now),
+            matcher_up,
+            budget: round_budget(self.opts.interval, self.deadline),
+            ends_by: began + self.deadline / 2,
+            keep_cmdlines: false,
+        };
+        let Some(gathered) = gather(src, &mut self.memory, req) else {
             tracing::error!("the event pump is gone; this tick cannot see the table");
             return TickReport { took: began.elapsed(), ..Default::default() };
         };
-        let pump_lag = asked.elapsed().as_secs_f64();
-        let mut errors = 0u32;
-        if self.state.is_none() {
-            let now = self.fx.clock.now();
-            self.state = Some(match self.fx.state.load(&config.state_file) {
-                Ok(st) => time::to_memory(&st, now),
-                Err(e) => {
-                    self.fx.log.write(&Line::Error(Notice::new(e.to_string())));
-                    errors += 1;
-                    State::default()
-                }
-            });
+        tracing::debug!(work = ?gathered.work, cached = self.verdicts.len(), "command-line verdicts");
+        for line in &gathered.lines {
+            self.fx.log.write(line);
         }
-        let round_ends =
-            (Instant::now() + round_budget(self.opts.interval, self.deadline)).min(began + self.deadline / 2);
-        let no_clocks = FlagClocks::new();
-        // A session's leftovers due for a step this tick are matched in the same round.
-        let sessions_now = self.fx.clock.now();
-        let asked = with_members(&snap.view, self.sessions.due(snap.sessions.as_ref(), &config, sessions_now));
-        let ask = Ask {
-            view: &asked,
-            config: &config,
-            clocks: self.state.as_ref().map_or(&no_clocks, |s| &s.clocks),
-            matcher_ok,
-            deadline: round_ends,
-        };
-        let (verdicts, work) = verdicts(&mut self.verdicts, &mut *self.fx.procs, &mut *self.fx.classifier, ask);
-        tracing::debug!(?work, cached = self.verdicts.len(), "command-line verdicts");
+        let snap = &gathered.snapshot;
         let now = self.fx.clock.now();
-        let held = self.state.take().unwrap_or_default();
-        let incidents = Incidents { warned: held.warned.clone(), repeats: held.repeats.clone() };
         // Decide.
-        let plan = decide(&TickInput {
-            view: &snap.view,
-            config: &config,
-            clocks: &held.clocks,
-            now,
-            verdicts: &verdicts,
-            incidents: &incidents,
-        });
+        let plan = self.memory.begin(Input { view: &snap.view, config: &config, now, verdicts: &gathered.verdicts });
         // Apply.
-        let (kills, incidents) = self.apply(&plan, &config, now);
-        let state = State { clocks: plan.clocks.clone(), warned: incidents.warned.clone(), repeats: incidents.repeats };
-        // A wall-clock step of more than a second re-dates the file (slewing drifts far slower).
-        let current = self
-            .persisted_at
-            .as_ref()
-            .is_some_and(|(path, offset)| path == &config.state_file && (now.offset() - offset).abs() <= 1.0);
-        if state != held || !current {
-            let file = time::to_file(&state, now);
-            match self.fx.state.save(&config.state_file, &self.opts.account.name, &file) {
-                Ok(()) => self.persisted_at = Some((config.state_file.clone(), now.offset())),
-                Err(e) => {
-                    self.persisted_at = None;
-                    tracing::warn!("{e}");
-                    if let StateError::Write(_) = e {
-                        errors += 1;
-                        let path = config.state_file.as_os_str().as_encoded_bytes();
-                        self.fx.log.write(&Line::Error(Notice::new("state_unwritable").with("path", path)));
-                    }
-                }
+        for line in &plan.decided().lines {
+            emit(&self.fx, line, now.wall);
+        }
+        self.totals.skipped += count(&plan.decided().lines, Kind::Skipped);
+        let procs = plan.targets();
+        let outcomes = match (procs.is_empty(), self.opts.dry_run) {
+            (true, _) => Vec::new(),
+            (false, true) => self.fx.signals.verify_all(&procs),
+            (false, false) => self.fx.signals.end_all(&procs),
+        };
+        let done = plan.finish(&outcomes);
+        let lines = &done.lines;
+        for line in lines {
+            emit(&self.fx, line, now.wall);
+        }
+        self.totals.kills += done.counts.kills;
+        self.totals.dry_runs += count(lines, Kind::DryRun);
+        self.totals.skipped += count(lines, Kind::Skipped);
+        if let Some(save) = &done.save {
+            let result = self.fx.state.save(&save.path, &self.opts.account.name, &save.file);
+            if let Err(e) = &result {
+                tracing::warn!("{e}");
+            }
+            if let Some(line) = self.memory.saved(save, &result) {
+                self.fx.log.write(&line);
             }
         }
-        let offenders = policy::incidents::offenders(
-            &Incidents { warned: state.warned.clone(), repeats: state.repeats.clone() },
-            &config,
-            now.mono,
-        );
-        self.state = Some(state);
         self.state_path = config.state_file.clone();
         let sessions = self.sessions.run(sessions::Ctx {
             fx: &mut self.fx,
             pump: &self.pump,
             view: snap.sessions.as_ref(),
             config: &config,
-            verdicts: &verdicts,
-            now: sessions_now,
+            verdicts: &gathered.verdicts,
+            now: gathered.round_now,
             dry_run: self.opts.dry_run,
             deadline: self.deadline,
         });
         self.totals.skipped += sessions.skipped;
         self.totals.dry_runs += sessions.dry_runs;
         self.watch_stalls(&config, now);
-        self.fx.log.write(&complete(plan.flagged, kills, errors));
+        let complete = self.memory.complete(done.counts);
+        self.fx.log.write(&complete);
         let took = began.elapsed().as_secs_f64();
         self.report(Done {
             view: &snap.view,
             stats: snap.stats,
-            names: plan.status.clone(),
-            pegged: self.stall.pegged(),
-            warnings: plan.warnings.clone(),
-            offenders,
+            names: done.status,
+            pegged: self.memory.pegged(),
+            warnings: done.warnings,
+            offenders: done.offenders,
             config: Some(&config),
             config_error: None,
             now: now.wall,
             tick_secs: took,
-            pump_lag: Some(pump_lag),
+            pump_lag: Some(gathered.pump_lag),
             sessions: sessions.status,
         });
-        let next_deadline = match (plan.next_deadline, sessions.next_deadline) {
+        let next_deadline = match (done.next_deadline, sessions.next_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         let next_deadline = next_deadline.filter(|_| self.opts.deadline_timer);
-        TickReport { next_deadline, took: began.elapsed(), tracked: snap.view.tracked_account(), flagged: plan.flagged }
+        let flagged = done.counts.flagged;
+        TickReport { next_deadline, took: began.elapsed(), tracked: snap.view.tracked_account(), flagged }
     }
 
     /// The stall watch: one CPU sample of the account's processes, its lines (report only). Its
     /// windows are on the monotonic clock.
     fn watch_stalls(&mut self, config: &Config, now: Now) {
         let Some(cfg) = config.stall_watch.as_ref() else {
-            self.stall = StallState::default();
+            self.memory.stall_off();
             self.fx.cpu.pause();
             return;
         };
         match self.fx.cpu.sample(self.opts.account.uid) {
             Ok(samples) => {
-                for line in self.stall.observe(&samples, cfg, now.mono) {
-                    self.emit(&line, now.wall);
+                for line in self.memory.observe_stall(&samples, cfg, now.mono) {
+                    emit(&self.fx, &line, now.wall);
                 }
             }
             Err(e) => tracing::warn!("the stall watch could not sample CPU times: {e}"),
         }
     }
 
-    /// Logs the plan's lines, signals its targets together, logs the outcomes. Returns the kills
-    /// and the incidents with this tick's enforcements counted.
-    fn apply(&mut self, plan: &TickPlan, config: &Config, now: Now) -> (u64, Incidents) {
-        for line in &plan.lines {
-            self.emit(line, now.wall);
-        }
-        self.totals.skipped += count(&plan.lines, Kind::Skipped);
-        let procs: Vec<_> = plan.targets.iter().map(|t| t.proc).collect();
-        let outcomes = match (procs.is_empty(), self.opts.dry_run) {
-            (true, _) => Vec::new(),
-            (false, true) => self.fx.signals.verify_all(&procs),
-            (false, false) => self.fx.signals.end_all(&procs),
-        };
-        let AfterSignals { lines, kills, incidents } = after_signals(plan, &outcomes, config, now.mono);
-        for line in &lines {
-            self.emit(line, now.wall);
-        }
-        self.totals.kills += kills;
-        self.totals.dry_runs += count(&lines, Kind::DryRun);
-        self.totals.skipped += count(&lines, Kind::Skipped);
-        (kills, incidents)
-    }
-
-    /// `WARN config_unknown_key` once per key per run, for at most [`config::MAX_UNKNOWN_KEYS`]
-    /// keys; then one `WARN config_unknown_keys_unreported`, and the set stops growing.
-    fn warn_unknown_keys(&mut self, config: &Config) {
-        let path = self.opts.config_path.as_os_str().as_encoded_bytes();
-        let mut over = config.unknown_keys_unlisted > 0;
-        for key in &config.unknown_keys {
-            if self.warned_keys.contains(key) {
-                continue;
-            }
-            if self.warned_keys.len() >= config::MAX_UNKNOWN_KEYS {
-                over = true;
-                break;
-            }
-            self.warned_keys.insert(key.clone());
-            self.fx
-                .log
-                .write(&Line::Warn(Notice::new("config_unknown_key").with("key", key.as_str()).with("path", path)));
-        }
-        if over && !self.unknown_keys_capped {
-            self.unknown_keys_capped = true;
-            self.fx.log.write(&Line::Warn(
-                Notice::new("config_unknown_keys_unreported")
-                    .with("limit", config::MAX_UNKNOWN_KEYS)
-                    .with("path", path),
-            ));
-        }
-    }
-
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
         let now = self.fx.clock.now_unix();
         let reason = e.log_reason();
-        self.fx.log.write(&Line::Error(Notice::new(reason.clone())));
-        self.fx.log.write(&complete(0, 0, 1));
+        for line in self.memory.config_error(reason.clone()) {
+            self.fx.log.write(&line);
+        }
         // The lineage is kept as it is: a broken config must not forget the sessions.
         let snap = self.pump.snapshot_blocking(u32::MAX, LineageMode::Keep);
         self.totals.config_errors += 1;
@@ -455,19 +366,4 @@ pub(super) fn emit(fx: &Effects, line: &Line, now: f64) {
 /// How many of `lines` are of `kind` (the totals of `status` and the metrics).
 fn count(lines: &[Line], kind: Kind) -> u64 {
     lines.iter().filter(|l| l.kind() == kind).count() as u64
-}
-
-/// `view` with `extra` processes added to its members (each once), for one matching round.
-fn with_members(view: &AccountView, extra: Vec<crate::event::ProcState>) -> std::borrow::Cow<'_, AccountView> {
-    if extra.is_empty() {
-        return std::borrow::Cow::Borrowed(view);
-    }
-    let mut v = view.clone();
-    for p in extra {
-        let list = v.members.entry(p.comm).or_default();
-        if !list.iter().any(|q| q.id == p.id) {
-            list.push(p);
-        }
-    }
-    std::borrow::Cow::Owned(v)
 }

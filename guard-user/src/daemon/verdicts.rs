@@ -52,7 +52,10 @@ use crate::{
     config::Config,
     event::ProcId,
     pattern::{MatchOutcome, Progress, Resume},
-    policy::{AccountView, CmdVerdict, FlagClocks},
+    policy::{
+        cmdline::{route, Route},
+        AccountView, CmdVerdict, FlagClocks,
+    },
 };
 
 /// Most processes whose verdicts are kept (about 64 bytes each).
@@ -213,27 +216,28 @@ pub fn verdicts(
                 continue;
             };
             seen.insert(p.id);
-            // No pattern: nothing can protect it, whatever its length or the worker's health.
-            if config.exclude_commands.is_empty() {
-                out.insert(p.id, CmdVerdict::End);
-                continue;
-            }
-            // Longer than the matcher takes: never matched on a cut prefix; protected, and said so.
-            if cmd.len() > max {
-                out.insert(p.id, CmdVerdict::TooLong);
-                continue;
-            }
-            let key = cache.key(&cmd);
-            match cache.lookup(p.id, key) {
-                Some(Progress::Settled(o)) => {
+            // The rules (no pattern, past the cap, a settled verdict, a matcher that is down)
+            // are the policy's; this reads, looks up and asks.
+            let mut known = None;
+            let settled = || {
+                let key = cache.key(&cmd);
+                known = Some((key, cache.lookup(p.id, key)));
+                match known {
+                    Some((_, Some(Progress::Settled(o)))) => Some(verdict(o)),
+                    _ => None,
+                }
+            };
+            match route(!config.exclude_commands.is_empty(), cmd.len(), max, matcher_ok, settled) {
+                Route::Decided(v) => {
+                    out.insert(p.id, v);
+                }
+                Route::Cached(v) => {
                     work.cached += 1;
-                    out.insert(p.id, verdict(o));
+                    out.insert(p.id, v);
                 }
-                _ if !matcher_ok => {
-                    out.insert(p.id, CmdVerdict::Budget);
-                }
-                known => {
-                    let from = match known {
+                Route::Ask => {
+                    let (key, progress) = known.expect("asked only after the cache was looked up");
+                    let from = match progress {
                         Some(Progress::Unsettled(at)) => at,
                         _ => Resume::default(),
                     };

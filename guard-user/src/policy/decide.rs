@@ -1,11 +1,11 @@
 //! `decide`: one tick's whole plan, from what the daemon gathered (docs/architecture.md).
 //!
-//! Pure: no kernel, no files, no clock. The daemon gathers a [`TickInput`] (the account's view
-//! of the live table from the pump, the config, the flag clocks it holds, "now", and a verdict
-//! for the command line of every process that could be ended), calls [`decide`], applies the
-//! plan's effects (state file, signals, log, stream, status), then asks [`after_signals`] for
-//! the lines the signal outcomes produce and [`complete`] for `TICK_COMPLETE`. Every rule of a
-//! tick lives in this module or its parent; the apply step decides nothing.
+//! Pure: no kernel, no files, no clock. [`super::memory::Memory::begin`] calls [`decide`] on
+//! what the daemon gathered (the account's view of the live table, the config, "now", and a
+//! verdict for the command line of every process that could be ended) and the flag clocks and
+//! incidents the memory holds; `Plan::finish` asks [`after_signals`] for the lines the signal
+//! outcomes produce, and `Memory::complete` [`complete`] for `TICK_COMPLETE`. Every rule of a
+//! tick lives in `policy/`; the tick's IO decides nothing.
 use std::collections::{BTreeMap, HashMap};
 
 use super::{

@@ -3,11 +3,15 @@
 //! No kernel, no files, no clock: the daemon passes everything in, tests call it directly.
 //! [`plan`] is docs/architecture.md steps 3–6 for names; [`decide::decide`] builds a whole tick on it (the
 //! per-process half of step 5, the lines, the status rows); [`line`] is a log line as data;
-//! [`time`] the two clocks (elapsed time is monotonic, the state file's times are wall times).
+//! [`time`] the two clocks (elapsed time is monotonic, the state file's times are wall times);
+//! [`memory`] what the policy remembers between ticks (clocks, incidents, stall, warn-once) and
+//! the tick's `begin → Plan → finish`; [`cmdline`] which command lines need the matcher.
 use crate::{comm::Comm, config::Config, pattern::Pattern};
 
+pub mod cmdline;
 pub mod decide;
 pub mod incidents;
+pub mod memory;
 pub mod sessions;
 pub mod stall;
 #[cfg(test)]
@@ -16,6 +20,7 @@ pub mod time;
 
 pub use decide::{after_signals, complete, decide, AccountView, AfterSignals, CmdVerdict, TickInput, TickPlan};
 pub use incidents::Incidents;
+pub use memory::Memory;
 pub use time::Now;
 
 /// Flag clocks: name → when it first reached the threshold, keyed by the name's bytes. The
@@ -49,7 +54,7 @@ impl NameVerdict {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
+pub struct NamePlan {
     /// Every non-excluded name at/over the threshold, sorted by name.
     pub names: Vec<NameVerdict>,
     /// The flag clocks to store: exactly the names in `names` (dropped and excluded names are
@@ -57,7 +62,7 @@ pub struct Plan {
     pub clocks: FlagClocks,
 }
 
-impl Plan {
+impl NamePlan {
     /// The earliest enforcement deadline among names not enforced this tick (for the deadline
     /// timer; on the monotonic clock).
     pub fn next_deadline(&self, config: &Config) -> Option<f64> {
@@ -66,7 +71,7 @@ impl Plan {
 }
 
 /// docs/architecture.md steps 3–6.
-pub fn plan(counts: &[(Comm, u32)], config: &Config, clocks: &FlagClocks, now: f64) -> Plan {
+pub fn plan(counts: &[(Comm, u32)], config: &Config, clocks: &FlagClocks, now: f64) -> NamePlan {
     let mut names: Vec<NameVerdict> = counts
         .iter()
         .filter(|(name, count)| *count >= config.threshold && !config.is_excluded(name))
@@ -84,7 +89,7 @@ pub fn plan(counts: &[(Comm, u32)], config: &Config, clocks: &FlagClocks, now: f
         .collect();
     names.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
     let clocks = names.iter().map(|v| (v.name, v.first_flagged)).collect();
-    Plan { names, clocks }
+    NamePlan { names, clocks }
 }
 
 /// The verdict of compiled `excludeCommands` patterns on one command line, matched in-process.
