@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use guard::{
     comm::Comm,
-    event::{Event, ProcId, ProcState},
+    event::{Event, ProcId, ProcState, StateKind},
     lineage::{Caps, Lineage, LineageCmd},
     table::{ProcessTable, Scope},
 };
@@ -33,7 +33,7 @@ fn storm(n: u32) -> Vec<Event> {
         let pid = 10_000 + i % 50_000;
         let start = 1_000 + u64::from(i);
         out.push(Event::Fork { child: st(pid, start, b"worker"), parent_pid: 200 });
-        out.push(Event::Exec(st(pid, start, b"true")));
+        out.push(Event::State { kind: StateKind::Exec, state: st(pid, start, b"true") });
         out.push(Event::Exit(ProcId { pid, start_ticks: start }));
     }
     out
@@ -43,8 +43,8 @@ fn main() {
     // A shell and a worker of the account, the worker inside a root's session (the worst case:
     // every forked child gets a node).
     let setup = [
-        Event::Exec(st(100, 1, b"bash")),
-        Event::Exec(st(150, 2, b"wrapper")),
+        Event::State { kind: StateKind::Exec, state: st(100, 1, b"bash") },
+        Event::State { kind: StateKind::Exec, state: st(150, 2, b"wrapper") },
         Event::Fork { child: st(200, 3, b"wrapper"), parent_pid: 150 },
     ];
     let events = storm(1_000_000);
@@ -91,7 +91,7 @@ fn main() {
     let mut fresh = Lineage::new(UID, None, Caps::DAEMON);
     let before = heap();
     for i in 0..10_000u32 {
-        fresh.apply(&Event::Exec(st(300_000 + i, 6_000_000 + u64::from(i), b"x")));
+        fresh.apply(&Event::State { kind: StateKind::Exec, state: st(300_000 + i, 6_000_000 + u64::from(i), b"x") });
     }
     let pending = heap() - before;
     println!(

@@ -1,6 +1,11 @@
 //! The guarded account: docs/architecture.md (`--user NAME|UID`, default `$SUDO_USER`, else the invoking user).
+//!
+//! Looked up with libc's reentrant `getpwnam_r`/`getpwuid_r` (so NSS sources such as LDAP or
+//! systemd-homed answer too) behind one bounded loop (`lookup`): the daemon already speaks libc
+//! everywhere, and two calls do not earn a crate.
 use std::{
-    ffi::{CStr, CString},
+    ffi::{CStr, CString, OsStr},
+    os::unix::ffi::OsStrExt,
     path::PathBuf,
 };
 
@@ -13,6 +18,14 @@ pub struct Account {
     pub home: PathBuf,
 }
 
+/// The most a passwd entry may take (name, password, gecos, home, shell): glibc asks for a
+/// bigger buffer with ERANGE, and a database that keeps asking (a broken NSS module, a hostile
+/// directory service) is refused here rather than followed without end.
+const MAX_ENTRY_BYTES: usize = 1 << 20;
+/// Where the lookup starts: `sysconf(_SC_GETPW_R_SIZE_MAX)` is 1024 on glibc, too small for some
+/// directory services, so one read usually does it at 4 KiB.
+const FIRST_ENTRY_BYTES: usize = 4096;
+
 #[derive(Debug, thiserror::Error)]
 pub enum AccountError {
     #[error("no account named `{0}` in the passwd database: pass an existing account with --user NAME|UID")]
@@ -21,6 +34,11 @@ pub enum AccountError {
     NoSuchUid(u32),
     #[error("account lookup failed for `{who}`: {source}")]
     Lookup { who: String, source: std::io::Error },
+    #[error(
+        "the passwd entry of `{who}` does not fit in {limit} bytes: check the passwd database (nsswitch.conf) \
+         for that account"
+    )]
+    EntryTooLarge { who: String, limit: usize },
 }
 
 impl Account {
@@ -43,44 +61,59 @@ impl Account {
 
     pub fn by_name(name: &str) -> Result<Account, AccountError> {
         let c = CString::new(name).map_err(|_| AccountError::NoSuchName(name.to_string()))?;
-        lookup(name, |pw, buf, res| unsafe { libc::getpwnam_r(c.as_ptr(), pw, buf.as_mut_ptr(), buf.len(), res) })?
-            .ok_or_else(|| AccountError::NoSuchName(name.to_string()))
+        lookup(name, MAX_ENTRY_BYTES, |pw, buf, res| {
+            // SAFETY: `c` is NUL-terminated; `pw`, `buf` (with its length) and `res` are valid for
+            // writes for the call (see `lookup`).
+            unsafe { libc::getpwnam_r(c.as_ptr(), pw, buf.as_mut_ptr(), buf.len(), res) }
+        })?
+        .ok_or_else(|| AccountError::NoSuchName(name.to_string()))
     }
 
     pub fn by_uid(uid: u32) -> Result<Account, AccountError> {
-        lookup(&uid.to_string(), |pw, buf, res| unsafe { libc::getpwuid_r(uid, pw, buf.as_mut_ptr(), buf.len(), res) })?
-            .ok_or(AccountError::NoSuchUid(uid))
+        lookup(&uid.to_string(), MAX_ENTRY_BYTES, |pw, buf, res| {
+            // SAFETY: `pw`, `buf` (with its length) and `res` are valid for writes for the call.
+            unsafe { libc::getpwuid_r(uid, pw, buf.as_mut_ptr(), buf.len(), res) }
+        })?
+        .ok_or(AccountError::NoSuchUid(uid))
     }
 }
 
+/// One `getpw*_r` lookup: `call` fills `pw` with pointers into the buffer and sets the result
+/// pointer when an entry was found. The buffer grows fourfold on ERANGE, up to `max` bytes.
 fn lookup(
     who: &str,
-    call: impl Fn(*mut libc::passwd, &mut Vec<libc::c_char>, *mut *mut libc::passwd) -> libc::c_int,
+    max: usize,
+    mut call: impl FnMut(*mut libc::passwd, &mut [libc::c_char], *mut *mut libc::passwd) -> libc::c_int,
 ) -> Result<Option<Account>, AccountError> {
-    let mut buf: Vec<libc::c_char> = vec![0; 4096];
+    let mut buf: Vec<libc::c_char> = vec![0; FIRST_ENTRY_BYTES.min(max)];
     loop {
-        // SAFETY: passwd is plain data; getpw*_r fills it with pointers into `buf`.
+        // SAFETY: passwd is plain data (integers and pointers), for which all zeroes is valid.
         let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
         let mut res: *mut libc::passwd = std::ptr::null_mut();
         let rc = call(&mut pw, &mut buf, &mut res);
-        if rc == libc::ERANGE && buf.len() < (1 << 20) {
-            buf.resize(buf.len() * 4, 0);
+        if rc == libc::ERANGE {
+            if buf.len() >= max {
+                return Err(AccountError::EntryTooLarge { who: who.to_string(), limit: max });
+            }
+            buf.resize((buf.len() * 4).min(max), 0);
             continue;
         }
+        // Not found is rc 0 with no result; glibc also reports it as ENOENT or ESRCH from some
+        // NSS modules (getpwnam_r(3), NOTES).
         if rc != 0 && rc != libc::ENOENT && rc != libc::ESRCH {
             return Err(AccountError::Lookup { who: who.to_string(), source: std::io::Error::from_raw_os_error(rc) });
         }
         if res.is_null() {
             return Ok(None);
         }
-        // SAFETY: on success pw_name and pw_dir point to NUL-terminated strings in `buf`.
+        // SAFETY: on success pw_name and pw_dir point to NUL-terminated strings in `buf`, which
+        // outlives these borrows.
         let (name, home) = unsafe { (CStr::from_ptr(pw.pw_name), CStr::from_ptr(pw.pw_dir)) };
-        use std::os::unix::ffi::OsStrExt;
         return Ok(Some(Account {
             name: name.to_string_lossy().into_owned(),
             uid: pw.pw_uid,
             gid: pw.pw_gid,
-            home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+            home: PathBuf::from(OsStr::from_bytes(home.to_bytes())),
         }));
     }
 }
@@ -100,5 +133,81 @@ mod tests {
         let e = Account::resolve(Some("no-such-user-guard")).unwrap_err().to_string();
         assert!(e.contains("no-such-user-guard") && e.contains("--user"), "{e}");
         assert!(matches!(Account::resolve(Some("3999999999")), Err(AccountError::NoSuchUid(_))));
+    }
+
+    /// A name no passwd entry can have (a NUL byte, a uid past u32) is "no such account", never
+    /// a truncated lookup of something else.
+    #[test]
+    fn a_name_with_a_nul_byte_or_an_oversized_uid_is_no_such_account() {
+        assert!(matches!(Account::resolve(Some("root\0x")), Err(AccountError::NoSuchName(n)) if n == "root\0x"));
+        assert!(matches!(Account::resolve(Some("99999999999")), Err(AccountError::NoSuchName(_))));
+    }
+
+    /// Writes an entry into the lookup's buffer the way glibc does: strings in `buf`, pointers
+    /// to them in `pw`.
+    fn fill(pw: *mut libc::passwd, buf: &mut [libc::c_char], res: *mut *mut libc::passwd, name: &[u8], home: &[u8]) {
+        let mut at = 0;
+        let mut put = |s: &[u8]| {
+            let start = at;
+            for &b in s.iter().chain([0u8].iter()) {
+                buf[at] = b as libc::c_char;
+                at += 1;
+            }
+            // SAFETY: `start` is inside `buf`.
+            unsafe { buf.as_mut_ptr().add(start) }
+        };
+        let (n, h) = (put(name), put(home));
+        // SAFETY: `pw` and `res` point to the lookup's locals, valid for writes.
+        unsafe {
+            (*pw).pw_name = n;
+            (*pw).pw_dir = h;
+            (*pw).pw_uid = 1234;
+            (*pw).pw_gid = 99;
+            *res = pw;
+        }
+    }
+
+    #[test]
+    fn the_buffer_grows_until_a_large_entry_fits() {
+        let mut sizes = Vec::new();
+        let home = vec![b'h'; 20_000];
+        let found = lookup("big", MAX_ENTRY_BYTES, |pw, buf, res| {
+            sizes.push(buf.len());
+            if buf.len() < 20_100 {
+                return libc::ERANGE;
+            }
+            fill(pw, buf, res, b"big", &home);
+            0
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(sizes, [4096, 16_384, 65_536]);
+        assert_eq!((found.name.as_str(), found.uid, found.gid), ("big", 1234, 99));
+        assert_eq!(found.home.as_os_str().len(), 20_000);
+    }
+
+    /// A database that answers ERANGE whatever the size (a broken or hostile NSS module) costs a
+    /// few calls and at most the cap, then a clear error.
+    #[test]
+    fn an_entry_that_never_fits_stops_at_the_cap() {
+        let mut sizes = Vec::new();
+        let e = lookup("endless", MAX_ENTRY_BYTES, |_, buf, _| {
+            sizes.push(buf.len());
+            libc::ERANGE
+        })
+        .unwrap_err();
+        assert_eq!(sizes, [4096, 16_384, 65_536, 262_144, 1_048_576]);
+        assert!(matches!(&e, AccountError::EntryTooLarge { limit: MAX_ENTRY_BYTES, .. }), "{e:?}");
+        assert!(e.to_string().contains("endless") && e.to_string().contains("nsswitch"), "{e}");
+    }
+
+    #[test]
+    fn not_found_and_failed_lookups_are_told_apart() {
+        assert!(lookup("gone", MAX_ENTRY_BYTES, |_, _, _| 0).unwrap().is_none());
+        assert!(lookup("gone", MAX_ENTRY_BYTES, |_, _, _| libc::ENOENT).unwrap().is_none());
+        let e = lookup("broken", MAX_ENTRY_BYTES, |_, _, _| libc::EIO).unwrap_err();
+        assert!(
+            matches!(&e, AccountError::Lookup { who, source } if who == "broken" && source.raw_os_error() == Some(libc::EIO))
+        );
     }
 }

@@ -241,7 +241,8 @@ impl Btf {
         self.member_in(id, member, 0).ok_or_else(missing)
     }
 
-    pub fn member_offset(&self, ty: &str, member: &str) -> Result<u32, BtfError> {
+    #[cfg(test)]
+    fn member_offset(&self, ty: &str, member: &str) -> Result<u32, BtfError> {
         Ok(self.member(ty, member)?.offset)
     }
 

@@ -3,7 +3,7 @@
 //! Every duration that comes from the account's config is bounded at validation (the callers
 //! pass a maximum), and the helpers below never overflow, so no value can make the daemon's
 //! deadline arithmetic panic (`"timeout": 10000000000000000000` once overflowed an `Instant`).
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum DurationError {
@@ -79,24 +79,6 @@ pub fn saturating_from_secs_f64(secs: f64) -> Duration {
     }
 }
 
-/// `base + d`, or the latest instant this platform can represent within `d` when that
-/// overflows (a timer set there simply never fires in the daemon's lifetime).
-pub fn instant_after(base: Instant, d: Duration) -> Instant {
-    if let Some(t) = base.checked_add(d) {
-        return t;
-    }
-    let mut step = d;
-    let mut t = base;
-    while !step.is_zero() {
-        if let Some(next) = t.checked_add(step) {
-            t = next;
-        } else {
-            step /= 2;
-        }
-    }
-    t
-}
-
 /// Short human form for status output: `1h02m`, `5m30s`, `42s`.
 pub fn human(d: Duration) -> String {
     let s = d.as_secs();
@@ -149,9 +131,6 @@ mod tests {
         assert_eq!(saturating_from_secs_f64(-1e300), Duration::ZERO);
         assert_eq!(saturating_from_secs_f64(1e300), Duration::MAX);
         assert_eq!(saturating_from_secs_f64(1.5), Duration::from_millis(1500));
-        let now = Instant::now();
-        assert!(instant_after(now, Duration::MAX) > now + ONE_YEAR * 100);
-        assert_eq!(instant_after(now, Duration::from_secs(5)), now + Duration::from_secs(5));
     }
 
     #[test]

@@ -15,9 +15,15 @@
 //! reader had consumed everything before it. A reader that stops early (`drain` with a small
 //! `max`) therefore gets no new wake-up for the records left behind, so [`EbpfSource::readable`]
 //! asks the kernel whether data is waiting before it sleeps on the fd.
+//!
+//! # Layout
+//! This file loads the object and reads the ring; `creds` attaches the credential hook or its
+//! fallbacks, `tracefs` finds or mounts tracefs for them, `error` says why a step failed,
+//! `task_iter` and `cpu_runtime` are the snapshot and stall-watch programs, `prog_info` reads
+//! the kernel's count of skipped program runs.
 use std::{
     os::fd::{AsFd, AsRawFd, RawFd},
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         atomic::{AtomicU64, Ordering},
         OnceLock,
@@ -27,42 +33,34 @@ use std::{
 
 use aya::{
     maps::{MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, FEntry, ProgramError, TracePoint},
+    programs::BtfTracePoint,
     Ebpf, EbpfLoader,
 };
 use guard_common::{KernelOffsets, ALL_ACCOUNTS, DEFAULT_RING_BYTES, LOST_INDEX};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::{
-    btf::{Btf, BtfError, VMLINUX},
+    btf::{Btf, VMLINUX},
     event::{DecodeError, Event},
 };
 
 pub mod cpu_runtime;
+mod creds;
+mod error;
 mod prog_info;
 pub mod task_iter;
+mod tracefs;
+
+pub use creds::CredTracking;
+use creds::{attach_creds, CRED_HOOK};
+pub use error::EbpfError;
+use error::{describe, is_permission, program_error};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
-
-/// Where classic tracepoints (the setuid family, the credential hook's fallback) are looked up,
-/// and where we mount tracefs when nothing is mounted. tp_btf and fentry programs do not need it.
-const TRACEFS: &str = "/sys/kernel/tracing";
-/// The older location, under debugfs; aya looks there too.
-const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
 /// The tp_btf attach points (see `load`), for the BTF stub aya's loaders look them up in.
 const ATTACHED_TRACEPOINTS: [&str; 4] =
     ["sched_process_fork", "sched_process_exec", "sched_process_exit", "task_rename"];
-
-/// The kernel function every credential change goes through (kernel/cred.c): the setuid
-/// family, exec's install of the new credentials, and a few that never change the euid
-/// (setfsuid, capset, keyrings). The only writer of `task->real_cred` after fork.
-const CRED_HOOK: &str = "commit_creds";
-
-/// Uid-changing syscalls whose exit we watch where the credential hook cannot attach. setfsuid
-/// does not change the euid; the `*32` variants exist only for 32-bit ABIs, which raise no
-/// syscall tracepoints on x86_64.
-const SETUID_SYSCALLS: [&str; 3] = ["setuid", "setreuid", "setresuid"];
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EbpfOptions {
@@ -76,112 +74,6 @@ pub struct EbpfOptions {
     pub cpu_run_entries: Option<u32>,
     /// Leave the `commit_creds` hook out, as if it could not attach (tests of the fallback).
     pub skip_cred_hook: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EbpfError {
-    #[error("this guard-user was built without BPF programs (build it with `cargo xtask build`)")]
-    NoObject,
-    #[error("ring buffer of {bytes} bytes: must be a power of two of at least the page size ({page})")]
-    RingSize { bytes: u32, page: u32 },
-    #[error("no tracefs at {}: {detail}", path.display())]
-    Tracefs { path: PathBuf, detail: String },
-    #[error(transparent)]
-    Btf(#[from] BtfError),
-    #[error("{what} needs root (CAP_BPF and CAP_PERFMON): {detail}")]
-    Permission { what: String, detail: String },
-    #[error(
-        "{what} is refused by kernel.perf_event_paranoid={level}: attaching a classic tracepoint \
-         then needs CAP_SYS_ADMIN, which the unit does not grant (CAP_BPF and CAP_PERFMON are not \
-         enough); set the sysctl to 2 to track uid changes at once ({detail})"
-    )]
-    PerfParanoid { what: String, level: i32, detail: String },
-    #[error("cannot load the BPF object: {detail}")]
-    Load { detail: String },
-    #[error("cannot load or attach `{program}` to `{tracepoint}`: {detail}")]
-    Attach { program: String, tracepoint: String, detail: String },
-    #[error("BPF map `{name}` is missing or of the wrong type")]
-    Map { name: &'static str },
-    #[error("the account's uid {0} is the value that means every account")]
-    Account(u32),
-}
-
-impl EbpfError {
-    /// The token for `WARN backend_fallback reason=<token>`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            EbpfError::NoObject => "no_bpf_object",
-            EbpfError::RingSize { .. } => "bad_ring_size",
-            EbpfError::Tracefs { .. } => "tracefs_unavailable",
-            EbpfError::Btf(_) => "no_btf",
-            EbpfError::Permission { .. } => "permission_denied",
-            EbpfError::PerfParanoid { .. } => "perf_event_paranoid",
-            EbpfError::Load { .. } | EbpfError::Map { .. } | EbpfError::Account(_) => "load_failed",
-            EbpfError::Attach { .. } => "attach_failed",
-        }
-    }
-}
-
-/// Whether an aya error comes from EPERM/EACCES somewhere down its source chain.
-fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
-                return true;
-            }
-        }
-        cur = err.source();
-    }
-    false
-}
-
-/// An error's text with its sources and, for a verifier rejection, the end of the verifier's
-/// log (the part that says which instruction it refused).
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        s.push_str(": ");
-        s.push_str(&err.to_string());
-        cur = err.source();
-    }
-    if let Some(ProgramError::LoadError { verifier_log, .. }) = e.downcast_ref::<ProgramError>() {
-        let log = verifier_log.to_string();
-        let lines: Vec<&str> = log.lines().collect();
-        s.push_str("\nverifier log (end):\n");
-        s.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
-    }
-    s
-}
-
-fn program_error(program: &str, tracepoint: &str, e: ProgramError) -> EbpfError {
-    let detail = describe(&e);
-    if is_permission(&e) {
-        EbpfError::Permission { what: format!("attaching `{program}`"), detail }
-    } else {
-        EbpfError::Attach { program: program.into(), tracepoint: tracepoint.into(), detail }
-    }
-}
-
-/// Makes sure a tracefs is mounted (classic tracepoints resolve their ids there), mounting one
-/// at /sys/kernel/tracing when neither it nor the debugfs copy is.
-fn ensure_tracefs() -> Result<(), EbpfError> {
-    if Path::new(TRACEFS).join("events").is_dir() || Path::new(DEBUGFS_TRACING).join("events").is_dir() {
-        return Ok(());
-    }
-    let fail = |detail: String| EbpfError::Tracefs { path: TRACEFS.into(), detail };
-    nix::mount::mount(Some("tracefs"), TRACEFS, Some("tracefs"), nix::mount::MsFlags::empty(), None::<&str>).map_err(
-        |e| {
-            fail(format!(
-                "mount -t tracefs failed: {e} (the kernel needs CONFIG_TRACING and mounting needs CAP_SYS_ADMIN)"
-            ))
-        },
-    )?;
-    if !Path::new(TRACEFS).join("events").is_dir() {
-        return Err(fail("mounted, but it has no events directory (CONFIG_FTRACE_SYSCALLS?)".into()));
-    }
-    Ok(())
 }
 
 /// The offsets the programs need and the BTF stub aya's program loaders look ids up in (a stub
@@ -254,31 +146,6 @@ pub struct EbpfSource {
 /// Measured in `cargo xtask bench` (idle figure): one wake-up per event cost ~0.19 % of a core
 /// at 10 execs/s.
 pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
-
-/// How a process entering or leaving the account through a credential change (the setuid
-/// family, an exec of a set-user-ID binary) reaches the table.
-#[derive(Debug)]
-pub enum CredTracking {
-    /// The fentry hook on `commit_creds`: every change, at once.
-    Hook,
-    /// The hook could not attach (why); the setuid-family syscall tracepoints did. An exec of
-    /// a set-user-ID binary that takes a process out of the account is still reported by the
-    /// exec program when the process's real uid is the account's; otherwise the audit sees it.
-    Syscalls { hook: EbpfError },
-    /// Neither attached: uid changes without exec reach the table through the audit only.
-    Audit { hook: EbpfError, syscalls: EbpfError },
-}
-
-impl CredTracking {
-    /// `fallback=` of `WARN setuid_untracked`, and the hook's failure, when the hook is missing.
-    pub fn fallback(&self) -> Option<(&'static str, &EbpfError)> {
-        match self {
-            CredTracking::Hook => None,
-            CredTracking::Syscalls { hook } => Some(("syscall_tracepoints", hook)),
-            CredTracking::Audit { hook, .. } => Some(("audit", hook)),
-        }
-    }
-}
 
 impl EbpfSource {
     pub fn load(opts: &EbpfOptions) -> Result<EbpfSource, EbpfError> {
@@ -371,12 +238,6 @@ impl EbpfSource {
         Ok(EbpfSource { poll: OnceLock::new(), ring, lost, creds, task_iter, cpu_runtime, missed, ebpf })
     }
 
-    /// Whether uid changes without exec are reported at once (the credential hook, or the
-    /// setuid-family tracepoints).
-    pub fn setuid_tracked(&self) -> bool {
-        !matches!(self.creds, CredTracking::Audit { .. })
-    }
-
     /// How credential changes are tracked (for the `WARN setuid_untracked` line and tests).
     pub fn cred_tracking(&self) -> &CredTracking {
         &self.creds
@@ -396,14 +257,6 @@ impl EbpfSource {
     /// Why there is no task iterator, for `WARN task_iter_fallback reason=<token>`.
     pub fn task_iter_problem(&self) -> Option<&task_iter::TaskIterError> {
         self.task_iter.as_ref().err()
-    }
-
-    /// Every process of the machine from the task iterator (see [`task_iter::TaskIter::snapshot`]).
-    pub fn snapshot(&self) -> std::io::Result<Vec<guard_common::TaskRecord>> {
-        match &self.task_iter {
-            Ok(it) => it.snapshot(),
-            Err(e) => Err(std::io::Error::new(std::io::ErrorKind::Unsupported, e.to_string())),
-        }
     }
 
     /// Events lost, monotonic: records the programs could not queue or build (summed over
@@ -474,33 +327,8 @@ impl EbpfSource {
         n
     }
 
-    /// [`Self::readable`] (the kernel wakes us once the ring is 1/16 full) or [`DRAIN_PERIOD`],
-    /// whichever comes first, then [`Self::drain`] into `out`, until at least one record came;
-    /// with `now`, drains at once (possibly nothing). Cancel-safe: records leave the ring only
-    /// after the last await.
-    pub async fn next_batch(
-        &mut self,
-        out: &mut Vec<Result<Event, DecodeError>>,
-        max: usize,
-        now: bool,
-    ) -> std::io::Result<usize> {
-        if now {
-            return Ok(self.drain(max, |e| out.push(e)));
-        }
-        loop {
-            tokio::select! {
-                r = self.readable() => r?,
-                () = tokio::time::sleep(DRAIN_PERIOD) => {}
-            }
-            let n = self.drain(max, |e| out.push(e));
-            if n > 0 {
-                return Ok(n);
-            }
-        }
-    }
-
-    /// The ring buffer's fd (for diagnostics).
-    pub fn ring_fd(&self) -> RawFd {
+    /// The ring buffer's fd, for the reactor and poll(2).
+    fn ring_fd(&self) -> RawFd {
         self.ring.as_fd().as_raw_fd()
     }
 }
@@ -527,86 +355,6 @@ pub fn load_noop_probe() -> Result<Ebpf, EbpfError> {
     p.load("sched_process_fork", &btf).map_err(|e| program_error("noop", "sched_process_fork", e))?;
     p.attach().map_err(|e| program_error("noop", "sched_process_fork", e))?;
     Ok(ebpf)
-}
-
-/// One program on the three syscall-exit tracepoints of the setuid family (it reports), and one
-/// on their enter tracepoints (it notes who may leave).
-const SETUID_PROGRAM: &str = "sys_exit_setuid";
-const SETUID_ENTER_PROGRAM: &str = "sys_enter_setuid";
-
-/// The credential hook on `commit_creds` (its typed variant, else the one for kernels before
-/// 5.11), else the setuid-family tracepoints, else nothing (the audit). Returns the tracking
-/// and the program that reports, for the lost-event count.
-fn attach_creds(ebpf: &mut Ebpf, btf: &aya::Btf, skip_hook: bool) -> (CredTracking, Option<&'static str>) {
-    let mut hook_error = skip_hook.then(|| EbpfError::Attach {
-        program: "commit_creds".into(),
-        tracepoint: CRED_HOOK.into(),
-        detail: "left out on request (EbpfOptions::skip_cred_hook)".into(),
-    });
-    for prog in ["commit_creds", "commit_creds_probe"].into_iter().filter(|_| !skip_hook) {
-        match attach_fentry(ebpf, btf, prog) {
-            Ok(()) => return (CredTracking::Hook, Some(prog)),
-            Err(e) => {
-                tracing::debug!("{prog}: {e}");
-                // The first program's error says why (the second only exists for old kernels).
-                hook_error.get_or_insert(e);
-            }
-        }
-    }
-    let hook = hook_error.expect("two attempts");
-    match ensure_tracefs().and_then(|()| attach_setuid(ebpf)) {
-        Ok(()) => (CredTracking::Syscalls { hook }, Some(SETUID_PROGRAM)),
-        Err(syscalls) => (CredTracking::Audit { hook, syscalls }, None),
-    }
-}
-
-fn attach_fentry(ebpf: &mut Ebpf, btf: &aya::Btf, prog: &str) -> Result<(), EbpfError> {
-    let p: &mut FEntry = ebpf
-        .program_mut(prog)
-        .ok_or_else(|| EbpfError::Attach {
-            program: prog.into(),
-            tracepoint: CRED_HOOK.into(),
-            detail: "not in the object".into(),
-        })?
-        .try_into()
-        .map_err(|e| program_error(prog, CRED_HOOK, e))?;
-    p.load(CRED_HOOK, btf).map_err(|e| program_error(prog, CRED_HOOK, e))?;
-    p.attach().map_err(|e| program_error(prog, CRED_HOOK, e))?;
-    Ok(())
-}
-
-/// The enter program on the three enter tracepoints first (so no exit misses its enter), then
-/// the exit program on the three exit tracepoints.
-fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
-    for (prog, side) in [(SETUID_ENTER_PROGRAM, "enter"), (SETUID_PROGRAM, "exit")] {
-        let p: &mut TracePoint = ebpf
-            .program_mut(prog)
-            .ok_or_else(|| EbpfError::Attach {
-                program: prog.into(),
-                tracepoint: "syscalls".into(),
-                detail: "not in the object".into(),
-            })?
-            .try_into()
-            .map_err(|e| program_error(prog, "syscalls", e))?;
-        p.load().map_err(|e| program_error(prog, "syscalls", e))?;
-        for sc in SETUID_SYSCALLS {
-            let tp = format!("sys_{side}_{sc}");
-            p.attach("syscalls", &tp).map_err(|e| match program_error(prog, &format!("syscalls/{tp}"), e) {
-                // Debian's default level 3 (a distribution patch) restricts perf_event_open, which
-                // classic tracepoints attach through, to CAP_SYS_ADMIN whatever CAP_PERFMON says.
-                EbpfError::Permission { what, detail } => match perf_event_paranoid() {
-                    Some(level) if level > 2 => EbpfError::PerfParanoid { what, level, detail },
-                    _ => EbpfError::Permission { what, detail },
-                },
-                other => other,
-            })?;
-        }
-    }
-    Ok(())
-}
-
-fn perf_event_paranoid() -> Option<i32> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]
@@ -656,22 +404,5 @@ mod tests {
             assert!(prog_info::recursion_misses(fd).is_some(), "{name}");
         }
         let _ = src.lost();
-    }
-
-    #[test]
-    fn reasons_are_single_tokens() {
-        let errors = [
-            EbpfError::NoObject,
-            EbpfError::RingSize { bytes: 1, page: 4096 },
-            EbpfError::Tracefs { path: TRACEFS.into(), detail: String::new() },
-            EbpfError::Permission { what: String::new(), detail: String::new() },
-            EbpfError::Load { detail: String::new() },
-            EbpfError::Attach { program: String::new(), tracepoint: String::new(), detail: String::new() },
-            EbpfError::Map { name: "EVENTS" },
-        ];
-        for e in errors {
-            let r = e.reason();
-            assert!(!r.is_empty() && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{r}");
-        }
     }
 }

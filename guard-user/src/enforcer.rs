@@ -93,11 +93,6 @@ impl Enforcer {
         Enforcer { account_uid, self_pid, grace, dodgers: HashMap::new() }
     }
 
-    /// Survivors remembered now (see the module doc).
-    pub fn dodgers(&self) -> usize {
-        self.dodgers.len()
-    }
-
     fn remember_dodger(&mut self, id: ProcId, now: Instant) {
         self.dodgers.retain(|_, at| now.duration_since(*at) < DODGER_MEMORY);
         if self.dodgers.len() >= MAX_DODGERS {

@@ -4,7 +4,7 @@
 //! is its inverse so tests can record and replay traces without a kernel.
 use guard_common::{kind, RawEvent, COMM_LEN};
 
-use crate::comm::Comm;
+use crate::{comm::Comm, pod};
 
 /// Identity of a process: pid plus start time, so a recycled pid is never mistaken for the
 /// process that held it before.
@@ -27,16 +27,49 @@ pub struct ProcState {
     pub comm: Comm,
 }
 
+/// What a [`Event::State`] reports: why the process's state is news. The table and the policy
+/// treat every kind alike (an upsert); traces, logs and the session lineage tell them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// The process ran a new program.
+    Exec,
+    /// The process's leader was renamed.
+    Rename,
+    /// The process's effective uid changed without exec.
+    Setuid,
+}
+
+impl StateKind {
+    /// The kind's name in traces (`"ev":"exec"`) and diagnostics.
+    pub fn token(self) -> &'static str {
+        match self {
+            StateKind::Exec => "exec",
+            StateKind::Rename => "rename",
+            StateKind::Setuid => "setuid",
+        }
+    }
+
+    /// The kind a trace names, if it is one.
+    pub fn from_token(token: &str) -> Option<StateKind> {
+        [StateKind::Exec, StateKind::Rename, StateKind::Setuid].into_iter().find(|k| k.token() == token)
+    }
+
+    /// `RawEvent::kind` of the kernel's record.
+    fn raw(self) -> u32 {
+        match self {
+            StateKind::Exec => kind::EXEC,
+            StateKind::Rename => kind::RENAME,
+            StateKind::Setuid => kind::SETUID,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A new process (not a thread), named like its parent.
     Fork { child: ProcState, parent_pid: u32 },
-    /// The process ran a new program.
-    Exec(ProcState),
-    /// The process's leader was renamed.
-    Rename(ProcState),
-    /// The process's effective uid changed without exec.
-    Setuid(ProcState),
+    /// The process's current state (a new program, name or effective uid: `kind` says which).
+    State { kind: StateKind, state: ProcState },
     /// The whole thread group exited.
     Exit(ProcId),
 }
@@ -72,29 +105,20 @@ pub fn clock_ticks_per_sec() -> u64 {
 }
 
 impl Event {
-    /// Decodes one ring-buffer record.
+    /// Decodes one ring-buffer record: exactly one `RawEvent`, read as that type.
     pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
-        if bytes.len() != RawEvent::SIZE {
-            return Err(DecodeError::Size(bytes.len()));
-        }
-        let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().unwrap());
-        let raw_kind = u32_at(0);
-        let pid = u32_at(4);
-        let aux = u32_at(8);
-        let euid = u32_at(12);
-        let start_ns = u64::from_ne_bytes(bytes[16..24].try_into().unwrap());
-        let mut comm = [0u8; COMM_LEN];
-        comm.copy_from_slice(&bytes[24..24 + COMM_LEN]);
-        if pid == 0 {
+        let raw: RawEvent = pod::read(bytes).ok_or(DecodeError::Size(bytes.len()))?;
+        if raw.pid == 0 {
             return Err(DecodeError::ZeroPid);
         }
-        let id = ProcId { pid, start_ticks: ns_to_ticks(start_ns) };
-        let state = ProcState { id, euid, comm: Comm::from_kernel(&comm) };
-        Ok(match raw_kind {
-            kind::FORK => Event::Fork { child: state, parent_pid: aux },
-            kind::EXEC => Event::Exec(state),
-            kind::RENAME => Event::Rename(state),
-            kind::SETUID => Event::Setuid(state),
+        let id = ProcId { pid: raw.pid, start_ticks: ns_to_ticks(raw.start_boottime_ns) };
+        let state = ProcState { id, euid: raw.euid, comm: Comm::from_kernel(&raw.comm) };
+        let state_of = |kind| Event::State { kind, state };
+        Ok(match raw.kind {
+            kind::FORK => Event::Fork { child: state, parent_pid: raw.aux },
+            kind::EXEC => state_of(StateKind::Exec),
+            kind::RENAME => state_of(StateKind::Rename),
+            kind::SETUID => state_of(StateKind::Setuid),
             kind::EXIT => Event::Exit(id),
             other => return Err(DecodeError::Kind(other)),
         })
@@ -104,30 +128,37 @@ impl Event {
     pub fn encode(&self) -> [u8; RawEvent::SIZE] {
         let (k, state, aux) = match *self {
             Event::Fork { child, parent_pid } => (kind::FORK, Some(child), parent_pid),
-            Event::Exec(s) => (kind::EXEC, Some(s), 0),
-            Event::Rename(s) => (kind::RENAME, Some(s), 0),
-            Event::Setuid(s) => (kind::SETUID, Some(s), 0),
+            Event::State { kind, state } => (kind.raw(), Some(state), 0),
             Event::Exit(_) => (kind::EXIT, None, 0),
         };
         let id = self.id();
+        let raw = RawEvent {
+            kind: k,
+            pid: id.pid,
+            aux,
+            euid: state.map_or(0, |s| s.euid),
+            start_boottime_ns: id.start_ticks * (1_000_000_000 / clock_ticks_per_sec()),
+            comm: state.map_or([0; COMM_LEN], |s| s.comm.to_kernel()),
+        };
         let mut out = [0u8; RawEvent::SIZE];
-        out[0..4].copy_from_slice(&k.to_ne_bytes());
-        out[4..8].copy_from_slice(&id.pid.to_ne_bytes());
-        out[8..12].copy_from_slice(&aux.to_ne_bytes());
-        let ns = id.start_ticks * (1_000_000_000 / clock_ticks_per_sec());
-        out[16..24].copy_from_slice(&ns.to_ne_bytes());
-        if let Some(s) = state {
-            out[12..16].copy_from_slice(&s.euid.to_ne_bytes());
-            out[24..24 + COMM_LEN].copy_from_slice(&s.comm.to_kernel());
-        }
+        out.copy_from_slice(pod::bytes(&raw));
         out
     }
 
     pub fn id(&self) -> ProcId {
         match self {
             Event::Fork { child, .. } => child.id,
-            Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => s.id,
+            Event::State { state, .. } => state.id,
             Event::Exit(id) => *id,
+        }
+    }
+
+    /// The process's state the event carries (all but an exit).
+    pub fn state(&self) -> Option<ProcState> {
+        match *self {
+            Event::Fork { child, .. } => Some(child),
+            Event::State { state, .. } => Some(state),
+            Event::Exit(_) => None,
         }
     }
 }
@@ -140,13 +171,17 @@ mod tests {
         ProcState { id: ProcId { pid, start_ticks: 12_345 }, euid: 1000, comm: Comm::new(name.as_bytes()) }
     }
 
+    fn st(kind: StateKind, pid: u32, name: &str) -> Event {
+        Event::State { kind, state: state(pid, name) }
+    }
+
     #[test]
     fn every_event_kind_round_trips_through_the_kernel_record() {
         let events = [
             Event::Fork { child: state(10, "agentihooks"), parent_pid: 9 },
-            Event::Exec(state(11, "sleep")),
-            Event::Rename(state(12, "fifteen-bytes!!")),
-            Event::Setuid(state(13, "su")),
+            st(StateKind::Exec, 11, "sleep"),
+            st(StateKind::Rename, 12, "fifteen-bytes!!"),
+            st(StateKind::Setuid, 13, "su"),
             Event::Exit(ProcId { pid: 14, start_ticks: 7 }),
         ];
         for e in events {
@@ -156,7 +191,7 @@ mod tests {
 
     #[test]
     fn truncated_unknown_and_zero_pid_records_are_rejected() {
-        let good = Event::Exec(state(11, "sleep")).encode();
+        let good = st(StateKind::Exec, 11, "sleep").encode();
         assert_eq!(Event::decode(&good[..39]), Err(DecodeError::Size(39)));
         let mut bad = good;
         bad[0] = 99;
@@ -164,6 +199,23 @@ mod tests {
         let mut zero = good;
         zero[4..8].fill(0);
         assert_eq!(Event::decode(&zero), Err(DecodeError::ZeroPid));
+    }
+
+    /// The decoder reads the record as guard-common's `RawEvent`: one byte more or less than
+    /// that type is refused, a garbled kind is refused, and the ring's unaligned records decode.
+    #[test]
+    fn a_record_that_is_not_exactly_one_raw_event_is_refused() {
+        let good = st(StateKind::Setuid, 13, "su").encode();
+        let mut longer = good.to_vec();
+        longer.push(0);
+        assert_eq!(Event::decode(&longer), Err(DecodeError::Size(RawEvent::SIZE + 1)));
+        assert_eq!(Event::decode(&[]), Err(DecodeError::Size(0)));
+        let mut garbled = good;
+        garbled[0..4].copy_from_slice(&0xdead_beef_u32.to_ne_bytes());
+        assert_eq!(Event::decode(&garbled), Err(DecodeError::Kind(0xdead_beef)));
+        let mut unaligned = [0u8; RawEvent::SIZE + 3];
+        unaligned[3..].copy_from_slice(&good);
+        assert_eq!(Event::decode(&unaligned[3..]), Ok(st(StateKind::Setuid, 13, "su")));
     }
 
     #[test]

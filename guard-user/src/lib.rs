@@ -10,7 +10,8 @@
 //! - [`config`], [`duration`], [`pattern`]: the operator's configuration, validated into types;
 //!   `excludeCommands` patterns with bash's `[[ =~ ]]` meaning (libc `regcomp`).
 //! - [`event`], [`comm`], [`table`]: typed process events and the live table of the account's
-//!   processes with per-name counts, maintained incrementally. [`machine`]: the machine's
+//!   processes with per-name counts, maintained incrementally (`pod`: kernel records read as
+//!   their guard-common types). [`machine`]: the machine's
 //!   process count (what `ps -e` lists) without a table of every process.
 //! - [`lineage`]: which session each process of the account was forked into (`sessions`).
 //! - [`procfs`]: reading /proc (bootstrap, resync, audit, the `procfs` backend, identity checks).
@@ -51,6 +52,7 @@ pub mod machine;
 pub mod metrics;
 pub mod mirror;
 pub mod pattern;
+mod pod;
 pub mod policy;
 pub mod procfs;
 pub mod safefs;

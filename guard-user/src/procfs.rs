@@ -6,7 +6,6 @@
 use std::{
     fs,
     io::{self, Read},
-    path::PathBuf,
 };
 
 use guard_common::PF_KTHREAD;
@@ -262,11 +261,6 @@ pub fn boot_unix() -> f64 {
         let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
         stat.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok()).unwrap_or(0.0)
     })
-}
-
-/// `/proc/PID` for a pid (used by the enforcer's identity check).
-pub fn proc_dir(pid: u32) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}"))
 }
 
 #[cfg(test)]

@@ -234,12 +234,14 @@ pub fn render_state(user: &str, state: &State) -> Vec<u8> {
 /// The whole state of a state file's bytes; the optional sections of a file written by an older
 /// guard are simply empty. `None` when it is not a state file or breaks a bound (see
 /// [`parse_checked`] for which).
-pub fn parse_state(bytes: &[u8]) -> Option<State> {
+#[cfg(test)]
+fn parse_state(bytes: &[u8]) -> Option<State> {
     parse::parse(bytes).ok()
 }
 
 /// [`parse_state`], saying why not.
-pub fn parse_checked(bytes: &[u8]) -> Result<State, ParseError> {
+#[cfg(test)]
+fn parse_checked(bytes: &[u8]) -> Result<State, ParseError> {
     parse::parse(bytes)
 }
 

@@ -49,8 +49,6 @@ pub struct ProcessTable {
     procs: HashMap<u32, Entry>,
     /// name → live processes. Entries reaching zero are removed.
     counts: HashMap<Comm, u32>,
-    /// Events applied since creation (for status).
-    pub applied: u64,
 }
 
 impl PartialEq for ProcessTable {
@@ -61,7 +59,7 @@ impl PartialEq for ProcessTable {
 
 impl ProcessTable {
     pub fn new(scope: Scope) -> ProcessTable {
-        ProcessTable { scope, procs: HashMap::new(), counts: HashMap::new(), applied: 0 }
+        ProcessTable { scope, procs: HashMap::new(), counts: HashMap::new() }
     }
 
     /// A table holding the processes of `procs` that are in its scope.
@@ -70,7 +68,6 @@ impl ProcessTable {
         for p in procs {
             t.upsert(p);
         }
-        t.applied = 0;
         t
     }
 
@@ -79,10 +76,9 @@ impl ProcessTable {
     }
 
     pub fn apply(&mut self, event: &Event) {
-        self.applied += 1;
         match *event {
             Event::Fork { child, .. } => self.upsert(child),
-            Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => self.upsert(s),
+            Event::State { state, .. } => self.upsert(state),
             Event::Exit(id) => self.remove(id),
         }
     }
@@ -162,14 +158,6 @@ impl ProcessTable {
         self.procs.get(&pid).map(|e| self.state(pid, e))
     }
 
-    /// The processes of one name, sorted by pid.
-    pub fn processes_of(&self, name: &Comm) -> Vec<ProcState> {
-        let mut v: Vec<ProcState> =
-            self.procs.iter().filter(|(_, e)| e.comm == *name).map(|(&pid, e)| self.state(pid, e)).collect();
-        v.sort_by_key(|p| p.id.pid);
-        v
-    }
-
     /// Every process, sorted by pid.
     pub fn processes(&self) -> Vec<ProcState> {
         let mut v: Vec<ProcState> = self.procs.iter().map(|(&pid, e)| self.state(pid, e)).collect();
@@ -192,8 +180,9 @@ impl ProcessTable {
         missing + differ
     }
 
-    /// The internal invariant: counts equal a recount of the processes. For tests.
-    pub fn counts_are_consistent(&self) -> bool {
+    /// The internal invariant: counts equal a recount of the processes.
+    #[cfg(test)]
+    fn counts_are_consistent(&self) -> bool {
         let recount = ProcessTable::from_snapshot(self.processes(), self.scope);
         recount.counts == self.counts
     }
@@ -202,6 +191,7 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::StateKind;
 
     const UID: u32 = 1000;
 
@@ -220,10 +210,10 @@ mod tests {
     #[test]
     fn fork_without_exec_keeps_the_parents_name_and_exec_renames() {
         let mut t = table();
-        t.apply(&Event::Exec(st(10, 1, UID, "agentihooks")));
+        t.apply(&Event::State { kind: StateKind::Exec, state: st(10, 1, UID, "agentihooks") });
         t.apply(&Event::Fork { child: st(11, 2, UID, "agentihooks"), parent_pid: 10 });
         assert_eq!(t.count(&n("agentihooks")), 2);
-        t.apply(&Event::Exec(st(11, 2, UID, "sleep")));
+        t.apply(&Event::State { kind: StateKind::Exec, state: st(11, 2, UID, "sleep") });
         assert_eq!(t.count(&n("agentihooks")), 1);
         assert_eq!(t.count(&n("sleep")), 1);
         assert!(t.counts_are_consistent());
@@ -243,11 +233,11 @@ mod tests {
     #[test]
     fn setuid_moves_a_process_into_and_out_of_the_account() {
         let mut t = table();
-        t.apply(&Event::Exec(st(10, 1, 0, "worker")));
+        t.apply(&Event::State { kind: StateKind::Exec, state: st(10, 1, 0, "worker") });
         assert!(t.is_empty(), "root's process is not the account's");
-        t.apply(&Event::Setuid(st(10, 1, UID, "worker")));
+        t.apply(&Event::State { kind: StateKind::Setuid, state: st(10, 1, UID, "worker") });
         assert_eq!(t.count(&n("worker")), 1);
-        t.apply(&Event::Setuid(st(10, 1, 0, "worker")));
+        t.apply(&Event::State { kind: StateKind::Setuid, state: st(10, 1, 0, "worker") });
         assert!(t.is_empty() && t.counts().is_empty(), "{t:?}");
     }
 
@@ -256,9 +246,9 @@ mod tests {
         // An exec of a set-user-ID binary reported with the new euid, and a recycled pid now
         // held by another account's process: either way the entry is not the account's any more.
         let mut t = table();
-        t.apply(&Event::Exec(st(10, 1, UID, "a")));
-        t.apply(&Event::Exec(st(11, 1, UID, "b")));
-        t.apply(&Event::Exec(st(10, 1, 0, "sudo")));
+        t.apply(&Event::State { kind: StateKind::Exec, state: st(10, 1, UID, "a") });
+        t.apply(&Event::State { kind: StateKind::Exec, state: st(11, 1, UID, "b") });
+        t.apply(&Event::State { kind: StateKind::Exec, state: st(10, 1, 0, "sudo") });
         t.apply(&Event::Fork { child: st(11, 9, 4242, "other"), parent_pid: 1 });
         assert!(t.is_empty(), "{t:?}");
         assert!(t.counts_are_consistent());
@@ -268,7 +258,7 @@ mod tests {
     fn the_view_lists_the_members_of_names_at_the_count() {
         let mut t = table();
         for (pid, name, uid) in [(12, "pile", UID), (11, "pile", UID), (13, "lone", UID), (14, "pile", 1001)] {
-            t.apply(&Event::Exec(st(pid, 1, uid, name)));
+            t.apply(&Event::State { kind: StateKind::Exec, state: st(pid, 1, uid, name) });
         }
         let v = t.view(2);
         assert_eq!(v.tracked_account(), 3);
@@ -280,7 +270,7 @@ mod tests {
     #[test]
     fn the_daemon_itself_is_never_counted() {
         let mut t = ProcessTable::new(Scope { account: UID, ignore_pid: Some(77) });
-        t.apply(&Event::Exec(st(77, 1, UID, "guard-user")));
+        t.apply(&Event::State { kind: StateKind::Exec, state: st(77, 1, UID, "guard-user") });
         assert!(t.is_empty());
     }
 
@@ -290,17 +280,17 @@ mod tests {
         // left the account, 15 entered it.
         let snapshot = vec![st(10, 1, UID, "c"), st(13, 9, UID, "new"), st(14, 2, 0, "su"), st(15, 3, UID, "in")];
         let events = vec![
-            Event::Rename(st(10, 1, UID, "b")),
-            Event::Rename(st(10, 1, UID, "c")),
+            Event::State { kind: StateKind::Rename, state: st(10, 1, UID, "b") },
+            Event::State { kind: StateKind::Rename, state: st(10, 1, UID, "c") },
             Event::Fork { child: st(11, 3, UID, "x"), parent_pid: 10 },
             Event::Exit(ProcId { pid: 11, start_ticks: 3 }),
             Event::Fork { child: st(12, 4, UID, "y"), parent_pid: 10 },
-            Event::Exec(st(13, 2, UID, "old")),
+            Event::State { kind: StateKind::Exec, state: st(13, 2, UID, "old") },
             Event::Exit(ProcId { pid: 13, start_ticks: 2 }),
             Event::Fork { child: st(13, 9, UID, "new"), parent_pid: 10 },
-            Event::Exec(st(14, 2, UID, "su")),
-            Event::Setuid(st(14, 2, 0, "su")),
-            Event::Setuid(st(15, 3, UID, "in")),
+            Event::State { kind: StateKind::Exec, state: st(14, 2, UID, "su") },
+            Event::State { kind: StateKind::Setuid, state: st(14, 2, 0, "su") },
+            Event::State { kind: StateKind::Setuid, state: st(15, 3, UID, "in") },
         ];
         let mut t = ProcessTable::from_snapshot(snapshot, Scope::account(UID));
         for e in &events {

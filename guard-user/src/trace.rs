@@ -32,7 +32,7 @@ use serde_json::{json, Map, Value};
 use crate::{
     comm::Comm,
     daemon::source::{EventSource, Scanner},
-    event::{Event, ProcId, ProcState},
+    event::{Event, ProcId, ProcState, StateKind},
     table::{ProcessTable, Scope},
 };
 
@@ -121,9 +121,7 @@ impl Record {
             Record::Event { event, lost } => {
                 let (kind, state, parent) = match *event {
                     Event::Fork { child, parent_pid } => ("fork", Some(child), Some(parent_pid)),
-                    Event::Exec(s) => ("exec", Some(s), None),
-                    Event::Rename(s) => ("rename", Some(s), None),
-                    Event::Setuid(s) => ("setuid", Some(s), None),
+                    Event::State { kind, state } => (kind.token(), Some(state), None),
                     Event::Exit(_) => ("exit", None, None),
                 };
                 m.insert("ev".into(), json!(kind));
@@ -177,14 +175,14 @@ impl Record {
                     child: state()?,
                     parent_pid: m.get("parent").and_then(Value::as_u64).unwrap_or(0) as u32,
                 },
-                "exec" => Event::Exec(state()?),
-                "rename" => Event::Rename(state()?),
-                "setuid" => Event::Setuid(state()?),
                 "exit" => {
                     let n = |k: &str| m.get(k).and_then(Value::as_u64).ok_or("an exit needs pid and start");
                     Event::Exit(ProcId { pid: n("pid")? as u32, start_ticks: n("start")? })
                 }
-                other => return Err(format!("unknown event {other:?}")),
+                other => match StateKind::from_token(other) {
+                    Some(kind) => Event::State { kind, state: state()? },
+                    None => return Err(format!("unknown event {other:?}")),
+                },
             };
             return Ok((t, Record::Event { event, lost }));
         }
@@ -416,7 +414,7 @@ mod tests {
             records: vec![
                 (0.0, Record::Scan(vec![p])),
                 (0.5, Record::Event { event: Event::Fork { child: p, parent_pid: 1 }, lost: false }),
-                (0.5, Record::Event { event: Event::Exec(p), lost: true }),
+                (0.5, Record::Event { event: Event::State { kind: StateKind::Exec, state: p }, lost: true }),
                 (0.75, Record::Cmdline { pid: 7, text: b"x \xfe y".to_vec() }),
                 (1.0, Record::Lost(3)),
                 (1.0, Record::Parents(vec![(7, 1), (8, 7)])),
@@ -437,7 +435,10 @@ mod tests {
             let trace = Trace {
                 uid: 1000,
                 note: String::new(),
-                records: vec![(0.0, Record::Event { event: Event::Rename(p), lost: false })],
+                records: vec![(
+                    0.0,
+                    Record::Event { event: Event::State { kind: StateKind::Rename, state: p }, lost: false },
+                )],
             };
             let mut out = Vec::new();
             trace.write(&mut out).unwrap();

@@ -19,7 +19,7 @@ use std::{
 
 use guard::{
     ebpf::{CredTracking, EbpfError, EbpfOptions, EbpfSource},
-    event::Event,
+    event::{Event, StateKind},
     table::{ProcessTable, Scope},
 };
 
@@ -228,7 +228,7 @@ fn another_accounts_processes_never_reach_the_ring() {
     // 20 × (fork, exec, exit) of /bin/true, a fork and its exit, two renames, 3 × (fork, exec,
     // exit) from threads, the helper's own exec and exit: well over 60 records.
     assert!(seen.len() >= 60, "the workload made {} records for its own account: {seen:?}", seen.len());
-    assert!(seen.iter().all(|e| !matches!(e, Event::Fork { child, .. } | Event::Exec(child) if child.euid != OTHER)));
+    assert!(seen.iter().all(|e| !matches!(e, Event::Fork { child, .. } | Event::State { kind: StateKind::Exec, state: child } if child.euid != OTHER)));
     assert_eq!(watched.lost(), 0);
     assert!(
         leaked.is_empty(),

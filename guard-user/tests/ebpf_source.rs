@@ -16,8 +16,8 @@ use std::{
 
 use guard::{
     comm::Comm,
-    ebpf::{EbpfOptions, EbpfSource},
-    event::Event,
+    ebpf::{CredTracking, EbpfOptions, EbpfSource},
+    event::{Event, StateKind},
 };
 
 const HELPER_ENV: &str = "GUARD_EBPF_HELPER";
@@ -289,7 +289,7 @@ fn comm_of_this_thread() -> Comm {
 
 fn name(e: &Event) -> Option<String> {
     match e {
-        Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => Some(s.comm.to_string()),
+        Event::Fork { child: s, .. } | Event::State { state: s, .. } => Some(s.comm.to_string()),
         Event::Exit(_) => None,
     }
 }
@@ -301,7 +301,13 @@ async fn sleep_child_gives_fork_exec_and_exit_with_proc_identity() {
     let mut child = Child::spawn(Command::new("sleep").arg("0.5"));
     let pid = child.pid();
     let mut seen = Vec::new();
-    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(|e| matches!(e, Event::Exec(_)))).await, "{seen:?}");
+    assert!(
+        collect(&mut src, pid, &mut seen, |s| s
+            .iter()
+            .any(|e| matches!(e, Event::State { kind: StateKind::Exec, .. })))
+        .await,
+        "{seen:?}"
+    );
     let start = stat_start_ticks(pid);
     child.wait();
     assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_exit)).await, "{seen:?}");
@@ -312,7 +318,7 @@ async fn sleep_child_gives_fork_exec_and_exit_with_proc_identity() {
     assert_eq!(parent_pid, std::process::id());
     assert_eq!(forked.comm, parent_name, "a fork keeps the forking thread's name");
     assert_eq!(forked.euid, 0);
-    let Event::Exec(exec) = seen[1] else { panic!("second is EXEC: {seen:?}") };
+    let Event::State { kind: StateKind::Exec, state: exec } = seen[1] else { panic!("second is EXEC: {seen:?}") };
     assert_eq!(exec.comm.as_bytes(), b"sleep");
     assert_eq!(exec.euid, 0);
     assert!(is_exit(&seen[2]), "{seen:?}");
@@ -332,14 +338,23 @@ async fn exec_of_a_setuid_binary_reports_the_new_effective_uid() {
     let mut child = Child::spawn(Command::new(&bin).arg("0.5"));
     let pid = child.pid();
     let mut seen = Vec::new();
-    assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(|e| matches!(e, Event::Exec(_)))).await, "{seen:?}");
+    assert!(
+        collect(&mut src, pid, &mut seen, |s| s
+            .iter()
+            .any(|e| matches!(e, Event::State { kind: StateKind::Exec, .. })))
+        .await,
+        "{seen:?}"
+    );
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string();
     child.wait();
-    let exec = seen.iter().find_map(|e| if let Event::Exec(s) = e { Some(*s) } else { None }).unwrap();
+    let exec = seen
+        .iter()
+        .find_map(|e| if let Event::State { kind: StateKind::Exec, state: s } = e { Some(*s) } else { None })
+        .unwrap();
     assert_eq!(exec.euid, 65534, "euid after commit_creds; /proc says {uid_line:?}; {seen:?}");
     assert_eq!(exec.comm.as_bytes(), b"nobody-sleep");
-    assert_eq!(count(&seen, |e| matches!(e, Event::Rename(_))), 0, "{seen:?}");
+    assert_eq!(count(&seen, |e| matches!(e, Event::State { kind: StateKind::Rename, .. })), 0, "{seen:?}");
 }
 
 #[tokio::test]
@@ -370,7 +385,8 @@ async fn renaming_the_leader_gives_rename_and_renaming_a_thread_does_not() {
     let start = stat_start_ticks(pid);
     let mut seen = Vec::new();
     settle(&mut src, pid, &mut seen).await;
-    let renames: Vec<_> = seen.iter().filter(|e| matches!(e, Event::Rename(_))).filter_map(name).collect();
+    let renames: Vec<_> =
+        seen.iter().filter(|e| matches!(e, Event::State { kind: StateKind::Rename, .. })).filter_map(name).collect();
     assert_eq!(renames, ["guard-leader1", "guard-leader2"], "prctl and /proc/PID/comm of the leader only: {seen:?}");
     assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
 }
@@ -378,7 +394,7 @@ async fn renaming_the_leader_gives_rename_and_renaming_a_thread_does_not() {
 #[tokio::test]
 async fn setresuid_of_the_leader_gives_setuid_with_the_new_euid() {
     let Some(mut src) = load(None) else { return };
-    if !src.setuid_tracked() {
+    if matches!(src.cred_tracking(), CredTracking::Audit { .. }) {
         panic!("neither the credential hook nor the setuid tracepoints attached: {:?}", src.cred_tracking());
     }
     let mut child = Child::helper("setuid");
@@ -387,7 +403,10 @@ async fn setresuid_of_the_leader_gives_setuid_with_the_new_euid() {
     let start = stat_start_ticks(pid);
     let mut seen = Vec::new();
     settle(&mut src, pid, &mut seen).await;
-    let setuids: Vec<_> = seen.iter().filter_map(|e| if let Event::Setuid(s) = e { Some(*s) } else { None }).collect();
+    let setuids: Vec<_> = seen
+        .iter()
+        .filter_map(|e| if let Event::State { kind: StateKind::Setuid, state: s } = e { Some(*s) } else { None })
+        .collect();
     assert_eq!(setuids.len(), 1, "the thread's own setresuid is not the process's: {seen:?}");
     assert_eq!(setuids[0].euid, 65534);
     assert_eq!(setuids[0].id.start_ticks, start);
@@ -425,14 +444,15 @@ async fn exec_from_a_thread_keeps_the_pid_and_the_leaders_start() {
     let start = stat_start_ticks(pid);
     let mut seen = Vec::new();
     child.send_line();
-    let is_sleep_exec = |e: &Event| matches!(e, Event::Exec(s) if s.comm.as_bytes() == b"sleep");
+    let is_sleep_exec =
+        |e: &Event| matches!(e, Event::State { kind: StateKind::Exec, state: s } if s.comm.as_bytes() == b"sleep");
     assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_sleep_exec)).await, "{seen:?}");
     assert_eq!(std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap(), "sleep\n");
     child.wait();
     assert!(collect(&mut src, pid, &mut seen, |s| s.iter().any(is_exit)).await, "{seen:?}");
     settle(&mut src, pid, &mut seen).await;
     assert_eq!(count(&seen, is_exit), 1, "the old leader's exit in de_thread() is not the process's: {seen:?}");
-    assert_eq!(count(&seen, |e| matches!(e, Event::Rename(_))), 0, "{seen:?}");
+    assert_eq!(count(&seen, |e| matches!(e, Event::State { kind: StateKind::Rename, .. })), 0, "{seen:?}");
     assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
 }
 

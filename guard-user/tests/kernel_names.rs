@@ -221,7 +221,7 @@ fn disagreements(src: &EbpfSource, table: &ProcessTable, cases: &[Case]) -> Vec<
         if *tracked != scanned {
             out.push(format!("{}: the BPF events say {tracked:?}, /proc {scanned:?}", c.label()));
         }
-        if !table.processes_of(&Comm::new(kept)).iter().any(|p| p.id.pid == pid) {
+        if table.get(pid).is_none_or(|p| p.comm != Comm::new(kept)) {
             out.push(format!("{}: the table does not count pid {pid} under the kept name", c.label()));
         }
         if let Err(r) = enforcer.verify(tracked) {

@@ -139,7 +139,11 @@ fn hostile_state() -> Vec<u8> {
 
 /// A valid config for the pile plus `keys` unknown keys no earlier config had.
 fn config_with_unknown_keys(generation: u64, keys: usize) -> String {
-    let mut s = String::from(r#"{"threshold": 5, "timeout": "2s", "excludes": [], "warnBefore": 0"#);
+    // No excludeCommands: the matcher is a process of its own with its own limits, and under a
+    // TCG guest its first round does not fit a 1 s tick's budget (every process `match_budget`),
+    // which is not what this test is about.
+    let mut s =
+        String::from(r#"{"threshold": 5, "timeout": "2s", "excludes": [], "excludeCommands": [], "warnBefore": 0"#);
     for i in 0..keys {
         let _ = write!(s, r#", "g{generation}k{i}": 1"#);
     }
@@ -187,7 +191,7 @@ fn a_daemon_fed_a_huge_state_and_ever_new_unknown_keys_stays_within_64m_and_keep
     let mut pile: Vec<Probe> = (0..6).map(|_| Probe::spawn(&exe, &[], TEST_UID)).collect();
     let mut d = cg.start_daemon(&home);
     let log = home
-        .wait_log(Duration::from_secs(90), |l| lines(l, "KILLED").len() >= 6 && lines(l, "TICK_COMPLETE").len() >= 10);
+        .wait_log(Duration::from_secs(180), |l| lines(l, "KILLED").len() >= 6 && lines(l, "TICK_COMPLETE").len() >= 10);
     stop.store(true, Ordering::Relaxed);
     let generations = writer.join().unwrap();
     let alive = matches!(d.child.try_wait(), Ok(None));

@@ -232,7 +232,7 @@ fn live_at_the_end(trace: &Trace) -> String {
             }
             Record::Event { event, lost } => {
                 let pid = match event {
-                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => {
+                    Event::Fork { child: s, .. } | Event::State { state: s, .. } => {
                         live.insert((s.id.pid, s.id.start_ticks), format!("{:?}", s.comm));
                         s.id.pid
                     }

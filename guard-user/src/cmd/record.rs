@@ -13,7 +13,7 @@ use super::RecordArgs;
 use crate::{
     daemon::EventSource,
     ebpf::{EbpfOptions, EbpfSource},
-    event::Event,
+    event::{Event, StateKind},
     procfs,
     trace::{Record, Trace},
 };
@@ -54,14 +54,11 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
             batch.clear();
             EventSource::drain(&mut src, usize::MAX, &mut batch);
             for e in &batch {
-                let state = match e {
-                    Event::Fork { child: s, .. } | Event::Exec(s) | Event::Rename(s) | Event::Setuid(s) => *s,
-                    Event::Exit(id) => {
-                        if mine.remove(&id.pid) {
-                            trace.records.push((t(), Record::Event { event: *e, lost: false }));
-                        }
-                        continue;
+                let Some(state) = e.state() else {
+                    if mine.remove(&e.id().pid) {
+                        trace.records.push((t(), Record::Event { event: *e, lost: false }));
                     }
+                    continue;
                 };
                 if state.euid != uid && !mine.contains(&state.id.pid) {
                     continue;
@@ -70,7 +67,7 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
                 if state.euid == uid {
                     mine.insert(state.id.pid);
                 }
-                if matches!(e, Event::Exec(_) | Event::Fork { .. }) {
+                if matches!(e, Event::State { kind: StateKind::Exec, .. } | Event::Fork { .. }) {
                     if let Some(text) = procfs::cmdline(state.id.pid).filter(|t| !t.is_empty()) {
                         trace.records.push((t(), Record::Cmdline { pid: state.id.pid, text }));
                     }

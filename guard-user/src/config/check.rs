@@ -117,7 +117,8 @@ fn pattern_problem(list: PatternList, index: Option<usize>, pattern: &str, reaso
     Problem { key, what, fix: fix.into(), warning: false, error: Some(error) }
 }
 
-/// The config error of a compile of `excludeCommands` (the stopgap in-process one).
+/// The config error of an in-process compile of `excludeCommands` (tests compare with it).
+#[cfg(test)]
 pub(super) fn pattern_error(list: PatternList, index: Option<usize>, pattern: &str, reason: &str) -> ConfigError {
     pattern_problem(list, index, pattern, reason).error.expect("a pattern problem is an error")
 }

@@ -18,9 +18,10 @@ use std::{
     time::Duration,
 };
 
+#[cfg(test)]
+use crate::pattern::Pattern;
 use crate::{
     escape,
-    pattern::Pattern,
     safefs::{read_account_file, Follow, FsIdentity, ReadError},
 };
 
@@ -187,10 +188,11 @@ impl Config {
         self.excludes.iter().any(|e| name.eq_ignore_case(e))
     }
 
-    /// Compiles `excludeCommands` in this process with `regcomp`. A stopgap: compile and match
-    /// cost are unbounded here, which the sandboxed matcher replaces. The error is the pattern's
+    /// Compiles `excludeCommands` in this process with `regcomp` (the daemon compiles them in
+    /// the sandboxed matcher; tests compare with this). The error is the pattern's
     /// `config_malformed excludeCommands pattern=…`.
-    pub fn compile_exclude_commands(&self) -> Result<Vec<Pattern>, ConfigError> {
+    #[cfg(test)]
+    pub(crate) fn compile_exclude_commands(&self) -> Result<Vec<Pattern>, ConfigError> {
         self.exclude_commands
             .iter()
             .enumerate()

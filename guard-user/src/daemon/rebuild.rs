@@ -105,7 +105,8 @@ impl Rebuilder {
         self.ready
     }
 
-    pub fn scanning(&self) -> bool {
+    #[cfg(test)]
+    fn scanning(&self) -> bool {
         self.active.is_some()
     }
 

@@ -1,5 +1,8 @@
 use super::*;
-use crate::{comm::Comm, event::ProcId};
+use crate::{
+    comm::Comm,
+    event::{ProcId, StateKind},
+};
 
 const SCOPE: Scope = Scope { account: 1000, ignore_pid: None };
 
@@ -69,7 +72,7 @@ fn a_failed_start_up_scan_is_retried_and_nothing_is_ready_meanwhile() {
 fn too_many_recorded_events_restart_the_scan_with_the_same_reason() {
     let mut r = Rebuilder::with_max_recorded(2);
     r.on_lost(7);
-    let ev = Event::Exec(st(10, 1, "a"));
+    let ev = Event::State { kind: StateKind::Exec, state: st(10, 1, "a") };
     assert_eq!(r.on_events(&[ev, ev]), Step::Nothing);
     assert_eq!(r.on_events(&[ev]), Step::Scan, "over the cap: restart");
     let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);

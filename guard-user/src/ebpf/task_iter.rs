@@ -189,35 +189,16 @@ pub fn forced_procfs() -> bool {
     std::env::var_os("GUARD_SNAPSHOT").is_some_and(|v| v == "procfs")
 }
 
-/// Decodes one record (native endianness, the layout of `guard_common::TaskRecord`).
-pub fn decode(bytes: &[u8]) -> Result<TaskRecord, SnapshotError> {
-    let b: &[u8; TaskRecord::SIZE] = bytes.try_into().map_err(|_| SnapshotError::Truncated(bytes.len()))?;
-    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
-    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
-    let mut comm = [0u8; guard_common::COMM_LEN];
-    comm.copy_from_slice(&b[40..56]);
-    Ok(TaskRecord {
-        tgid: u32_at(0),
-        tid: u32_at(4),
-        euid: u32_at(8),
-        exit_state: u32_at(12),
-        live: u32_at(16),
-        _pad: u32_at(20),
-        start_boottime_ns: u64_at(24),
-        cpu_ns: u64_at(32),
-        comm,
-    })
+/// Decodes one record: exactly one `guard_common::TaskRecord`, read as that type.
+fn decode(bytes: &[u8]) -> Result<TaskRecord, SnapshotError> {
+    crate::pod::read(bytes).ok_or(SnapshotError::Truncated(bytes.len()))
 }
 
-/// The bytes the kernel writes for `r` (for tests and recorded fixtures).
-pub fn encode(r: &TaskRecord) -> [u8; TaskRecord::SIZE] {
+/// The bytes the kernel writes for `r` (for tests).
+#[cfg(test)]
+fn encode(r: &TaskRecord) -> [u8; TaskRecord::SIZE] {
     let mut out = [0u8; TaskRecord::SIZE];
-    for (o, v) in [(0, r.tgid), (4, r.tid), (8, r.euid), (12, r.exit_state), (16, r.live), (20, r._pad)] {
-        out[o..o + 4].copy_from_slice(&v.to_ne_bytes());
-    }
-    out[24..32].copy_from_slice(&r.start_boottime_ns.to_ne_bytes());
-    out[32..40].copy_from_slice(&r.cpu_ns.to_ne_bytes());
-    out[40..56].copy_from_slice(&r.comm);
+    out.copy_from_slice(crate::pod::bytes(r));
     out
 }
 

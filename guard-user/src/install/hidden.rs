@@ -50,8 +50,9 @@ impl HiddenTree {
 
 /// `[Service]` directives of the unit that hide nothing from a reader (they restrict writes,
 /// privileges, the kernel or resources). A directive in neither this list nor [`hidden_trees`]'
-/// match fails `tests::every_directive_of_the_unit_is_classified`.
-pub const HIDES_NOTHING: &[&str] = &[
+/// match fails `tests::every_directive_of_the_unit_is_classified` (the only reader).
+#[cfg(test)]
+pub(super) const HIDES_NOTHING: &[&str] = &[
     "Type",
     "NotifyAccess",
     "WatchdogSec",
@@ -86,8 +87,9 @@ pub const HIDES_NOTHING: &[&str] = &[
     "ReadWritePaths",
 ];
 
-/// The directives [`hidden_trees`] reads.
-pub const HIDING: &[&str] =
+/// The directives [`hidden_trees`] reads (checked by the same test).
+#[cfg(test)]
+pub(super) const HIDING: &[&str] =
     &["PrivateTmp", "ProtectHome", "PrivateDevices", "InaccessiblePaths", "TemporaryFileSystem"];
 
 /// systemd's `parse_boolean` for true.

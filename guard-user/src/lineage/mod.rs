@@ -35,7 +35,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
-    event::{Event, ProcId, ProcState},
+    event::{Event, ProcId, ProcState, StateKind},
     table::ProcessTable,
 };
 
@@ -218,10 +218,10 @@ impl Lineage {
     pub fn apply(&mut self, event: &Event) {
         match *event {
             Event::Fork { child, parent_pid } => self.fork(child, parent_pid),
-            Event::Exec(s) => self.exec(s),
+            Event::State { kind: StateKind::Exec, state } => self.exec(state),
             // A state of another account: the process left this one (setuid, or a rename seen
             // after a setuid the audit has not caught up with); it is no longer ours to reap.
-            Event::Setuid(s) | Event::Rename(s) => {
+            Event::State { kind: StateKind::Setuid | StateKind::Rename, state: s } => {
                 self.drop_stale(s.id);
                 if !self.mine(&s) {
                     self.gone(s.id, false);
@@ -495,14 +495,16 @@ impl Lineage {
         }
     }
 
-    /// The session `pid` is a member of, if the lineage knows it (tests and `tree`).
-    pub fn session_of(&self, id: ProcId) -> Option<SessionId> {
+    /// The session `pid` is a member of, if the lineage knows it.
+    #[cfg(test)]
+    fn session_of(&self, id: ProcId) -> Option<SessionId> {
         self.node(id).and_then(|n| n.session)
     }
 
-    /// The internal invariants, for tests: every member's node names its session, every node
-    /// is in the session it names, the counters match, nothing holds a node for no reason.
-    pub fn is_consistent(&self) -> bool {
+    /// The internal invariants: every member's node names its session, every node is in the
+    /// session it names, the counters match, nothing holds a node for no reason.
+    #[cfg(test)]
+    fn is_consistent(&self) -> bool {
         let members_ok = self
             .sessions
             .iter()

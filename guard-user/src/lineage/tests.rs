@@ -1,6 +1,6 @@
 use super::*;
-use crate::comm::Comm;
 use crate::table::Scope;
+use crate::{comm::Comm, event::StateKind};
 
 const UID: u32 = 1000;
 const OTHER: u32 = 1001;
@@ -36,7 +36,7 @@ impl World {
     }
 
     fn exec(&mut self, pid: u32, start: u64, name: &str) -> &mut World {
-        self.ev(Event::Exec(st(pid, start, name)))
+        self.ev(Event::State { kind: StateKind::Exec, state: st(pid, start, name) })
     }
 
     fn exit(&mut self, pid: u32, start: u64) -> &mut World {
@@ -81,7 +81,7 @@ fn a_roots_session_keeps_a_setsid_child_a_double_forked_grandchild_and_renamed_o
     // Double fork: 202 forks 203 and exits; 203 is reparented to init and execs.
     w.fork(200, 202, 12, "wrapper").fork(202, 203, 13, "wrapper").exit(202, 12).exec(203, 13, "daemon");
     // A rename.
-    w.fork(200, 204, 14, "wrapper").ev(Event::Rename(st(204, 14, "renamed")));
+    w.fork(200, 204, 14, "wrapper").ev(Event::State { kind: StateKind::Rename, state: st(204, 14, "renamed") });
     w.classify(&["wrapper"]); // 201 and 203 exec'd: their own pending sessions are not roots
     assert_eq!(w.members(200), [201, 203, 204]);
     // No dead intermediate is kept: 202 left no node behind.
@@ -169,11 +169,11 @@ fn a_member_that_becomes_another_accounts_process_leaves_the_session_and_its_for
     w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
     w.classify(&["wrapper"]);
     w.fork(200, 201, 11, "wrapper").fork(200, 202, 12, "wrapper");
-    w.ev(Event::Setuid(ProcState { euid: OTHER, ..st(201, 11, "wrapper") }));
+    w.ev(Event::State { kind: StateKind::Setuid, state: ProcState { euid: OTHER, ..st(201, 11, "wrapper") } });
     // Its own fork is another account's process; a fork of the other account's is not seen as ours.
     w.ev(Event::Fork { child: ProcState { euid: OTHER, ..st(203, 13, "wrapper") }, parent_pid: 201 });
     // An exec of a set-user-ID program takes 202 out too.
-    w.ev(Event::Exec(ProcState { euid: OTHER, ..st(202, 12, "su") }));
+    w.ev(Event::State { kind: StateKind::Exec, state: ProcState { euid: OTHER, ..st(202, 12, "su") } });
     assert!(w.members(200).is_empty());
     assert_eq!(w.lineage.counts().nodes, 1, "the root alone: {:#?}", w.lineage);
 }
@@ -184,7 +184,7 @@ fn a_root_that_becomes_another_accounts_process_dissolves_its_session_without_en
     w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
     w.classify(&["wrapper"]);
     w.fork(200, 201, 11, "wrapper");
-    w.ev(Event::Setuid(ProcState { euid: OTHER, ..st(200, 10, "wrapper") }));
+    w.ev(Event::State { kind: StateKind::Setuid, state: ProcState { euid: OTHER, ..st(200, 10, "wrapper") } });
     assert!(!w.lineage.take_news());
     assert!(w.view().sessions.is_empty());
 }
@@ -290,7 +290,7 @@ fn the_pending_node_and_session_caps_fail_safe() {
 #[test]
 fn the_daemon_itself_and_other_accounts_are_never_tracked() {
     let mut l = Lineage::new(UID, Some(77), Caps::DAEMON);
-    l.apply(&Event::Exec(st(77, 1, "guard-user")));
-    l.apply(&Event::Exec(ProcState { euid: OTHER, ..st(78, 1, "wrapper") }));
+    l.apply(&Event::State { kind: StateKind::Exec, state: st(77, 1, "guard-user") });
+    l.apply(&Event::State { kind: StateKind::Exec, state: ProcState { euid: OTHER, ..st(78, 1, "wrapper") } });
     assert_eq!(l.counts().nodes, 0);
 }

@@ -1,0 +1,115 @@
+//! Why loading or attaching the programs failed, as a typed error with the token of its
+//! `WARN backend_fallback` line, and the aya error chain turned into a readable detail.
+use std::path::PathBuf;
+
+use aya::programs::ProgramError;
+
+use crate::btf::BtfError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    #[error("this guard-user was built without BPF programs (build it with `cargo xtask build`)")]
+    NoObject,
+    #[error("ring buffer of {bytes} bytes: must be a power of two of at least the page size ({page})")]
+    RingSize { bytes: u32, page: u32 },
+    #[error("no tracefs at {}: {detail}", path.display())]
+    Tracefs { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Btf(#[from] BtfError),
+    #[error("{what} needs root (CAP_BPF and CAP_PERFMON): {detail}")]
+    Permission { what: String, detail: String },
+    #[error(
+        "{what} is refused by kernel.perf_event_paranoid={level}: attaching a classic tracepoint \
+         then needs CAP_SYS_ADMIN, which the unit does not grant (CAP_BPF and CAP_PERFMON are not \
+         enough); set the sysctl to 2 to track uid changes at once ({detail})"
+    )]
+    PerfParanoid { what: String, level: i32, detail: String },
+    #[error("cannot load the BPF object: {detail}")]
+    Load { detail: String },
+    #[error("cannot load or attach `{program}` to `{tracepoint}`: {detail}")]
+    Attach { program: String, tracepoint: String, detail: String },
+    #[error("BPF map `{name}` is missing or of the wrong type")]
+    Map { name: &'static str },
+    #[error("the account's uid {0} is the value that means every account")]
+    Account(u32),
+}
+
+impl EbpfError {
+    /// The token for `WARN backend_fallback reason=<token>`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            EbpfError::NoObject => "no_bpf_object",
+            EbpfError::RingSize { .. } => "bad_ring_size",
+            EbpfError::Tracefs { .. } => "tracefs_unavailable",
+            EbpfError::Btf(_) => "no_btf",
+            EbpfError::Permission { .. } => "permission_denied",
+            EbpfError::PerfParanoid { .. } => "perf_event_paranoid",
+            EbpfError::Load { .. } | EbpfError::Map { .. } | EbpfError::Account(_) => "load_failed",
+            EbpfError::Attach { .. } => "attach_failed",
+        }
+    }
+}
+
+/// Whether an aya error comes from EPERM/EACCES somewhere down its source chain.
+pub(super) fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// An error's text with its sources and, for a verifier rejection, the end of the verifier's
+/// log (the part that says which instruction it refused).
+pub(super) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        s.push_str(": ");
+        s.push_str(&err.to_string());
+        cur = err.source();
+    }
+    if let Some(ProgramError::LoadError { verifier_log, .. }) = e.downcast_ref::<ProgramError>() {
+        let log = verifier_log.to_string();
+        let lines: Vec<&str> = log.lines().collect();
+        s.push_str("\nverifier log (end):\n");
+        s.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
+    }
+    s
+}
+
+pub(super) fn program_error(program: &str, tracepoint: &str, e: ProgramError) -> EbpfError {
+    let detail = describe(&e);
+    if is_permission(&e) {
+        EbpfError::Permission { what: format!("attaching `{program}`"), detail }
+    } else {
+        EbpfError::Attach { program: program.into(), tracepoint: tracepoint.into(), detail }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_single_tokens() {
+        let errors = [
+            EbpfError::NoObject,
+            EbpfError::RingSize { bytes: 1, page: 4096 },
+            EbpfError::Tracefs { path: super::super::tracefs::TRACEFS.into(), detail: String::new() },
+            EbpfError::Permission { what: String::new(), detail: String::new() },
+            EbpfError::Load { detail: String::new() },
+            EbpfError::Attach { program: String::new(), tracepoint: String::new(), detail: String::new() },
+            EbpfError::Map { name: "EVENTS" },
+        ];
+        for e in errors {
+            let r = e.reason();
+            assert!(!r.is_empty() && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{r}");
+        }
+    }
+}
