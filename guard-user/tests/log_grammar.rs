@@ -1,6 +1,7 @@
 //! The log's grammar (docs/log.md) read back by a strict parser written here from the grammar, not
-//! from the writer's code: hostile values go through the real `Logger` into a real file, and
-//! every line must parse to exactly the event, keys and value bytes that were logged.
+//! from the writer's code: typed lines holding hostile values go through the real `Logger` (what
+//! the daemon writes, `Line::body` and all) into a real file, and every line must parse to
+//! exactly the event, keys and value bytes that were logged.
 //!
 //! ```text
 //! line   = timestamp " " event *(" " key "=" value) "\n"
@@ -10,11 +11,13 @@
 //! quoted = DQUOTE *(char / " " / "=" / escape / `\"`) DQUOTE
 //! escape = `\\` / `\n` / `\t` / `\r` / `\x` 2lowerhex
 //! ```
-use std::{ffi::OsStr, os::unix::ffi::OsStrExt, path::Path};
 
 use guard::{
     comm::Comm,
-    log::{format_body, syslog_priority, LogValue, Logger},
+    log::{
+        line::{Ended, ResyncReason, StopReason, UnflagReason},
+        Line as LogLine, Logger, Notice,
+    },
     safefs::FsIdentity,
 };
 
@@ -198,43 +201,145 @@ fn hostile() -> Vec<Vec<u8>> {
     v
 }
 
-#[test]
-fn every_hostile_value_round_trips_through_a_real_log_file() {
+/// Writes `lines` through a real `Logger` into a real file and parses what it wrote.
+fn written(lines: &[LogLine]) -> Vec<(String, Line)> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-daemon.log");
     let log = Logger::new(path.clone(), FsIdentity::current(), u64::MAX, false);
-    let values = hostile();
-    for v in &values {
-        let as_path = Path::new(OsStr::from_bytes(v));
-        let comm = Comm::new(v);
-        let text = String::from_utf8_lossy(v).into_owned();
-        log.line("FLAGGED", &[("name", &comm), ("count", &3u32), ("path", &as_path), ("text", &text)]);
+    for l in lines {
+        log.write(l);
     }
-    let written = std::fs::read(&path).unwrap();
-    let written = String::from_utf8(written).expect("the log is UTF-8");
-    let lines: Vec<&str> = written.split_terminator('\n').collect();
-    assert_eq!(lines.len(), values.len(), "one line per event");
-    for (line, v) in lines.iter().zip(&values) {
-        let parsed = parse(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
-        assert_eq!(parsed.event, "FLAGGED");
-        let keys: Vec<&str> = parsed.fields.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["name", "count", "path", "text"], "{line}");
-        assert_eq!(parsed.fields[0].1, Comm::new(v).as_bytes(), "{line}");
-        assert_eq!(parsed.fields[1].1, b"3");
-        assert_eq!(&parsed.fields[2].1, v, "{line}");
-        assert_eq!(parsed.fields[3].1, String::from_utf8_lossy(v).as_bytes(), "{line}");
-        assert_eq!(syslog_priority(&line[20..]), 6, "a value cannot change the priority: {line}");
+    let text = String::from_utf8(std::fs::read(&path).unwrap()).expect("the log is UTF-8");
+    let out: Vec<(String, Line)> = text
+        .split_terminator('\n')
+        .map(|l| (l.to_string(), parse(l).unwrap_or_else(|e| panic!("{e}: {l:?}"))))
+        .collect();
+    assert_eq!(out.len(), lines.len(), "one line per event:\n{text}");
+    out
+}
+
+#[test]
+fn every_hostile_value_round_trips_through_a_real_log_file() {
+    let values = hostile();
+    let mut lines = Vec::new();
+    for v in &values {
+        let name = Comm::new(v);
+        let text = String::from_utf8_lossy(v).into_owned();
+        lines.push(LogLine::Flagged { name, count: 3, minutes_ago: None });
+        lines.push(LogLine::Killed(Ended { pid: 7, name, count: 3, elapsed_secs: 5400.0 }));
+        lines.push(LogLine::Warn(Notice::new("x").with("path", v.as_slice()).with("text", text)));
+    }
+    let parsed = written(&lines);
+    for (chunk, v) in parsed.chunks(3).zip(&values) {
+        let name = Comm::new(v);
+        let (line, flagged) = &chunk[0];
+        assert_eq!(flagged.event, "FLAGGED");
+        let keys: Vec<&str> = flagged.fields.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["name", "count", "first_flagged"], "{line}");
+        assert_eq!(flagged.fields[0].1, name.as_bytes(), "{line}");
+        let (line, killed) = &chunk[1];
+        assert_eq!(killed.event, "KILLED");
+        assert_eq!(killed.fields[1], ("name".to_string(), name.as_bytes().to_vec()), "{line}");
+        assert_eq!(killed.fields[4].1, b"1.5h", "{line}");
+        let (line, warn) = &chunk[2];
+        assert_eq!(warn.event, "WARN x");
+        assert_eq!(&warn.fields[0].1, v, "{line}");
+        assert_eq!(warn.fields[1].1, String::from_utf8_lossy(v).as_bytes(), "{line}");
+    }
+}
+
+/// One line of every kind, as the daemon builds them, with a hostile name where a line has one.
+fn one_of_each(name: Comm) -> Vec<LogLine> {
+    let ended = Ended { pid: 9, name, count: 4, elapsed_secs: 61.0 };
+    vec![
+        LogLine::Flagged { name, count: 4, minutes_ago: None },
+        LogLine::Flagged { name, count: 4, minutes_ago: Some(3) },
+        LogLine::Unflagged { name, count: 1, flagged_for_mins: 2, reason: UnflagReason::BelowThreshold },
+        LogLine::Warning { name, count: 4, due_in_secs: 61, ends: 3, skips: 1 },
+        LogLine::Killed(ended.clone()),
+        LogLine::DryRun(ended),
+        LogLine::DryRunLeftover { pid: 9, name, root: 2 },
+        LogLine::Skipped { pid: 9, name, reason: "excluded_command" },
+        LogLine::Repeat { name, enforcements_24h: 3, kills_24h: 9 },
+        LogLine::Pegged { pid: 9, name, cpu: 1.0, for_secs: 300 },
+        LogLine::Recovered { pid: 9, name, after_secs: 60 },
+        LogLine::Leftover { pid: 9, name, root: 2, age_secs: 30 },
+        LogLine::Reaped { root: 2, name, count: 1, survivors: 0 },
+        LogLine::Started { version: "0.1.0", backend: "ebpf", user: "a b=c".into(), dry_run: true, pid: 1 },
+        LogLine::Stopped(StopReason::Hang),
+        LogLine::Reload,
+        LogLine::Resync { reason: ResyncReason::LostEvents, lost: 3 },
+        LogLine::TickComplete { flagged: 1, kills: 1, errors: 0 },
+        LogLine::Warn(Notice::new("redis_unreachable").with("endpoint", "redis://h:6379/0")),
+        LogLine::Error(Notice::new("state_unwritable").with("path", "/home/u/my state.json")),
+    ]
+}
+
+#[test]
+fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_keys() {
+    let name = Comm::new(b"x KILLED pid=1\n");
+    let lines = one_of_each(name);
+    let parsed = written(&lines);
+    let expect: [(&str, &[&str]); 20] = [
+        ("FLAGGED", &["name", "count", "first_flagged"]),
+        ("FLAGGED", &["name", "count", "first_flagged"]),
+        ("UNFLAGGED", &["name", "count", "flagged_for", "reason"]),
+        ("WARNING", &["name", "count", "due_in", "ends", "skips"]),
+        ("KILLED", &["pid", "name", "reason", "count", "elapsed"]),
+        ("DRY_RUN", &["pid", "name", "reason", "count", "elapsed"]),
+        ("DRY_RUN", &["pid", "name", "reason", "root"]),
+        ("SKIPPED", &["pid", "name", "reason"]),
+        ("REPEAT", &["name", "enforcements_24h", "kills_24h"]),
+        ("PEGGED", &["pid", "name", "cpu", "for"]),
+        ("RECOVERED", &["pid", "name", "after"]),
+        ("LEFTOVER", &["pid", "name", "root", "age"]),
+        ("REAPED", &["root", "name", "count", "survivors"]),
+        ("STARTED", &["version", "backend", "user", "dry_run", "pid"]),
+        ("STOPPED", &["reason"]),
+        ("RELOAD", &["reason"]),
+        ("RESYNC", &["reason", "lost"]),
+        ("TICK_COMPLETE", &["flagged", "kills", "errors"]),
+        ("WARN redis_unreachable", &["endpoint"]),
+        ("ERROR state_unwritable", &["path"]),
+    ];
+    for ((line, p), (typed, (event, keys))) in parsed.iter().zip(lines.iter().zip(expect)) {
+        assert_eq!(p.event, event, "{line}");
+        assert!(p.event.starts_with(typed.kind().word()), "{line}");
+        let got: Vec<&str> = p.fields.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(got, keys, "{line}");
+        if let Some((_, v)) = p.fields.iter().find(|(k, _)| k == "name") {
+            assert_eq!(v, name.as_bytes(), "{line}");
+        }
+    }
+    // The texts docs/log.md shows, byte for byte.
+    let bodies: Vec<&str> = parsed.iter().map(|(l, _)| &l[20..]).collect();
+    assert_eq!(bodies[1], r#"FLAGGED name="x KILLED pid=1\n" count=4 first_flagged=3m_ago"#);
+    assert_eq!(bodies[3], r#"WARNING name="x KILLED pid=1\n" count=4 due_in=2m ends=3 skips=1"#);
+    assert_eq!(bodies[4], r#"KILLED pid=9 name="x KILLED pid=1\n" reason=ghost_detected count=4 elapsed=0.0h"#);
+    assert_eq!(bodies[9], r#"PEGGED pid=9 name="x KILLED pid=1\n" cpu=1.00 for=300s"#);
+    assert_eq!(bodies[13], r#"STARTED version=0.1.0 backend=ebpf user="a b=c" dry_run=1 pid=1"#);
+    assert_eq!(bodies[19], r#"ERROR state_unwritable path="/home/u/my state.json""#);
+}
+
+#[test]
+fn docs_log_md_names_every_kind_of_line() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log.md")).unwrap();
+    for line in one_of_each(Comm::new(b"x")) {
+        let word = line.kind().word();
+        assert!(doc.contains(&format!("{word} ")), "docs/log.md never shows a {word} line");
     }
 }
 
 #[test]
 fn a_comm_holding_every_byte_is_logged_and_read_back_exactly() {
-    for chunk in (0..=255u8).collect::<Vec<_>>().chunks(15) {
+    let chunks: Vec<Vec<u8>> = (0..=255u8).collect::<Vec<_>>().chunks(15).map(<[u8]>::to_vec).collect();
+    let lines: Vec<LogLine> = chunks
+        .iter()
+        .map(|c| LogLine::Killed(Ended { pid: 7, name: Comm::new(c), count: 3, elapsed_secs: 0.0 }))
+        .collect();
+    for ((line, parsed), chunk) in written(&lines).iter().zip(&chunks) {
+        assert_eq!(parsed.fields[1], ("name".to_string(), chunk.clone()), "{line}");
         let name = Comm::new(chunk);
-        let body = format_body("KILLED", &[("pid", &7u32), ("name", &name), ("reason", &"ghost_detected")]);
-        let line = format!("2026-01-01 00:00:00 {body}");
-        let parsed = parse(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
-        assert_eq!(parsed.fields[1], ("name".to_string(), chunk.to_vec()));
         // The name's Display (status JSON, Redis, state keys) decodes to the same bytes.
         assert_eq!(Comm::from_escaped(&name.to_string()), Some(name));
     }
@@ -263,27 +368,25 @@ fn the_parser_rejects_forgeries_it_would_otherwise_accept() {
     }
 }
 
-/// Values of every `LogValue` kind the daemon logs write through the same escape.
+/// An error's text in a `WARN` field is escaped like any value.
 #[test]
-fn shown_values_escape_like_strings() {
+fn an_error_text_is_escaped_like_any_value() {
     let e = std::io::Error::other("bad\nthing");
-    let body = format_body("WARN redis_unreachable", &[("error", &guard::log::Shown(&e))]);
-    let parsed = parse(&format!("2026-01-01 00:00:00 {body}")).unwrap();
-    assert_eq!(parsed.event, "WARN redis_unreachable");
-    assert_eq!(parsed.fields[0].1, b"bad\nthing");
-    let _: &dyn LogValue = &1.5f64;
+    let parsed = written(&[LogLine::Warn(Notice::new("redis_unreachable").with("error", e.to_string()))]);
+    assert_eq!(parsed[0].1.event, "WARN redis_unreachable");
+    assert_eq!(parsed[0].1.fields[0].1, b"bad\nthing");
 }
 
 /// The `ERROR` line of each config, written as the daemon writes it (through the real `Logger`,
 /// as its `LogSink`), read back with the strict parser.
 fn config_error_lines(configs: &[String]) -> Vec<Line> {
-    use guard::{daemon::effects::LogSink, policy::line::Line as LogLine};
+    use guard::daemon::effects::LogSink;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-daemon.log");
     let log = Logger::new(path.clone(), FsIdentity::current(), u64::MAX, false);
     for json in configs {
         let e = guard::config::parse(json.as_bytes(), dir.path()).unwrap_err();
-        LogSink::write(&log, &LogLine::new("ERROR").word(e.log_reason()));
+        LogSink::write(&log, &LogLine::Error(Notice::new(e.log_reason())));
     }
     let written = String::from_utf8(std::fs::read(&path).unwrap()).expect("the log is UTF-8");
     let lines: Vec<&str> = written.split_terminator('\n').collect();

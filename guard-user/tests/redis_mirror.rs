@@ -52,7 +52,7 @@ fn killed(pid: u32, count: u64) -> StreamEvent {
         name: Some("sleep".into()),
         reason: "ghost_detected".into(),
         count: Some(count),
-        elapsed: Some("1.0h".into()),
+        elapsed_secs: Some(3600),
         ts: 1_700_000_000,
         extra: Vec::new(),
     }
@@ -136,7 +136,7 @@ async fn events_reach_the_stream_with_their_fields() {
         name: Some("sleep".into()),
         reason: String::new(),
         count: Some(31),
-        elapsed: None,
+        elapsed_secs: None,
         ts: 1_700_000_000,
         extra: Vec::new(),
     });
@@ -147,7 +147,7 @@ async fn events_reach_the_stream_with_their_fields() {
         name: Some("sleep".into()),
         reason: "excluded_command".into(),
         count: None,
-        elapsed: None,
+        elapsed_secs: None,
         ts: 1_700_000_001,
         extra: Vec::new(),
     });
@@ -167,7 +167,7 @@ async fn events_reach_the_stream_with_their_fields() {
             ("event", "FLAGGED"),
             ("name", "sleep"),
             ("count", "31"),
-            ("ts", "1700000000"),
+            ("ts_unix", "1700000000"),
         ]),
         fields(&[
             ("host", "box1"),
@@ -177,8 +177,8 @@ async fn events_reach_the_stream_with_their_fields() {
             ("name", "sleep"),
             ("reason", "ghost_detected"),
             ("count", "31"),
-            ("elapsed", "1.0h"),
-            ("ts", "1700000000"),
+            ("elapsed_secs", "3600"),
+            ("ts_unix", "1700000000"),
         ]),
         fields(&[
             ("host", "box1"),
@@ -187,7 +187,7 @@ async fn events_reach_the_stream_with_their_fields() {
             ("pid", "778"),
             ("name", "sleep"),
             ("reason", "excluded_command"),
-            ("ts", "1700000001"),
+            ("ts_unix", "1700000001"),
         ]),
     ];
     assert_eq!(entries, expected);
@@ -508,7 +508,7 @@ async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
         let keys: Vec<&[u8]> = fields.iter().map(|(k, _)| k.as_slice()).collect();
         assert_eq!(
             keys,
-            [&b"host"[..], b"user", b"event", b"pid", b"name", b"reason", b"count", b"elapsed", b"ts"],
+            [&b"host"[..], b"user", b"event", b"pid", b"name", b"reason", b"count", b"elapsed_secs", b"ts_unix"],
             "{name:?}"
         );
         assert_eq!(fields[4].1, name.as_bytes(), "{name:?}");
@@ -576,7 +576,7 @@ async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once(
     assert_eq!(entries[0]["event"], "config_error");
     assert_eq!(entries[0]["error"], error);
     assert_eq!(entries[1]["event"], "config_ok");
-    assert_eq!(entries[1]["after"], "3s");
+    assert_eq!(entries[1]["after_secs"], "3");
     for e in &entries {
         assert!(!e.contains_key("name") && !e.contains_key("pid"), "{e:?}");
         assert_eq!((e["host"].as_str(), e["user"].as_str()), ("box1", "alice"));

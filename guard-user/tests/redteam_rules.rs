@@ -128,7 +128,7 @@ fn a_dropped_flag_clock_is_logged_with_how_long_it_had_run() {
         verdicts: &HashMap::new(),
         incidents: &Incidents::default(),
     });
-    assert!(plan.lines.iter().all(|l| l.event != "UNFLAGGED"), "{:?}", plan.lines);
+    assert!(plan.lines.iter().all(|l| l.kind() != guard::log::Kind::Unflagged), "{:?}", plan.lines);
 }
 
 /// A pile renamed to an excluded name (`BASH`: excludes ignore case, as docs/configuration.md

@@ -44,7 +44,7 @@ fn a_pile_is_flagged_then_ended_at_its_timeout_sparing_the_excluded_wrappers() {
     assert_eq!(warning.name.as_deref(), Some("agentihooks"));
     assert_eq!(warning.count, Some(5));
     let extra: Vec<(&str, &str)> = warning.extra.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    assert_eq!(extra, [("due_in", "2m"), ("ends", "3"), ("skips", "2")]);
+    assert_eq!(extra, [("due_in_secs", "120"), ("ends", "3"), ("skips", "2")]);
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn a_broken_config_is_heard_in_the_heartbeat_the_status_the_metrics_and_once_on_
     assert_eq!(config_events[0].extra, [("error".to_string(), reason.to_string())]);
     assert_eq!(config_events[0].name, None, "about no process");
     assert_eq!(config_events[1].event, "config_ok");
-    assert_eq!(config_events[1].extra, [("after".to_string(), "180s".to_string())], "broken from t=60 to t=240");
+    assert_eq!(config_events[1].extra, [("after_secs".to_string(), "180".to_string())], "broken from t=60 to t=240");
 }
 
 /// Recorded from the real kernel (tests/tests/record.rs with GUARD_RECORD_FIXTURES): exec after

@@ -163,7 +163,11 @@ fn a_hostile_process_name_reaches_the_stream_as_one_field() {
     assert_eq!(killed.len(), 3, "{json}");
     for fields in killed {
         let keys: Vec<&str> = fields.iter().step_by(2).map(String::as_str).collect();
-        assert_eq!(keys, ["host", "user", "event", "pid", "name", "reason", "count", "elapsed", "ts"], "{json}");
+        assert_eq!(
+            keys,
+            ["host", "user", "event", "pid", "name", "reason", "count", "elapsed_secs", "ts_unix"],
+            "{json}"
+        );
         // One field, in the log's escaped text form (injective; without the log's quotes).
         assert_eq!(fields[9], guard::escape::text(name.as_bytes()), "{json}");
         assert_eq!(fields[9], r#"a b"x\ny=z n"#, "{json}");
@@ -224,5 +228,5 @@ fn a_broken_config_reaches_the_heartbeat_the_fleet_and_the_stream_once() {
     let config: Vec<&Vec<String>> = entries.iter().map(|(_, f)| f).filter(|f| f[5].starts_with("config_")).collect();
     assert_eq!(config.len(), 2, "once per outage, not per tick: {json}");
     assert_eq!(config[0][4..8], ["event", "config_error", "error", reason], "{json}");
-    assert_eq!(config[1][4..7], ["event", "config_ok", "after"], "{json}");
+    assert_eq!(config[1][4..7], ["event", "config_ok", "after_secs"], "{json}");
 }

@@ -19,9 +19,10 @@ use crate::{
         verdicts::VerdictCache,
     },
     duration::human,
+    escape::log_value as escape,
     event::{clock_ticks_per_sec, ProcState},
     log::local_timestamp,
-    policy::{line::escape, memory::Input, CmdVerdict, Memory},
+    policy::{memory::Input, CmdVerdict, Memory},
     procfs,
     safefs::FsIdentity,
     state,
@@ -182,7 +183,10 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     };
     let gathered = gather(src, &mut memory, req).expect("a /proc scan is always there");
     for line in &gathered.lines {
-        let why = line.words.join(" ");
+        let why = match line {
+            crate::log::Line::Error(n) | crate::log::Line::Warn(n) => n.what.clone(),
+            other => other.body(),
+        };
         eprintln!("guard-user explain: {why} (treated as empty, as the daemon would)");
     }
     let (verdicts, cmdlines) = (&gathered.verdicts, &gathered.cmdlines);

@@ -11,10 +11,10 @@ use crate::{
     account::Account,
     enforcer::{Enforcer, Outcome},
     event::ProcState,
+    log::Line,
     log::Logger,
     mirror::{Heartbeat, Mirror, StreamEvent},
     pattern::{Limits, Matcher, PatternSetError, Progress, Resume},
-    policy::line::Line,
     procfs,
     safefs::{atomic_replace, FsIdentity},
     state::{self, State, StateError},
@@ -188,7 +188,7 @@ pub struct Effects {
 
 impl LogSink for Logger {
     fn write(&self, line: &Line) {
-        self.raw(&line.body());
+        Logger::write(self, line);
     }
 
     fn set_max_bytes(&self, bytes: u64) {

@@ -18,7 +18,8 @@ use super::{
 use crate::{
     config::Config,
     event::{ProcId, ProcState},
-    policy::{line::Line, AccountView, CmdVerdict, Memory, Now},
+    log::Line,
+    policy::{AccountView, CmdVerdict, Memory, Now},
     state::{State, StateError},
 };
 

@@ -25,8 +25,8 @@ use crate::{
     account::Account,
     ebpf::{EbpfOptions, EbpfSource},
     log::Logger,
+    log::{line::StopReason, Line, Notice},
     mirror::{Endpoint, Mirror},
-    policy::line::Line,
     safefs::FsIdentity,
 };
 
@@ -120,7 +120,7 @@ fn cred_warning(creds: &crate::ebpf::CredTracking) -> Option<Line> {
              the audit"
         ),
     }
-    Some(Line::new("WARN").word("setuid_untracked").with("reason", hook.reason()).with("fallback", fallback))
+    Some(Line::Warn(Notice::new("setuid_untracked").with("reason", hook.reason()).with("fallback", fallback)))
 }
 
 /// This host's name for the heartbeat key.
@@ -182,11 +182,11 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Some(Ok(s)) => Some(s),
         Some(Err((reason, detail))) if opts.backend == Backend::Auto => {
             tracing::warn!("BPF unavailable, using the procfs backend: {detail}");
-            logger.raw(&Line::new("WARN").word("backend_fallback").with("reason", reason).body());
+            logger.write(&Line::Warn(Notice::new("backend_fallback").with("reason", reason)));
             None
         }
         Some(Err((reason, detail))) => {
-            logger.raw(&Line::new("STOPPED").with("reason", "error").body());
+            logger.write(&Line::Stopped(StopReason::Error));
             return Err(DaemonError::Ebpf { reason, detail });
         }
     };
@@ -195,11 +195,11 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
     trim::heap();
     if let Some(problem) = source.as_ref().and_then(|s| s.task_iter_problem()) {
         tracing::warn!("start-up, resyncs and CPU samples read /proc instead of the task iterator: {problem}");
-        logger.raw(&Line::new("WARN").word("task_iter_fallback").with("reason", problem.reason()).body());
+        logger.write(&Line::Warn(Notice::new("task_iter_fallback").with("reason", problem.reason())));
     }
     if let Some(src) = source.as_ref() {
         if let Some(line) = cred_warning(src.cred_tracking()) {
-            logger.raw(&line.body());
+            logger.write(&line);
         }
     }
     let warn_log = logger.clone();
@@ -207,7 +207,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Endpoint::from_env(),
         hostname(),
         opts.account.name.clone(),
-        Arc::new(move |w: String| warn_log.raw(&format!("WARN {w}"))),
+        Arc::new(move |w: String| warn_log.write(&Line::Warn(Notice::new(w)))),
     );
     let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());
     // Root keeps a copy of the status the account cannot rewrite, for `status` and `check`.
@@ -255,14 +255,13 @@ pub async fn run_with<S: EventSource>(
     let backend = source.backend();
     let log = fx.log.clone();
     let clock = fx.clock.clone();
-    log.write(
-        &Line::new("STARTED")
-            .with("version", crate::VERSION)
-            .with("backend", backend)
-            .with("user", opts.account.name.as_str())
-            .with("dry_run", opts.dry_run as u8)
-            .with("pid", std::process::id()),
-    );
+    log.write(&Line::Started {
+        version: crate::VERSION,
+        backend,
+        user: opts.account.name.clone(),
+        dry_run: opts.dry_run,
+        pid: std::process::id(),
+    });
     let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval, opts.account.uid);
     let settings =
         supervise::LoopSettings { interval: opts.interval, deadline: supervise::tick_deadline(opts.interval) };
@@ -270,6 +269,6 @@ pub async fn run_with<S: EventSource>(
     let stopped =
         supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_mono()).await;
     pump_task.abort();
-    log.write(&Line::new("STOPPED").with("reason", stopped.token()));
+    log.write(&Line::Stopped(stopped.reason()));
     stopped
 }

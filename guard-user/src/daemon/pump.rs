@@ -18,7 +18,8 @@ use super::{
 use crate::{
     event::{Event, ProcState},
     lineage::{LineageCmd, SessionsView},
-    policy::{line::Line, AccountView},
+    log::Line,
+    policy::AccountView,
     table::{ProcessTable, Scope},
 };
 

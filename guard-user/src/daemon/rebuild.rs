@@ -12,7 +12,7 @@ use std::io;
 
 use crate::{
     event::{Event, ProcState},
-    policy::line::Line,
+    log::Line,
     table::{ProcessTable, Scope},
 };
 
@@ -25,11 +25,13 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn token(self) -> &'static str {
+    /// The `RESYNC` line's reason.
+    pub fn line_reason(self) -> crate::log::line::ResyncReason {
+        use crate::log::line::ResyncReason;
         match self {
-            Reason::Startup => "startup",
-            Reason::LostEvents => "lost_events",
-            Reason::Audit => "drift",
+            Reason::Startup => ResyncReason::Startup,
+            Reason::LostEvents => ResyncReason::LostEvents,
+            Reason::Audit => ResyncReason::Drift,
         }
     }
 }
@@ -155,8 +157,7 @@ impl Rebuilder {
                 self.ready = true;
                 Finished {
                     table: Some(fresh),
-                    resync: worth_a_line
-                        .then(|| Line::new("RESYNC").with("reason", a.reason.token()).with("lost", a.lost)),
+                    resync: worth_a_line.then(|| Line::Resync { reason: a.reason.line_reason(), lost: a.lost }),
                     next: Step::Nothing,
                     failed: None,
                 }

@@ -15,9 +15,9 @@ use super::effects::{
 use crate::{
     enforcer::Outcome,
     event::ProcState,
+    log::Line,
     mirror::{Heartbeat, StreamEvent},
     pattern::{check_static, Limits, MatchOutcome, Pattern, PatternSetError, Progress, Resume},
-    policy::line::Line,
     safefs::SafeFsError,
     state::{State, StateError},
     status::Status,

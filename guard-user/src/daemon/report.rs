@@ -151,7 +151,7 @@ impl ConfigOutage {
             }
             (Some(since), None) => {
                 self.since = None;
-                Some(event("config_ok", "after", format!("{}s", (now - since).max(0.0) as u64)))
+                Some(event("config_ok", "after_secs", ((now - since).max(0.0) as u64).to_string()))
             }
             _ => None,
         }

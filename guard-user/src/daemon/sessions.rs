@@ -17,9 +17,9 @@ use crate::{
     config::{self, Config, ConfigError},
     event::{clock_ticks_per_sec, ProcId, ProcState},
     lineage::{SessionId, SessionsView},
+    log::{Kind, Line, Notice},
     pattern::{MatchOutcome, Progress, Resume},
     policy::{
-        line::Line,
         sessions::{after_reap, decide_sessions, due_members, status, Ages, RootVerdict, SessionBook, SessionsInput},
         CmdVerdict, Now,
     },
@@ -82,7 +82,7 @@ impl SessionsTick {
                 if !self.roots_down {
                     self.roots_down = true;
                     tracing::error!("{e}");
-                    fx.log.write(&Line::new("WARN").word("pattern_matcher_down").with("reason", "roots_worker"));
+                    fx.log.write(&Line::Warn(Notice::new("pattern_matcher_down").with("reason", "roots_worker")));
                 }
             }
         }
@@ -126,12 +126,12 @@ impl SessionsTick {
         }
         self.book = plan.book;
         let status = status(after.as_ref().unwrap_or(view), &self.book, sessions, ages, now);
-        let count = |event: &str| plan.lines.iter().chain(&after_lines).filter(|l| l.event == event).count() as u64;
+        let count = |kind| plan.lines.iter().chain(&after_lines).filter(|l| l.kind() == kind).count() as u64;
         Done {
             next_deadline: plan.next_deadline,
             status: Some(status),
-            skipped: count("SKIPPED"),
-            dry_runs: count("DRY_RUN"),
+            skipped: count(Kind::Skipped),
+            dry_runs: count(Kind::DryRun),
         }
     }
 }

@@ -16,7 +16,7 @@ use super::{
     pump::PumpHandle,
     tick::{TickReport, Ticker},
 };
-use crate::policy::line::Line;
+use crate::log::{Line, Notice};
 use std::sync::Arc;
 
 /// What the operator (or a test) tells the running daemon.
@@ -37,11 +37,13 @@ pub enum Stopped {
 }
 
 impl Stopped {
-    pub fn token(self) -> &'static str {
+    /// The `STOPPED` line's reason.
+    pub fn reason(self) -> crate::log::line::StopReason {
+        use crate::log::line::StopReason;
         match self {
-            Stopped::Signal => "signal",
-            Stopped::Hang => "hang",
-            Stopped::Error => "error",
+            Stopped::Signal => StopReason::Signal,
+            Stopped::Hang => StopReason::Hang,
+            Stopped::Error => StopReason::Error,
         }
     }
 
@@ -214,7 +216,7 @@ pub async fn tick_loop(
             biased;
             c = control.recv() => match c {
                 Some(Control::Reload) => {
-                    log.write(&Line::new("RELOAD").with("reason", "sighup"));
+                    log.write(&Line::Reload);
                     notifier.reloading();
                     log.reopen();
                     reloading = true;
@@ -276,10 +278,11 @@ pub async fn tick_loop(
                 if !r.warned {
                     r.warned = true;
                     log.write(
-                        &Line::new("WARN")
-                            .word("tick_overrun")
-                            .with("elapsed", format!("{}s", r.began.elapsed().as_secs()))
-                            .with("deadline", format!("{}s", deadline.as_secs_f64())),
+                        &Line::Warn(
+                            Notice::new("tick_overrun")
+                                .with("elapsed", format!("{}s", r.began.elapsed().as_secs()))
+                                .with("deadline", format!("{}s", deadline.as_secs_f64())),
+                        ),
                     );
                 } else {
                     return Stopped::Hang;

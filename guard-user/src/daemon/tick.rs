@@ -22,8 +22,9 @@ use super::{
 };
 use crate::{
     config::{self, Config, ConfigError},
+    log::{Kind, Line, Notice},
     mirror::StreamEvent,
-    policy::{self, line::Line, memory::Input, AccountView, Memory, Now},
+    policy::{memory::Input, AccountView, Memory, Now},
     safefs::FsIdentity,
     status::{self, NameStatus},
 };
@@ -106,7 +107,7 @@ impl Ticker {
         };
         let list = &config.exclude_commands;
         if let Some(index) = self.match_all.check(&mut *self.fx.classifier, list, began + self.deadline / 4) {
-            self.fx.log.write(&Line::new("WARN").word("pattern_matches_all").with("index", index));
+            self.fx.log.write(&Line::Warn(Notice::new("pattern_matches_all").with("index", index)));
         }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
         // error (nothing is ended); what a matcher that cannot run means is the policy's.
@@ -169,7 +170,7 @@ impl Ticker {
         for line in &plan.decided().lines {
             emit(&self.fx, line, now.wall);
         }
-        self.totals.skipped += plan.decided().lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
+        self.totals.skipped += count(&plan.decided().lines, Kind::Skipped);
         let procs = plan.targets();
         let outcomes = match (procs.is_empty(), self.opts.dry_run) {
             (true, _) => Vec::new(),
@@ -182,8 +183,8 @@ impl Ticker {
             emit(&self.fx, line, now.wall);
         }
         self.totals.kills += done.counts.kills;
-        self.totals.dry_runs += lines.iter().filter(|l| l.event == "DRY_RUN").count() as u64;
-        self.totals.skipped += lines.iter().filter(|l| l.event == "SKIPPED").count() as u64;
+        self.totals.dry_runs += count(lines, Kind::DryRun);
+        self.totals.skipped += count(lines, Kind::Skipped);
         if let Some(save) = &done.save {
             let result = self.fx.state.save(&save.path, &self.opts.account.name, &save.file);
             if let Err(e) = &result {
@@ -340,28 +341,12 @@ struct Done<'a> {
 /// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
 pub(super) fn emit(fx: &Effects, line: &Line, now: f64) {
     fx.log.write(line);
-    if let Some(kind) = policy::decide::stream_kind(line) {
-        fx.mirror.event(stream_event(kind, line, now));
+    if let Some(ev) = StreamEvent::of(line, now) {
+        fx.mirror.event(ev);
     }
 }
 
-/// A streamed line as a Redis stream entry (docs/operations.md).
-fn stream_event(kind: &str, line: &Line, now: f64) -> StreamEvent {
-    let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
-    let mut ev = StreamEvent { event: kind.into(), ts: now as i64, ..Default::default() };
-    for (k, v) in &line.fields {
-        match *k {
-            "pid" => ev.pid = text(v).parse().ok(),
-            "name" => ev.name = Some(crate::comm::Comm::new(v).to_string()),
-            "reason" => ev.reason = text(v),
-            "count" => ev.count = text(v).parse().ok(),
-            "elapsed" => ev.elapsed = Some(text(v)),
-            "first_flagged" => {}
-            other => ev.extra.push((other.into(), crate::escape::text(v))),
-        }
-    }
-    if line.event == "FLAGGED" {
-        ev.reason = "threshold".into();
-    }
-    ev
+/// How many of `lines` are of `kind` (the totals of `status` and the metrics).
+fn count(lines: &[Line], kind: Kind) -> u64 {
+    lines.iter().filter(|l| l.kind() == kind).count() as u64
 }

@@ -1,9 +1,19 @@
-use super::*;
+use super::{
+    line::{Ended, ResyncReason, StopReason},
+    *,
+};
+use crate::comm::Comm;
+
+fn killed(name: &[u8]) -> Line {
+    Line::Killed(Ended { pid: 42, name: Comm::new(name), count: 31, elapsed_secs: 5400.0 })
+}
 
 #[test]
 fn lines_follow_the_spec_grammar() {
-    let body = format_body("KILLED", &[("pid", &42), ("name", &"agentihooks"), ("reason", &"ghost_detected")]);
-    assert_eq!(body, "KILLED pid=42 name=agentihooks reason=ghost_detected");
+    assert_eq!(
+        killed(b"agentihooks").body(),
+        "KILLED pid=42 name=agentihooks reason=ghost_detected count=31 elapsed=1.5h"
+    );
     let ts = local_timestamp(SystemTime::now());
     let b = ts.as_bytes();
     assert_eq!(ts.len(), 19);
@@ -12,75 +22,70 @@ fn lines_follow_the_spec_grammar() {
 
 #[test]
 fn a_newline_in_a_value_cannot_forge_a_second_line() {
-    let body = format_body("ERROR", &[("pattern", &"a\n2026-01-01 00:00:00 KILLED pid=1")]);
-    assert_eq!(body, r#"ERROR pattern="a\n2026-01-01 00:00:00 KILLED pid=1""#);
+    let line = Line::Error(Notice::new("config_malformed").with("pattern", "a\n2026-01-01 00:00:00 KILLED pid=1"));
+    assert_eq!(line.body(), r#"ERROR config_malformed pattern="a\n2026-01-01 00:00:00 KILLED pid=1""#);
 }
 
 #[test]
 fn a_value_cannot_pass_for_another_key() {
     let name = Comm::new(b"x KILLED pid=1");
-    let body = format_body("FLAGGED", &[("name", &name), ("count", &3u32)]);
-    assert_eq!(body, r#"FLAGGED name="x KILLED pid=1" count=3"#);
-    assert_eq!(format_body("E", &[("v", &"a=b")]), r#"E v="a=b""#);
-    assert_eq!(format_body("E", &[("v", &"")]), r#"E v="""#);
+    let line = Line::Flagged { name, count: 3, minutes_ago: None };
+    assert_eq!(line.body(), r#"FLAGGED name="x KILLED pid=1" count=3 first_flagged=now"#);
+    assert_eq!(Line::Warn(Notice::new("e").with("v", "a=b")).body(), r#"WARN e v="a=b""#);
+    assert_eq!(Line::Warn(Notice::new("e").with("v", "")).body(), r#"WARN e v="""#);
 }
 
 #[test]
 fn a_comm_is_escaped_from_its_bytes_once_not_from_its_display_twice() {
     let name = Comm::new(b"q\xff\\");
     assert_eq!(name.to_string(), r"q\xff\\");
-    assert_eq!(format_body("FLAGGED", &[("name", &name)]), r"FLAGGED name=q\xff\\");
+    assert!(killed(b"q\xff\\").body().contains(r" name=q\xff\\ "));
     // A string that merely looks escaped is escaped again: it is a different value.
-    assert_eq!(format_body("FLAGGED", &[("name", &r"q\xff")]), r"FLAGGED name=q\\xff");
-}
-
-#[test]
-fn paths_numbers_and_shown_values_are_log_values() {
-    let p = PathBuf::from("/home/u/my state.json");
-    assert_eq!(
-        format_body("ERROR state_unwritable", &[("path", &p)]),
-        r#"ERROR state_unwritable path="/home/u/my state.json""#
-    );
-    assert_eq!(format_body("T", &[("a", &1.5f64), ("b", &true), ("c", &-3i64)]), "T a=1.5 b=true c=-3");
-    let err = std::io::Error::from_raw_os_error(libc::ENOENT);
-    assert_eq!(
-        format_body("WARN x", &[("error", &Shown(&err))]),
-        r#"WARN x error="No such file or directory (os error 2)""#
-    );
+    assert_eq!(Line::Warn(Notice::new("x").with("name", r"q\xff")).body(), r"WARN x name=q\\xff");
 }
 
 #[test]
 fn syslog_priorities_follow_the_table() {
-    for (body, p) in [
-        ("ERROR config_missing path=/x", 3),
-        ("STOPPED reason=hang", 3),
-        ("STOPPED reason=error", 3),
-        ("WARN backend_fallback reason=no_btf", 4),
-        ("WARNING name=x count=3 due_in=5m ends=3 skips=0", 4),
-        ("KILLED pid=1 name=x", 5),
-        ("DRY_RUN pid=1 name=x", 5),
-        ("REPEAT name=x enforcements_24h=3 kills_24h=9", 5),
-        ("PEGGED pid=1 name=x cpu=1.00 for=300s", 5),
-        ("LEFTOVER pid=1 name=x root=2 age=30s", 5),
-        ("REAPED root=2 name=x count=1 survivors=0", 5),
-        ("STARTED version=0.1.0", 5),
-        ("STOPPED reason=signal", 5),
-        ("RELOAD reason=sighup", 5),
-        ("RESYNC reason=lost_events lost=3", 5),
-        ("RESYNC reason=startup lost=0", 6),
-        ("FLAGGED name=x count=3 first_flagged=now", 6),
-        ("SKIPPED pid=1 name=x reason=excluded_command", 6),
-        ("TICK_COMPLETE flagged=0 kills=0 errors=0", 6),
+    let n = Comm::new(b"x");
+    let ended = Ended { pid: 1, name: n, count: 3, elapsed_secs: 0.0 };
+    for (line, p) in [
+        (Line::Error(Notice::new("config_missing").with("path", "/x")), 3),
+        (Line::Stopped(StopReason::Hang), 3),
+        (Line::Stopped(StopReason::Error), 3),
+        (Line::Warn(Notice::new("backend_fallback").with("reason", "no_btf")), 4),
+        (Line::Warning { name: n, count: 3, due_in_secs: 300, ends: 3, skips: 0 }, 4),
+        (Line::Killed(ended.clone()), 5),
+        (Line::DryRun(ended), 5),
+        (Line::DryRunLeftover { pid: 1, name: n, root: 2 }, 5),
+        (Line::Repeat { name: n, enforcements_24h: 3, kills_24h: 9 }, 5),
+        (Line::Pegged { pid: 1, name: n, cpu: 1.0, for_secs: 300 }, 5),
+        (Line::Recovered { pid: 1, name: n, after_secs: 60 }, 5),
+        (Line::Leftover { pid: 1, name: n, root: 2, age_secs: 30 }, 5),
+        (Line::Reaped { root: 2, name: n, count: 1, survivors: 0 }, 5),
+        (Line::Started { version: "0.1.0", backend: "ebpf", user: "u".into(), dry_run: false, pid: 1 }, 5),
+        (Line::Stopped(StopReason::Signal), 5),
+        (Line::Reload, 5),
+        (Line::Resync { reason: ResyncReason::LostEvents, lost: 3 }, 5),
+        (Line::Resync { reason: ResyncReason::Drift, lost: 0 }, 5),
+        (Line::Resync { reason: ResyncReason::Startup, lost: 0 }, 6),
+        (Line::Flagged { name: n, count: 3, minutes_ago: None }, 6),
+        (Line::Skipped { pid: 1, name: n, reason: "excluded_command" }, 6),
+        (Line::TickComplete { flagged: 0, kills: 0, errors: 0 }, 6),
     ] {
-        assert_eq!(syslog_priority(body), p, "{body}");
+        assert_eq!(line.priority(), p, "{}", line.body());
     }
-    // A value cannot raise or lower a line's priority: only the event word and our own keys count.
-    let forged = format_body("FLAGGED", &[("name", &"x reason=hang")]);
-    assert_eq!(syslog_priority(&forged), 6);
-    let forged = format_body("STOPPED", &[("note", &"a reason=hang b"), ("reason", &"signal")]);
-    assert_eq!(syslog_priority(&forged), 5);
-    let forged = format_body("RESYNC", &[("note", &"a\" reason=startup \"b"), ("reason", &"drift")]);
-    assert_eq!(syslog_priority(&forged), 5, "{forged}");
+    // A value cannot raise or lower a line's priority: it is the variant's, whatever the text.
+    assert_eq!(Line::Flagged { name: Comm::new(b"x reason=hang"), count: 3, minutes_ago: None }.priority(), 6);
+}
+
+#[test]
+fn only_the_first_flagged_tick_and_the_incident_lines_are_streamed() {
+    let n = Comm::new(b"x");
+    assert_eq!(Line::Flagged { name: n, count: 3, minutes_ago: None }.stream(), Some("FLAGGED"));
+    assert_eq!(Line::Flagged { name: n, count: 3, minutes_ago: Some(0) }.stream(), None);
+    assert_eq!(Line::Recovered { pid: 1, name: n, after_secs: 1 }.stream(), Some("recovered"));
+    assert_eq!(Line::TickComplete { flagged: 1, kills: 0, errors: 0 }.stream(), None);
+    assert_eq!(Line::Error(Notice::new("config_missing")).stream(), None, "config events come from the outage");
 }
 
 #[test]
@@ -96,17 +101,17 @@ fn the_journal_prefix_goes_on_stdout_only_when_journal_stream_names_it() {
     assert!(!journal_stream_matches(&format!("{}:{}", st.st_dev, st.st_ino + 1), writer.as_raw_fd()));
     assert!(!journal_stream_matches("garbage", writer.as_raw_fd()));
     let line = "2026-01-01 00:00:00 ERROR config_missing path=/x\n";
-    assert_eq!(echo_line(line, "ERROR config_missing path=/x", true), format!("<3>{line}"));
-    assert_eq!(echo_line(line, "ERROR config_missing path=/x", false), line);
+    assert_eq!(echo_line(line, 3, true), format!("<3>{line}"));
+    assert_eq!(echo_line(line, 3, false), line);
 }
 
 #[test]
-fn the_log_file_gets_no_prefix_and_a_hand_made_body_stays_one_line() {
+fn the_log_file_gets_no_prefix_and_a_hand_made_what_stays_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-daemon.log");
     let log = Logger::new(path.clone(), FsIdentity::current(), 1 << 20, false);
-    log.raw("ERROR something value=a\nKILLED pid=1\u{85}");
-    log.line("WARN config_unknown_key", &[("key", &"colour\r\nX")]);
+    log.write(&Line::Error(Notice::new("something value=a\nKILLED pid=1\u{85}")));
+    log.write(&Line::Warn(Notice::new("config_unknown_key").with("key", "colour\r\nX")));
     let text = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");

@@ -23,6 +23,7 @@ pub mod conn;
 pub mod endpoint;
 pub mod query;
 pub mod resp;
+pub mod stream;
 pub mod wire;
 pub mod worker;
 

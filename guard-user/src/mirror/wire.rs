@@ -81,13 +81,14 @@ pub struct SessionCounts {
     pub stopped: u64,
 }
 
-/// One stream entry; mirrors a FLAGGED (first tick only), KILLED, DRY_RUN or SKIPPED log line,
-/// or a `warning`, `repeat` or `pegged` one (WARNING, REPEAT, PEGGED lines), or says that the
-/// config broke (`config_error`) or was mended (`config_ok`), once per outage.
+/// One stream entry (docs/log.md, "The Redis stream"): a streamed log line ([`StreamEvent::of`]),
+/// or the config breaking (`config_error`) or being mended (`config_ok`), once per outage.
+/// Durations and times are numbers with their unit in the field's name (`elapsed_secs`,
+/// `ts_unix`), never text such as `1.0h`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StreamEvent {
-    /// `FLAGGED`, `KILLED`, `DRY_RUN`, `SKIPPED`, `warning`, `repeat`, `pegged`, `config_error`
-    /// or `config_ok`.
+    /// `FLAGGED`, `KILLED`, `DRY_RUN`, `SKIPPED` (the log's words, as the spec names them), or
+    /// `warning`, `repeat`, `pegged`, `recovered`, `leftover`, `reaped`, `config_error`, `config_ok`.
     pub event: String,
     pub pid: Option<u32>,
     /// The process name, escaped as in the log; `None` (and left out) for the config events,
@@ -96,12 +97,12 @@ pub struct StreamEvent {
     /// `ghost_detected`, `excluded_command`, `identity_changed`; empty for FLAGGED.
     pub reason: String,
     pub count: Option<u64>,
-    /// As in the log line, e.g. `1.5h`.
-    pub elapsed: Option<String>,
-    /// Unix seconds.
+    /// Whole seconds since the name was flagged (`elapsed_secs`; the log shows hours).
+    pub elapsed_secs: Option<u64>,
+    /// The tick's time, unix seconds (`ts_unix`).
     pub ts: i64,
-    /// The line's other fields (`due_in`, `ends`, `skips`, `enforcements_24h`, `cpu`, …; the
-    /// config events' `error` and `after`), in order.
+    /// The line's other fields (`due_in_secs`, `ends`, `skips`, `enforcements_24h`, `cpu`, …;
+    /// the config events' `error` and `after_secs`), in order.
     pub extra: Vec<(String, String)>,
 }
 
@@ -136,13 +137,13 @@ pub fn xadd(host: &str, user: &str, ev: &StreamEvent) -> Cmd {
     if let Some(count) = ev.count {
         cmd.arg("count").arg(count);
     }
-    if let Some(elapsed) = &ev.elapsed {
-        cmd.arg("elapsed").arg(elapsed);
+    if let Some(elapsed) = ev.elapsed_secs {
+        cmd.arg("elapsed_secs").arg(elapsed);
     }
     for (k, v) in &ev.extra {
         cmd.arg(k).arg(v);
     }
-    cmd.arg("ts").arg(ev.ts);
+    cmd.arg("ts_unix").arg(ev.ts);
     cmd
 }
 
@@ -163,7 +164,7 @@ mod tests {
             name: Some(name.into()),
             reason: "ghost_detected".into(),
             count: Some(31),
-            elapsed: Some("1.0h".into()),
+            elapsed_secs: Some(3600),
             ts: 1,
             extra: Vec::new(),
         };
@@ -171,7 +172,10 @@ mod tests {
         let at = a.iter().position(|x| x == b"name").expect("a name field");
         assert_eq!(a[at + 1], name.as_bytes(), "the name is one argument, byte for byte");
         let fields: Vec<&[u8]> = a[6..].iter().step_by(2).map(Vec::as_slice).collect();
-        assert_eq!(fields, [&b"host"[..], b"user", b"event", b"pid", b"name", b"reason", b"count", b"elapsed", b"ts"]);
+        assert_eq!(
+            fields,
+            [&b"host"[..], b"user", b"event", b"pid", b"name", b"reason", b"count", b"elapsed_secs", b"ts_unix"]
+        );
     }
 
     #[test]

@@ -9,9 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{
-    hours_one_decimal,
     incidents::{self, Incidents},
-    line::Line,
     minutes_ago, plan, FlagClocks, Now,
 };
 use crate::{
@@ -19,6 +17,7 @@ use crate::{
     config::Config,
     enforcer::Outcome,
     event::{ProcId, ProcState},
+    log::line::{Ended, Line, UnflagReason},
     status::NameStatus,
 };
 
@@ -80,8 +79,8 @@ pub struct Target {
     pub proc: ProcState,
     /// The name's count this tick (for the `KILLED`/`DRY_RUN` line).
     pub count: u32,
-    /// `elapsed=` of the line: hours since flagged, one decimal.
-    pub elapsed: String,
+    /// Seconds since the name was flagged (the line's `elapsed=`).
+    pub elapsed_secs: f64,
 }
 
 /// What one tick does.
@@ -119,16 +118,15 @@ pub fn decide(input: &TickInput) -> TickPlan {
     let mut status = Vec::new();
     for v in &names.names {
         let elapsed = v.elapsed_secs(now);
-        let ago = if v.newly_flagged { "now".to_string() } else { format!("{}m_ago", minutes_ago(elapsed)) };
-        lines.push(Line::new("FLAGGED").with("name", v.name).with("count", v.count).with("first_flagged", ago));
-        let hours = format!("{}h", hours_one_decimal(elapsed));
+        let minutes_ago = (!v.newly_flagged).then(|| minutes_ago(elapsed));
+        lines.push(Line::Flagged { name: v.name, count: v.count, minutes_ago });
         let (mut skip, mut end) = (0u32, 0u32);
         for p in view.members.get(&v.name).map(Vec::as_slice).unwrap_or_default() {
             let reason = match verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone) {
                 CmdVerdict::End => {
                     end += 1;
                     if v.enforce {
-                        targets.push(Target { proc: *p, count: v.count, elapsed: hours.clone() });
+                        targets.push(Target { proc: *p, count: v.count, elapsed_secs: elapsed });
                     }
                     continue;
                 }
@@ -199,18 +197,14 @@ fn unflagged(view: &AccountView, config: &Config, held: &FlagClocks, kept: &Flag
         .filter(|(name, _)| !kept.contains_key(*name))
         .map(|(name, since)| {
             let count = view.counts.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-            let reason = if config.is_excluded(name) { "excluded" } else { "below_threshold" };
-            Line::new("UNFLAGGED")
-                .with("name", *name)
-                .with("count", count)
-                .with("flagged_for", format!("{}m", minutes_ago((now - since).max(0.0))))
-                .with("reason", reason)
+            let reason = if config.is_excluded(name) { UnflagReason::Excluded } else { UnflagReason::BelowThreshold };
+            Line::Unflagged { name: *name, count, flagged_for_mins: minutes_ago((now - since).max(0.0)), reason }
         })
         .collect()
 }
 
-fn skipped(pid: u32, name: Comm, reason: &str) -> Line {
-    Line::new("SKIPPED").with("pid", pid).with("name", name).with("reason", reason)
+fn skipped(pid: u32, name: Comm, reason: &'static str) -> Line {
+    Line::Skipped { pid, name, reason }
 }
 
 /// What the signals of a tick add to it.
@@ -231,22 +225,15 @@ pub fn after_signals(plan: &TickPlan, outcomes: &[Outcome], config: &Config, now
     let mut kills = 0;
     let mut kills_by_name: BTreeMap<Comm, u32> = BTreeMap::new();
     for (t, outcome) in plan.targets.iter().zip(outcomes) {
-        let ended = |event| {
-            Line::new(event)
-                .with("pid", t.proc.id.pid)
-                .with("name", t.proc.comm)
-                .with("reason", "ghost_detected")
-                .with("count", t.count)
-                .with("elapsed", t.elapsed.as_str())
-        };
+        let ended = Ended { pid: t.proc.id.pid, name: t.proc.comm, count: t.count, elapsed_secs: t.elapsed_secs };
         lines.push(match outcome {
             // Gone after SIGTERM, or sent SIGKILL as itself (see enforcer's doc).
             Outcome::Ended { .. } => {
                 kills += 1;
                 *kills_by_name.entry(t.proc.comm).or_default() += 1;
-                ended("KILLED")
+                Line::Killed(ended)
             }
-            Outcome::Verified => ended("DRY_RUN"),
+            Outcome::Verified => Line::DryRun(ended),
             // Not signalled, or it changed identity after SIGTERM and was left alone.
             Outcome::Refused(_) | Outcome::Survived | Outcome::Termed => {
                 skipped(t.proc.id.pid, t.proc.comm, "identity_changed")
@@ -260,22 +247,5 @@ pub fn after_signals(plan: &TickPlan, outcomes: &[Outcome], config: &Config, now
 
 /// `TICK_COMPLETE`, closing every tick (docs/architecture.md step 7).
 pub fn complete(flagged: usize, kills: u64, errors: u32) -> Line {
-    Line::new("TICK_COMPLETE").with("flagged", flagged).with("kills", kills).with("errors", errors)
-}
-
-/// The Redis stream event a line becomes, if any (docs/operations.md: FLAGGED the first time, KILLED,
-/// DRY_RUN, SKIPPED; and `warning`, `repeat`, `pegged` for the foresight lines).
-pub fn stream_kind(line: &Line) -> Option<&'static str> {
-    match line.event {
-        "FLAGGED" if line.get("first_flagged") == Some(b"now") => Some("FLAGGED"),
-        "KILLED" => Some("KILLED"),
-        "DRY_RUN" => Some("DRY_RUN"),
-        "SKIPPED" => Some("SKIPPED"),
-        "WARNING" => Some("warning"),
-        "REPEAT" => Some("repeat"),
-        "PEGGED" => Some("pegged"),
-        "LEFTOVER" => Some("leftover"),
-        "REAPED" => Some("reaped"),
-        _ => None,
-    }
+    Line::TickComplete { flagged, kills, errors }
 }

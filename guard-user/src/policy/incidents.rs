@@ -4,7 +4,8 @@
 //! not fix). Pure: the bookkeeping lives in [`Incidents`], which the state file persists.
 use std::collections::BTreeMap;
 
-use super::{line::Line, FlagClocks, NameVerdict};
+use super::{FlagClocks, NameVerdict};
+use crate::log::Line;
 use crate::{
     comm::Comm,
     config::Config,
@@ -44,14 +45,7 @@ pub fn warning(v: &NameVerdict, config: &Config, now: f64, ends: u32, skips: u32
         return None;
     }
     inc.warned.insert(v.name, v.first_flagged);
-    Some(
-        Line::new("WARNING")
-            .with("name", v.name)
-            .with("count", v.count)
-            .with("due_in", format!("{}m", minutes_up(due_in)))
-            .with("ends", ends)
-            .with("skips", skips),
-    )
+    Some(Line::Warning { name: v.name, count: v.count, due_in_secs: due_in.max(0.0).ceil() as u64, ends, skips })
 }
 
 /// When a name's warning falls due (for the deadline timer), if it has not been given.
@@ -95,7 +89,7 @@ pub fn record_enforcements(
         let (e, k) = totals(h);
         if e >= config.repeat_after && h.reported.is_none_or(|r| now - r >= DAY) {
             h.reported = Some(now);
-            lines.push(Line::new("REPEAT").with("name", *name).with("enforcements_24h", e).with("kills_24h", k));
+            lines.push(Line::Repeat { name: *name, enforcements_24h: e, kills_24h: k });
         }
     }
     lines

@@ -16,7 +16,6 @@ use std::{
 use super::{
     decide::{after_signals, complete, decide, AccountView, CmdVerdict, TickInput, TickPlan},
     incidents::{self, Incidents},
-    line::Line,
     stall::StallState,
     time, FlagClocks, Now,
 };
@@ -24,6 +23,7 @@ use crate::{
     config::{self, Config, StallWatch},
     enforcer::Outcome,
     event::{ProcId, ProcState},
+    log::{Line, Notice},
     state::{State, StateError},
     status::{NameStatus, PeggedProcess, RepeatOffender},
 };
@@ -138,7 +138,7 @@ impl Memory {
             Ok(st) => (Held::from_state(time::to_memory(&st, now)), None),
             Err(e) => {
                 self.errors += 1;
-                (Held::default(), Some(Line::new("ERROR").word(e.to_string())))
+                (Held::default(), Some(Line::Error(Notice::new(e.to_string()))))
             }
         };
         self.held = Some(held);
@@ -157,7 +157,7 @@ impl Memory {
     pub fn matcher(&mut self, up: bool) -> Option<Line> {
         let starts = !up && !self.matcher_down;
         self.matcher_down = !up;
-        starts.then(|| Line::new("WARN").word("pattern_matcher_down").with("reason", "worker"))
+        starts.then(|| Line::Warn(Notice::new("pattern_matcher_down").with("reason", "worker")))
     }
 
     /// `WARN config_unknown_key` once per key per run, for at most [`config::MAX_UNKNOWN_KEYS`]
@@ -175,16 +175,15 @@ impl Memory {
                 break;
             }
             self.warned_keys.insert(key.clone());
-            lines.push(Line::new("WARN").word("config_unknown_key").with("key", key.as_str()).with("path", path));
+            lines.push(Line::Warn(Notice::new("config_unknown_key").with("key", key.as_str()).with("path", path)));
         }
         if over && !self.unknown_keys_capped {
             self.unknown_keys_capped = true;
-            lines.push(
-                Line::new("WARN")
-                    .word("config_unknown_keys_unreported")
+            lines.push(Line::Warn(
+                Notice::new("config_unknown_keys_unreported")
                     .with("limit", config::MAX_UNKNOWN_KEYS)
                     .with("path", path),
-            );
+            ));
         }
         lines
     }
@@ -220,7 +219,8 @@ impl Memory {
                 self.persisted_at = None;
                 let StateError::Write(_) = e else { return None };
                 self.errors += 1;
-                Some(Line::new("ERROR").word("state_unwritable").with("path", save.path.as_os_str().as_encoded_bytes()))
+                let path = save.path.as_os_str().as_encoded_bytes();
+                Some(Line::Error(Notice::new("state_unwritable").with("path", path)))
             }
         }
     }
@@ -249,7 +249,7 @@ impl Memory {
     /// and nothing flagged or ended. Nothing held changes (the clocks survive the outage).
     pub fn config_error(&mut self, reason: String) -> [Line; 2] {
         self.errors = 0;
-        [Line::new("ERROR").word(reason), complete(0, 0, 1)]
+        [Line::Error(Notice::new(reason)), complete(0, 0, 1)]
     }
 }
 

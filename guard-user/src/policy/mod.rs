@@ -11,7 +11,6 @@ use crate::{comm::Comm, config::Config, pattern::Pattern};
 pub mod cmdline;
 pub mod decide;
 pub mod incidents;
-pub mod line;
 pub mod memory;
 pub mod sessions;
 pub mod stall;
@@ -104,9 +103,4 @@ pub fn classify(cmdline: &[u8], patterns: &[Pattern]) -> CmdVerdict {
 /// `first_flagged=<m>m_ago`: whole minutes, rounded down.
 pub fn minutes_ago(elapsed_secs: f64) -> u64 {
     (elapsed_secs / 60.0).floor() as u64
-}
-
-/// `elapsed=<h>h`: hours with one decimal.
-pub fn hours_one_decimal(elapsed_secs: f64) -> String {
-    format!("{:.1}", elapsed_secs / 3600.0)
 }

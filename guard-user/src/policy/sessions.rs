@@ -17,7 +17,8 @@
 //! once nothing but protected members is left.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{line::Line, CmdVerdict, Now};
+use super::{CmdVerdict, Now};
+use crate::log::{Kind, Line};
 use crate::{
     comm::Comm,
     config::{Config, Leftovers, Sessions},
@@ -196,8 +197,8 @@ pub fn due_members(view: &SessionsView, book: &SessionBook, sessions: &Sessions,
     view.sessions.iter().filter(|row| row.ended && asked(row)).flat_map(|row| row.members.iter().copied()).collect()
 }
 
-fn skipped(p: &ProcState, reason: &str) -> Line {
-    Line::new("SKIPPED").with("pid", p.id.pid).with("name", p.comm).with("reason", reason)
+fn skipped(p: &ProcState, reason: &'static str) -> Line {
+    Line::Skipped { pid: p.id.pid, name: p.comm, reason }
 }
 
 fn earliest(a: Option<f64>, b: f64) -> Option<f64> {
@@ -310,7 +311,7 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
             plan.book.ended.insert(row.id, e);
         }
     }
-    plan.book.totals.leftovers += plan.lines.iter().filter(|l| l.event == "LEFTOVER").count() as u64;
+    plan.book.totals.leftovers += plan.lines.iter().filter(|l| l.kind() == Kind::Leftover).count() as u64;
     plan
 }
 
@@ -329,13 +330,12 @@ impl Step<'_> {
     fn announce(&mut self) {
         for p in &self.row.members {
             if self.e.announced.insert(p.id) {
-                self.lines.push(
-                    Line::new("LEFTOVER")
-                        .with("pid", p.id.pid)
-                        .with("name", p.comm)
-                        .with("root", self.e.root.root.id.pid)
-                        .with("age", format!("{}s", self.ages.of(p, self.wall))),
-                );
+                self.lines.push(Line::Leftover {
+                    pid: p.id.pid,
+                    name: p.comm,
+                    root: self.e.root.root.id.pid,
+                    age_secs: self.ages.of(p, self.wall),
+                });
             }
         }
     }
@@ -385,11 +385,12 @@ impl Step<'_> {
     fn reaped(&self) -> Line {
         let alive: BTreeSet<ProcId> = self.row.members.iter().map(|p| p.id).collect();
         let ended = self.e.signalled.iter().filter(|id| !alive.contains(id)).count();
-        Line::new("REAPED")
-            .with("root", self.e.root.root.id.pid)
-            .with("name", self.e.root.root.comm)
-            .with("count", ended)
-            .with("survivors", alive.len())
+        Line::Reaped {
+            root: self.e.root.root.id.pid,
+            name: self.e.root.root.comm,
+            count: ended as u64,
+            survivors: alive.len() as u64,
+        }
     }
 }
 
@@ -400,13 +401,9 @@ pub fn after_reap(plan: &mut SessionPlan, term: &[Outcome], kill: &[Outcome], dr
     let mut lines = Vec::new();
     for (t, o) in plan.term.iter().zip(term) {
         match o {
-            Outcome::Verified if dry_run => lines.push(
-                Line::new("DRY_RUN")
-                    .with("pid", t.proc.id.pid)
-                    .with("name", t.proc.comm)
-                    .with("reason", "leftover")
-                    .with("root", t.root_pid),
-            ),
+            Outcome::Verified if dry_run => {
+                lines.push(Line::DryRunLeftover { pid: t.proc.id.pid, name: t.proc.comm, root: t.root_pid })
+            }
             Outcome::Refused(_) => lines.push(skipped(&t.proc, "identity_changed")),
             _ => {
                 if let Some(e) = plan.book.ended.get_mut(&t.session) {
@@ -422,10 +419,11 @@ pub fn after_reap(plan: &mut SessionPlan, term: &[Outcome], kill: &[Outcome], dr
             }
         }
     }
-    for l in plan.lines.iter().filter(|l| l.event == "REAPED") {
-        plan.book.totals.reaped += 1;
-        let count = l.get("count").and_then(|c| std::str::from_utf8(c).ok()?.parse::<u64>().ok());
-        plan.book.totals.stopped += count.unwrap_or(0);
+    for l in &plan.lines {
+        if let Line::Reaped { count, .. } = l {
+            plan.book.totals.reaped += 1;
+            plan.book.totals.stopped += count;
+        }
     }
     lines
 }

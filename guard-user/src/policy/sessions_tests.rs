@@ -301,7 +301,7 @@ fn a_member_without_a_verdict_is_never_ended_on_a_guess_and_is_decided_again_at_
     let plan = input(1100.0, &[], &book);
     assert!(plan.term.is_empty());
     assert!(plan.lines.iter().any(|l| l.body() == "SKIPPED pid=201 name=watcher reason=match_budget"));
-    assert!(plan.lines.iter().all(|l| l.event != "REAPED"), "the session waits for the next step");
+    assert!(plan.lines.iter().all(|l| l.kind() != crate::log::Kind::Reaped), "the session waits for the next step");
     assert_eq!(plan.next_deadline, Some(1110.0));
     // Still undecided in between: no second line, nothing signalled.
     let plan = input(1105.0, &[(201, CmdVerdict::Budget)], &plan.book);

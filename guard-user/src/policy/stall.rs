@@ -6,7 +6,7 @@
 //! the time in.
 use std::collections::HashMap;
 
-use super::line::Line;
+use crate::log::Line;
 use crate::{comm::Comm, config::StallWatch, event::ProcId, event::ProcState, status::PeggedProcess};
 
 /// How often an incident that lasts is told again.
@@ -30,15 +30,11 @@ pub struct StallState {
 }
 
 fn pegged_line(pid: u32, name: Comm, cpu: f64, secs: f64) -> Line {
-    Line::new("PEGGED")
-        .with("pid", pid)
-        .with("name", name)
-        .with("cpu", format!("{cpu:.2}"))
-        .with("for", format!("{}s", secs as u64))
+    Line::Pegged { pid, name, cpu, for_secs: secs as u64 }
 }
 
 fn recovered_line(pid: u32, name: Comm, after: f64) -> Line {
-    Line::new("RECOVERED").with("pid", pid).with("name", name).with("after", format!("{}s", after.max(0.0) as u64))
+    Line::Recovered { pid, name, after_secs: after.max(0.0) as u64 }
 }
 
 impl StallState {

@@ -2,7 +2,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::config::parse;
+use crate::{config::parse, log::line::hours_one_decimal};
 
 fn cfg(json: &str) -> Config {
     parse(json.as_bytes(), Path::new("/h")).unwrap()
