@@ -326,3 +326,21 @@ pub fn thread_dump(pid: u32) -> String {
     }
     out
 }
+
+/// Restores `kernel.pid_max` on drop.
+pub struct PidMax(String);
+
+impl PidMax {
+    /// Lowers `kernel.pid_max` (only in a throwaway guest kernel: it exhausts the pid space).
+    pub fn lower_to(max: u32) -> PidMax {
+        let old = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
+        fs::write("/proc/sys/kernel/pid_max", max.to_string()).expect("lower kernel.pid_max");
+        PidMax(old.trim().to_string())
+    }
+}
+
+impl Drop for PidMax {
+    fn drop(&mut self) {
+        let _ = fs::write("/proc/sys/kernel/pid_max", &self.0);
+    }
+}

@@ -268,23 +268,6 @@ fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
     );
 }
 
-/// Restores `kernel.pid_max` on drop.
-struct PidMax(String);
-
-impl PidMax {
-    fn lower_to(max: u32) -> PidMax {
-        let old = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
-        fs::write("/proc/sys/kernel/pid_max", max.to_string()).expect("lower kernel.pid_max");
-        PidMax(old.trim().to_string())
-    }
-}
-
-impl Drop for PidMax {
-    fn drop(&mut self) {
-        let _ = fs::write("/proc/sys/kernel/pid_max", &self.0);
-    }
-}
-
 /// The comm and state of `pid`, if it exists.
 fn comm_and_state(pid: u32) -> Option<(String, char)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -403,23 +403,6 @@ fn holders_lists_only_the_processes_inside_the_directory_and_stops_them_checked(
     assert_eq!((none.status.code(), String::from_utf8_lossy(&none.stdout).trim()), (Some(0), "[]"));
 }
 
-/// Restores `kernel.pid_max` on drop.
-struct PidMax(String);
-
-impl PidMax {
-    fn lower_to(max: u32) -> PidMax {
-        let old = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
-        fs::write("/proc/sys/kernel/pid_max", max.to_string()).expect("lower kernel.pid_max");
-        PidMax(old.trim().to_string())
-    }
-}
-
-impl Drop for PidMax {
-    fn drop(&mut self) {
-        let _ = fs::write("/proc/sys/kernel/pid_max", &self.0);
-    }
-}
-
 /// Pids reused between the root's exit and the grace, in a throwaway guest kernel only (it lowers
 /// `kernel.pid_max` and exhausts the pid space): the root exits, a leftover is killed during the
 /// grace, and a same-account churner outside the session takes every free pid at once, theirs
