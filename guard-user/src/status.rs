@@ -1,6 +1,9 @@
 //! The status file (`guard-status.json` beside the state file), written atomically every tick
 //! and read by `guard-user status` and `check`.
-use std::path::{Path, PathBuf};
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -358,4 +361,20 @@ fn sanitize(v: &mut serde_json::Value) -> bool {
         Value::Object(map) => map.values_mut().all(sanitize),
         Value::Null | Value::Bool(_) => true,
     }
+}
+
+/// JSON with every C1 and bidirectional control written as a `\u` escape (serde_json does that
+/// for C0 only), so JSON made from what an account or another guard wrote is safe to print.
+pub fn json_for_terminal(json: &str) -> String {
+    // Outside strings JSON is plain ASCII, so any such character is inside a string, where a
+    // `\uXXXX` escape means the same character.
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if !c.is_ascii() && is_hidden_control(c) {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -16,8 +16,24 @@ use std::collections::{BTreeMap, HashMap};
 use crate::{
     comm::Comm,
     event::{Event, ProcId, ProcState},
-    policy::AccountView,
 };
+
+/// The account's slice of the live table, as the pump hands it to a tick.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AccountView {
+    /// Live processes of the account per name.
+    pub counts: Vec<(Comm, u32)>,
+    /// The processes of every name whose count reached the pump's `min_count`, sorted by pid:
+    /// the ones a tick may classify and end.
+    pub members: BTreeMap<Comm, Vec<ProcState>>,
+}
+
+impl AccountView {
+    /// The account's live processes.
+    pub fn tracked_account(&self) -> u64 {
+        self.counts.iter().map(|(_, n)| u64::from(*n)).sum()
+    }
+}
 
 /// Which processes a table holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

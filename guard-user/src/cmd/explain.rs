@@ -289,7 +289,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             "due_at_unix": due_at,
             "processes": processes.collect::<Vec<_>>(),
         });
-        writeln!(out, "{}", super::status::json_for_terminal(&serde_json::to_string_pretty(&doc)?))?;
+        writeln!(out, "{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&doc)?))?;
         return Ok(ExitCode::SUCCESS);
     }
     writeln!(out, "{}: {when}", escape(name.as_bytes()))?;

@@ -79,7 +79,7 @@ pub fn fleet_json(hbs: &[Heartbeat], now: SystemTime) -> String {
             Row { heartbeat: hb, stale: f.stale, last_tick_age_secs: f.age_secs }
         })
         .collect();
-    super::status::json_for_terminal(&serde_json::to_string_pretty(&rows).expect("heartbeats always serialize"))
+    crate::status::json_for_terminal(&serde_json::to_string_pretty(&rows).expect("heartbeats always serialize"))
 }
 
 /// An aligned table of heartbeats: host, user, age of the last tick, backend, flagged names,

@@ -64,7 +64,7 @@ pub fn main(args: HoldersArgs) -> anyhow::Result<ExitCode> {
     };
     let rows: Vec<Row> = found.iter().enumerate().map(|(i, h)| row(h, outcomes.as_ref().map(|o| o[i]))).collect();
     if args.json {
-        println!("{}", super::status::json_for_terminal(&serde_json::to_string_pretty(&rows)?));
+        println!("{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&rows)?));
     } else {
         print!("{}", render(&rows, &shown_dir, args.stop));
     }

@@ -63,23 +63,7 @@ struct Report<'a> {
 pub fn render_json(s: &Status, now: SystemTime) -> String {
     let f = s.freshness(now);
     let report = Report { status: s, stale: f.stale, last_tick_age_secs: f.age_secs };
-    json_for_terminal(&serde_json::to_string_pretty(&report).expect("a status always serializes"))
-}
-
-/// JSON with every C1 and bidirectional control written as a `\u` escape (serde_json does that
-/// for C0 only), so JSON made from what an account or another guard wrote is safe to print.
-pub fn json_for_terminal(json: &str) -> String {
-    // Outside strings JSON is plain ASCII, so any such character is inside a string, where a
-    // `\uXXXX` escape means the same character.
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
-        if !c.is_ascii() && status::is_hidden_control(c) {
-            let _ = write!(out, "\\u{:04x}", c as u32);
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    status::json_for_terminal(&serde_json::to_string_pretty(&report).expect("a status always serializes"))
 }
 
 /// A duration from seconds the file claims: negative reads as zero, too large as the largest.

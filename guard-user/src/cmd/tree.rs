@@ -93,7 +93,7 @@ pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
             sessions: &shown,
             sessions_not_shown: sessions.sessions_omitted,
         };
-        println!("{}", super::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
+        println!("{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
     } else {
         print!("{}", render(sessions, &shown, stale));
     }

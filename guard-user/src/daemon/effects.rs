@@ -186,6 +186,16 @@ pub struct Effects {
     pub metrics: Option<Box<dyn MetricsSink>>,
 }
 
+impl Effects {
+    /// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
+    pub fn emit(&self, line: &Line, now: f64) {
+        self.log.write(line);
+        if let Some(ev) = StreamEvent::of(line, now) {
+            self.mirror.event(ev);
+        }
+    }
+}
+
 impl LogSink for Logger {
     fn write(&self, line: &Line) {
         Logger::write(self, line);

@@ -263,8 +263,7 @@ pub async fn run_with<S: EventSource>(
         pid: std::process::id(),
     });
     let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval, opts.account.uid);
-    let settings =
-        supervise::LoopSettings { interval: opts.interval, deadline: supervise::tick_deadline(opts.interval) };
+    let settings = supervise::LoopSettings { interval: opts.interval, deadline: tick::tick_deadline(opts.interval) };
     let ticker = tick::Ticker::new(opts, backend, fx, pump.clone());
     let stopped =
         supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_mono()).await;

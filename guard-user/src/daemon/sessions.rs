@@ -111,7 +111,7 @@ impl SessionsTick {
         // now, not a tick later).
         let after = if plan.commands.is_empty() { None } else { pump.lineage_blocking(plan.commands.clone()) };
         for line in &plan.lines {
-            super::tick::emit(fx, line, now.wall);
+            fx.emit(line, now.wall);
         }
         let procs = |t: &[crate::policy::sessions::ReapTarget]| t.iter().map(|t| t.proc).collect::<Vec<_>>();
         let term = match (plan.term.is_empty(), dry_run) {
@@ -122,7 +122,7 @@ impl SessionsTick {
         let kill = if plan.kill.is_empty() { Vec::new() } else { fx.signals.kill_all(&procs(&plan.kill)) };
         let after_lines = after_reap(&mut plan, &term, &kill, dry_run);
         for line in &after_lines {
-            super::tick::emit(fx, line, now.wall);
+            fx.emit(line, now.wall);
         }
         self.book = plan.book;
         let status = status(after.as_ref().unwrap_or(view), &self.book, sessions, ages, now);

@@ -114,11 +114,6 @@ impl Notifier for SystemdNotifier {
     }
 }
 
-/// Every tick's deadline: the interval, at most 30 s (docs/operations.md).
-pub fn tick_deadline(interval: Duration) -> Duration {
-    interval.min(Duration::from_secs(30))
-}
-
 /// How long a stop waits for a running tick (docs/operations.md: the daemon ends within 3 s).
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
 

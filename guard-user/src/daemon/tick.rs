@@ -23,7 +23,6 @@ use super::{
 use crate::{
     config::{self, Config, ConfigError},
     log::{Kind, Line, Notice},
-    mirror::StreamEvent,
     policy::{memory::Input, AccountView, Memory, Now},
     safefs::FsIdentity,
     status::{self, NameStatus},
@@ -83,7 +82,7 @@ impl Ticker {
             vitals: VitalsSampler::default(),
             memory: Memory::default(),
             state_path,
-            deadline: super::supervise::tick_deadline(opts_interval),
+            deadline: tick_deadline(opts_interval),
             config_outage: ConfigOutage::default(),
             verdicts: VerdictCache::for_daemon(),
             match_all: Default::default(),
@@ -168,7 +167,7 @@ impl Ticker {
         let plan = self.memory.begin(Input { view: &snap.view, config: &config, now, verdicts: &gathered.verdicts });
         // Apply.
         for line in &plan.decided().lines {
-            emit(&self.fx, line, now.wall);
+            self.fx.emit(line, now.wall);
         }
         self.totals.skipped += count(&plan.decided().lines, Kind::Skipped);
         let procs = plan.targets();
@@ -180,7 +179,7 @@ impl Ticker {
         let done = plan.finish(&outcomes);
         let lines = &done.lines;
         for line in lines {
-            emit(&self.fx, line, now.wall);
+            self.fx.emit(line, now.wall);
         }
         self.totals.kills += done.counts.kills;
         self.totals.dry_runs += count(lines, Kind::DryRun);
@@ -244,7 +243,7 @@ impl Ticker {
         match self.fx.cpu.sample(self.opts.account.uid) {
             Ok(samples) => {
                 for line in self.memory.observe_stall(&samples, cfg, now.mono) {
-                    emit(&self.fx, &line, now.wall);
+                    self.fx.emit(&line, now.wall);
                 }
             }
             Err(e) => tracing::warn!("the stall watch could not sample CPU times: {e}"),
@@ -338,12 +337,9 @@ struct Done<'a> {
     sessions: Option<crate::status::SessionsStatus>,
 }
 
-/// Logs `line`, and streams it when docs/operations.md says so (`now`: unix time).
-pub(super) fn emit(fx: &Effects, line: &Line, now: f64) {
-    fx.log.write(line);
-    if let Some(ev) = StreamEvent::of(line, now) {
-        fx.mirror.event(ev);
-    }
+/// Every tick's deadline: the interval, at most 30 s (docs/operations.md).
+pub fn tick_deadline(interval: Duration) -> Duration {
+    interval.min(Duration::from_secs(30))
 }
 
 /// How many of `lines` are of `kind` (the totals of `status` and the metrics).

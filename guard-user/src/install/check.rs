@@ -68,7 +68,10 @@ pub fn check(layout: &Layout, sc: &Systemctl, now: SystemTime) -> Report {
         r.drift.push(format!("{instance} is not active"));
     }
     heartbeat(layout, now, &mut r);
-    leaked_daemons(layout, sc, &mut r);
+    match leaked_daemons(layout, sc) {
+        Ok(drift) => r.drift.extend(drift),
+        Err(why) => r.skipped.push(why),
+    }
     r
 }
 

@@ -2,7 +2,7 @@
 //! that systemd does not supervise.
 use std::{fs, path::Path};
 
-use super::{check::Report, layout::Layout, systemctl::Systemctl};
+use super::{layout::Layout, systemctl::Systemctl};
 use crate::{account::Account, procfs};
 
 /// Whether `argv` is a `guard-user run` for `account` (see the module doc of [`super`]).
@@ -50,15 +50,16 @@ const SUBCOMMANDS: &[&str] = &[
     "__generate",
 ];
 
-pub(super) fn leaked_daemons(layout: &Layout, sc: &Systemctl, r: &mut Report) {
+/// One drift line per guard daemon of the account running outside its unit; `Err` says why
+/// the processes could not be looked at.
+pub(super) fn leaked_daemons(layout: &Layout, sc: &Systemctl) -> Result<Vec<String>, String> {
     let instance = layout.instance();
     let mut buf = Vec::new();
     // The unit's process, identified by pid and start time read right after asking systemd.
     let main_pid = sc.main_pid(&instance);
     let main = (main_pid != 0).then(|| procfs::read_process(main_pid, &mut buf).map(|p| p.id)).flatten();
     let Ok(dir) = fs::read_dir("/proc") else {
-        r.skipped.push("leaked daemons: /proc is not readable".into());
-        return;
+        return Err("leaked daemons: /proc is not readable".into());
     };
     let me = std::process::id();
     let mut leaked = Vec::new();
@@ -80,9 +81,7 @@ pub(super) fn leaked_daemons(layout: &Layout, sc: &Systemctl, r: &mut Report) {
         leaked.push(pid);
     }
     leaked.sort_unstable();
-    for pid in leaked {
-        r.drift.push(format!("guard-user pid {pid} is running outside {instance}"));
-    }
+    Ok(leaked.into_iter().map(|pid| format!("guard-user pid {pid} is running outside {instance}")).collect())
 }
 
 #[cfg(test)]
