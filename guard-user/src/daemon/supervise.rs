@@ -4,7 +4,7 @@
 //! A tick runs on a blocking thread; this loop only waits for it, never inside it, so it keeps
 //! answering signals and the watchdog whatever a tick is doing. A tick past its deadline logs
 //! `WARN tick_overrun` once, and the ticks that fall due meanwhile are skipped; a tick still
-//! unsettled at 10× its deadline, or a pump that does not answer within a deadline, ends the
+//! unsettled 9 deadlines after that warning (10× its deadline while this loop was awake), or a pump that does not answer within a deadline, ends the
 //! daemon with `STOPPED reason=hang` (exit 70) so systemd restarts it. The stuck thread is
 //! abandoned, never joined.
 use std::time::Duration;
@@ -133,7 +133,10 @@ pub struct LoopSettings {
 struct Running {
     handle: JoinHandle<(Ticker, TickReport)>,
     began: Instant,
-    warned: bool,
+    /// When the overrun was seen and warned about. The hang bound counts from there: a process
+    /// that was stopped (SIGSTOP, a frozen cgroup) wakes to find its tick past the deadline, and
+    /// that tick gets the rest of the bound from the moment the watch could see it, not none.
+    warned: Option<Instant>,
 }
 
 /// Runs ticks until told to stop; returns why it stopped. `now_mono` is the clock the ticks'
@@ -170,7 +173,7 @@ pub async fn tick_loop(
             (t, r)
         }),
         began: Instant::now(),
-        warned: false,
+        warned: None,
     };
     // The first tick runs once the start-up table is complete, and its deadline starts then.
     tokio::select! {
@@ -191,7 +194,10 @@ pub async fn tick_loop(
                 None => std::future::pending().await,
             }
         };
-        let overrun_at = running.as_ref().map(|r| r.began + if r.warned { deadline * HANG_FACTOR } else { deadline });
+        let overrun_at = running.as_ref().map(|r| match r.warned {
+            Some(at) => at.max(r.began + deadline) + deadline * (HANG_FACTOR - 1),
+            None => r.began + deadline,
+        });
         let overrun = async {
             match overrun_at {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -242,7 +248,7 @@ pub async fn tick_loop(
                             ready_sent = true;
                             reloading = false;
                         }
-                        if r.warned {
+                        if r.warned.is_some() {
                             tracing::info!("the overrunning tick settled after {:.1} s", r.began.elapsed().as_secs_f64());
                         }
                         enforce_at = report.next_deadline.map(|at| {
@@ -270,8 +276,8 @@ pub async fn tick_loop(
             }
             () = overrun => {
                 let r = running.as_mut().expect("a tick is running");
-                if !r.warned {
-                    r.warned = true;
+                if r.warned.is_none() {
+                    r.warned = Some(Instant::now());
                     log.write(
                         &Line::Warn(
                             Notice::new("tick_overrun")
