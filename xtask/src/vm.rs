@@ -29,7 +29,7 @@ mod qemu;
 mod suite;
 mod systemd;
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct Options {
     /// Boot only these kernels (repeatable or comma-separated): 5.10, 6.1, 6.12, 7.x, no-btf (6.1
     /// with /sys/kernel/btf hidden). Default: all.
@@ -61,6 +61,10 @@ pub struct Options {
     /// Guests booted at once (each keeps about one host core busy under TCG).
     #[arg(long, default_value_t = 2)]
     pub jobs: usize,
+    /// After the kernels' guests, in the same pool of `--jobs`: the systemd guest (`--systemd`,
+    /// then `--systemd --package`), so it fills the core the last kernel's guest leaves idle.
+    #[arg(long, conflicts_with = "systemd")]
+    pub with_systemd: bool,
     /// Extra kernel command-line words (e.g. "loglevel=7" to see the kernel's messages).
     #[arg(long, default_value = "")]
     pub cmdline: String,
@@ -208,15 +212,28 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         );
         Ok(Row { kernel, outcome })
     };
+    // The systemd guest waits until no kernel is left to start: it runs beside the last one.
+    let systemd_job = std::sync::Mutex::new(opts.with_systemd);
+    let systemd_result = std::sync::Mutex::new(None);
+    let run_systemd = || -> anyhow::Result<()> {
+        let source = Options { systemd: true, package: false, with_systemd: false, ..opts.clone() };
+        systemd::run(&source)?;
+        systemd::run(&Options { package: true, ..source })
+    };
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..opts.jobs.max(1))
             .map(|_| {
                 s.spawn(|| -> anyhow::Result<()> {
                     loop {
                         let next = queue.lock().unwrap().pop();
-                        let Some((i, kernel)) = next else { return Ok(()) };
-                        let row = boot_one(kernel)?;
-                        done.lock().unwrap().push((i, row));
+                        if let Some((i, kernel)) = next {
+                            let row = boot_one(kernel)?;
+                            done.lock().unwrap().push((i, row));
+                        } else if std::mem::take(&mut *systemd_job.lock().unwrap()) {
+                            *systemd_result.lock().unwrap() = Some(run_systemd());
+                        } else {
+                            return Ok(());
+                        }
                     }
                 })
             })
@@ -233,10 +250,14 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         .filter(|r| !matches!(&r.outcome, Ok(o) if o.verdict == qemu::Verdict::Passed))
         .map(|r| r.kernel.name.as_str())
         .collect();
+    let systemd = systemd_result.into_inner().unwrap().transpose();
     if !failed.is_empty() {
+        if let Err(e) = &systemd {
+            println!("vm: the systemd guest failed too: {e:#}");
+        }
         bail!("the VM tests failed on kernel {}", failed.join(", "));
     }
-    Ok(())
+    systemd.map(|_| ()).context("the systemd guest")
 }
 
 fn print_matrix(rows: &[Row]) {
