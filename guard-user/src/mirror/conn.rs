@@ -87,8 +87,8 @@ impl Target {
         let (user, password) = match userinfo {
             None => (None, None),
             Some(info) => match info.split_once(':') {
-                Some((u, p)) => (Some(percent_decode(u)), Some(percent_decode(p))),
-                None => (Some(percent_decode(info)), None),
+                Some((u, p)) => (Some(percent_decode(u, false)), Some(percent_decode(p, false))),
+                None => (Some(percent_decode(info, false)), None),
             },
         };
         Ok(Target {
@@ -109,13 +109,13 @@ impl Target {
             return Err(bad("a unix socket URL needs an absolute path (unix:///path/to/socket)"));
         }
         let mut target =
-            Target { addr: Addr::Unix(PathBuf::from(percent_decode(path))), user: None, password: None, db: 0 };
+            Target { addr: Addr::Unix(PathBuf::from(percent_decode(path, false))), user: None, password: None, db: 0 };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k.to_ascii_lowercase().as_str() {
                 "db" => target.db = v.parse().map_err(|_| bad(format!("database {v:?} is not a number")))?,
-                "user" | "username" => target.user = Some(percent_decode(v)).filter(|u| !u.is_empty()),
-                "pass" | "password" => target.password = Some(percent_decode(v)).filter(|p| !p.is_empty()),
+                "user" | "username" => target.user = Some(percent_decode(v, false)).filter(|u| !u.is_empty()),
+                "pass" | "password" => target.password = Some(percent_decode(v, false)).filter(|p| !p.is_empty()),
                 _ => {}
             }
         }
@@ -123,7 +123,8 @@ impl Target {
     }
 }
 
-pub fn percent_decode(s: &str) -> String {
+/// `%XX` escapes decoded; with `plus_is_space`, `+` is a space too (form encoding).
+pub(super) fn percent_decode(s: &str, plus_is_space: bool) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -133,6 +134,10 @@ pub fn percent_decode(s: &str) -> String {
             (b'%', Some(b)) => {
                 out.push(b);
                 i += 3;
+            }
+            (b'+', _) if plus_is_space => {
+                out.push(b' ');
+                i += 1;
             }
             (b, _) => {
                 out.push(b);

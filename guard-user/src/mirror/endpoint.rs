@@ -65,7 +65,7 @@ impl Endpoint {
                 }
             }
         }
-        let decoded: Vec<String> = found.iter().map(|s| percent_decode(s)).collect();
+        let decoded: Vec<String> = found.iter().map(|s| super::conn::percent_decode(s, true)).collect();
         found.extend(decoded);
         found.retain(|s| !s.is_empty());
         // Longest first, so a secret that contains another is replaced whole.
@@ -140,28 +140,4 @@ fn strip_secret_params(rest: &str) -> String {
         out.push_str(fragment);
     }
     out
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
