@@ -9,9 +9,11 @@ use std::{
 };
 
 use guard::{
+    budget::{Pool, HELD_CMDLINE_BYTES},
     comm::Comm,
     config::{self, Config},
     daemon::{
+        cmdlines::CmdlineReader,
         effects::Classifier,
         recording::{FakeProcs, InProcessClassifier},
         verdicts::{verdicts, Ask, VerdictCache},
@@ -44,7 +46,8 @@ fn verdicts_of(config: &Config, view: &AccountView, procs: &mut FakeProcs, match
     let clocks = FlagClocks::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     let ask = Ask { view, config, clocks: &clocks, matcher_ok, deadline };
-    let (v, _) = verdicts(&mut VerdictCache::default(), procs, &mut classifier, ask);
+    let mut reader = CmdlineReader::new(procs, Pool::new(HELD_CMDLINE_BYTES), deadline, Duration::from_secs(5));
+    let (v, _) = verdicts(&mut VerdictCache::default(), &mut reader, &mut classifier, ask);
     [10, 11].map(|pid| v[&ProcId { pid, start_ticks: 1 }]).to_vec()
 }
 

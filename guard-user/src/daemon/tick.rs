@@ -21,6 +21,7 @@ use super::{
     DaemonOptions,
 };
 use crate::{
+    budget::{Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
     log::{Kind, Line, Notice},
     policy::{memory::Input, AccountView, Memory, Now},
@@ -65,6 +66,9 @@ pub struct Ticker {
     match_all: super::match_all::MatchAllWatch,
     /// Session roots and their leftovers (docs/configuration.md `sessions`).
     sessions: SessionsTick,
+    /// Command-line bytes held for a matcher at one time, by the verdicts and the session roots
+    /// alike (docs/architecture.md, "Bounds").
+    pool: Pool,
 }
 
 impl Ticker {
@@ -87,6 +91,7 @@ impl Ticker {
             verdicts: VerdictCache::for_daemon(),
             match_all: Default::default(),
             sessions: SessionsTick::default(),
+            pool: Pool::new(HELD_CMDLINE_BYTES),
         }
     }
 
@@ -141,6 +146,7 @@ impl Ticker {
             procs: &mut *fx.procs,
             classifier: &mut *fx.classifier,
             cache: &mut self.verdicts,
+            pool: self.pool.clone(),
             clock: &*fx.clock,
         };
         let req = Request {
@@ -203,6 +209,7 @@ impl Ticker {
             now: gathered.round_now,
             dry_run: self.opts.dry_run,
             deadline: self.deadline,
+            pool: &self.pool,
         });
         self.totals.skipped += sessions.skipped;
         self.totals.dry_runs += sessions.dry_runs;
