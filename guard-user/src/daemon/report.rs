@@ -21,6 +21,8 @@ pub struct Totals {
     pub dry_runs: u64,
     pub skipped: u64,
     pub config_errors: u64,
+    /// Command lines not read in time (`Status::cmdlines_unread_total`).
+    pub cmdlines_unread: u64,
 }
 
 /// What one tick gathered for its reports.
@@ -50,6 +52,8 @@ pub struct TickFigures<'a> {
     pub mirror_dropped: u64,
     /// Sessions, while they are on.
     pub sessions: Option<crate::status::SessionsStatus>,
+    /// Command lines this tick could not read in time.
+    pub cmdlines_unread: u64,
 }
 
 impl TickFigures<'_> {
@@ -87,6 +91,8 @@ impl TickFigures<'_> {
             repeat_offenders: self.offenders,
             vitals: Some(self.vitals),
             sessions: self.sessions,
+            cmdlines_unread: self.cmdlines_unread,
+            cmdlines_unread_total: self.totals.cmdlines_unread,
         };
         (status, metrics)
     }

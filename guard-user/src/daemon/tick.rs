@@ -167,6 +167,11 @@ impl Ticker {
         for line in &gathered.lines {
             self.fx.log.write(line);
         }
+        let unread = gathered.work.deferred;
+        self.totals.cmdlines_unread += unread as u64;
+        if let Some(line) = self.memory.cmdlines_unread(unread, gathered.work.slow) {
+            self.fx.log.write(&line);
+        }
         let snap = &gathered.snapshot;
         let now = self.fx.clock.now();
         // Decide.
@@ -229,6 +234,7 @@ impl Ticker {
             tick_secs: took,
             pump_lag: Some(gathered.pump_lag),
             sessions: sessions.status,
+            cmdlines_unread: unread as u64,
         });
         let next_deadline = match (done.next_deadline, sessions.next_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -280,14 +286,27 @@ impl Ticker {
             tick_secs: took,
             pump_lag: None,
             sessions: None,
+            cmdlines_unread: 0,
         });
         TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
     }
 
     /// Status file, heartbeat and metrics from one set of figures.
     fn report(&mut self, done: Done) {
-        let Done { view, stats, names, pegged, offenders, config, config_error, now, tick_secs, pump_lag, sessions } =
-            done;
+        let Done {
+            view,
+            stats,
+            names,
+            pegged,
+            offenders,
+            config,
+            config_error,
+            now,
+            tick_secs,
+            pump_lag,
+            sessions,
+            cmdlines_unread,
+        } = done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
             self.fx.mirror.event(ev);
         }
@@ -312,6 +331,7 @@ impl Ticker {
             vitals,
             mirror_dropped: self.fx.mirror.dropped(),
             sessions,
+            cmdlines_unread,
         };
         let (status, metrics) = figures.into_report();
         let home = self.opts.home.display().to_string();
@@ -342,6 +362,8 @@ struct Done<'a> {
     pump_lag: Option<f64>,
     /// Sessions, while they are on.
     sessions: Option<crate::status::SessionsStatus>,
+    /// Command lines this tick could not read in time.
+    cmdlines_unread: u64,
 }
 
 /// Every tick's deadline: the interval, at most 30 s (docs/operations.md).
