@@ -209,6 +209,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Endpoint::from_env(),
         hostname(),
         opts.account.name.clone(),
+        Some(opts.account.uid),
         Arc::new(move |w: String| warn_log.write(&Line::Warn(Notice::new(w)))),
     );
     let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());
