@@ -10,6 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod bounds;
+
 pub const TEST_USER: &str = "guardtest1";
 pub const TEST_UID: u32 = 4201;
 pub const OTHER_USER: &str = "guardtest2";

@@ -65,7 +65,7 @@ use crate::{
     event::ProcId,
     pattern::{MatchOutcome, Progress, Resume},
     policy::{
-        cmdline::{needs_reading, reading_order, route, Deferred, Route},
+        cmdline::{needs_reading, reading_order, route, Deferred, Route, Waiting},
         AccountView, CmdVerdict, FlagClocks,
     },
 };
@@ -100,9 +100,12 @@ pub struct VerdictCache {
     /// The pattern list every entry was reached with; another list empties the cache.
     list: Option<Vec<String>>,
     entries: HashMap<ProcId, Entry>,
-    /// The processes whose command lines the last tick did not read, and why (where they stand
-    /// in this tick's reading order). At most one per process of a name at the threshold.
-    deferred: HashMap<ProcId, Deferred>,
+    /// The processes whose command lines the last tick did not read, why, and since when (where
+    /// they stand in this tick's reading order). At most one per process of a name at the
+    /// threshold, and [`MAX_ENTRIES`].
+    deferred: HashMap<ProcId, Waiting>,
+    /// Calls of [`verdicts`] so far: the clock of [`Waiting::since`].
+    ticks: u64,
     keys: [RandomState; 2],
     cap: usize,
 }
@@ -120,6 +123,7 @@ impl VerdictCache {
             list: None,
             entries: HashMap::new(),
             deferred: HashMap::new(),
+            ticks: 0,
             keys: [RandomState::new(), RandomState::new()],
             cap,
         }
@@ -230,14 +234,14 @@ pub struct Work {
 
 /// Texts waiting for the matcher: each distinct one once, the processes that share it.
 struct Batch {
-    texts: Vec<Waiting>,
+    texts: Vec<Pending>,
     /// Position in `texts` by text key.
     index: HashMap<TextKey, usize>,
     /// Texts this tick already settled or left unsettled, for processes read after their round.
     known: HashMap<TextKey, Progress>,
 }
 
-struct Waiting {
+struct Pending {
     text: Held,
     key: TextKey,
     from: Resume,
@@ -287,6 +291,7 @@ pub fn verdicts(
 ) -> (HashMap<ProcId, CmdVerdict>, Work) {
     let Ask { view, config, clocks, matcher_ok, deadline } = ask;
     cache.use_list(&config.exclude_commands);
+    cache.ticks += 1;
     let has_patterns = !config.exclude_commands.is_empty();
     let max = classifier.max_text_bytes();
     let order = reading_order(view, config, clocks, &cache.deferred);
@@ -312,8 +317,13 @@ pub fn verdicts(
             Read::Deferred(why) => {
                 work.deferred += 1;
                 work.slow += usize::from(why == Deferred::Slow);
+                // One left unread again keeps its place in the queue.
+                let since = match cache.deferred.get(&p.id) {
+                    Some(w) if w.why == why => w.since,
+                    _ => cache.ticks,
+                };
                 if deferred.len() < MAX_ENTRIES {
-                    deferred.insert(p.id, why);
+                    deferred.insert(p.id, Waiting { why, since });
                 }
                 out.insert(p.id, CmdVerdict::Deferred);
             }
@@ -357,7 +367,7 @@ pub fn verdicts(
                                 _ => Resume::default(),
                             };
                             batch.index.insert(key, batch.texts.len());
-                            batch.texts.push(Waiting { text, key, from, ids: vec![p.id] });
+                            batch.texts.push(Pending { text, key, from, ids: vec![p.id] });
                         }
                     }
                 }

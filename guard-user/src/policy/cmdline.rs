@@ -22,11 +22,22 @@ pub enum Deferred {
     Slow,
 }
 
+/// A process whose command line the last tick did not read: why, and since which tick it has been
+/// waiting for its turn (a process read late again keeps its place in the queue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub why: Deferred,
+    /// The tick (a count the caller keeps) at which it was first left unread.
+    pub since: u64,
+}
+
 /// The processes whose command lines a tick reads, in order: every member of a name at or over
 /// the threshold (and every extra process the tick added to the view, e.g. a session's
 /// leftovers due for a step) whose name `excludes` does not list, since an excluded name is never
 /// ended and its command lines decide nothing. In order:
-/// 1. the processes the last tick did not reach ([`Deferred::NotReached`]);
+/// 1. the processes the last tick did not reach ([`Deferred::NotReached`]), those waiting longest
+///    first: a queue, so however many there are, a process waits at most as many ticks as it
+///    takes to read the ones ahead of it;
 /// 2. then, name by name, the name flagged longest first (the one due, or nearest to it, is
 ///    decided first if time runs out), names not flagged yet last, ties in name order; each
 ///    name's processes in the view's order (by pid);
@@ -35,7 +46,7 @@ pub fn reading_order<'a>(
     view: &'a AccountView,
     config: &Config,
     clocks: &FlagClocks,
-    deferred: &HashMap<ProcId, Deferred>,
+    deferred: &HashMap<ProcId, Waiting>,
 ) -> Vec<&'a ProcState> {
     let mut names: Vec<_> = view.members.iter().filter(|(name, _)| !config.is_excluded(name)).collect();
     // The sort is stable: the map's name order stays among equal flag times.
@@ -44,9 +55,9 @@ pub fn reading_order<'a>(
         at(*a).total_cmp(&at(*b))
     });
     let rank = |p: &ProcState| match deferred.get(&p.id) {
-        Some(Deferred::NotReached) => 0,
-        None => 1,
-        Some(Deferred::Slow) => 2,
+        Some(Waiting { why: Deferred::NotReached, since }) => (0, *since),
+        None => (1, 0),
+        Some(Waiting { why: Deferred::Slow, .. }) => (2, 0),
     };
     let mut order: Vec<&ProcState> = names.into_iter().flat_map(|(_, members)| members).collect();
     order.sort_by_key(|p| rank(p));
@@ -138,11 +149,24 @@ mod tests {
     fn a_process_not_reached_goes_first_next_tick_and_a_slow_one_last() {
         let procs = [proc(1, "aa"), proc(2, "aa"), proc(3, "aa"), proc(4, "bb")];
         let clocks: FlagClocks = [(Comm::new(b"aa"), 1.0), (Comm::new(b"bb"), 2.0)].into_iter().collect();
-        let deferred: HashMap<ProcId, Deferred> =
-            [(procs[0].id, Deferred::Slow), (procs[3].id, Deferred::NotReached)].into_iter().collect();
+        let wait = |why, since| Waiting { why, since };
+        let deferred: HashMap<ProcId, Waiting> =
+            [(procs[0].id, wait(Deferred::Slow, 3)), (procs[3].id, wait(Deferred::NotReached, 2))]
+                .into_iter()
+                .collect();
         let v = view(&procs);
         let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred);
         assert_eq!(pids(&order), [4, 2, 3, 1]);
+        // Among the ones left unread, the longest waiting first, whatever their names' flags.
+        let deferred: HashMap<ProcId, Waiting> = [
+            (procs[0].id, wait(Deferred::NotReached, 7)),
+            (procs[2].id, wait(Deferred::NotReached, 5)),
+            (procs[3].id, wait(Deferred::NotReached, 6)),
+        ]
+        .into_iter()
+        .collect();
+        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred);
+        assert_eq!(pids(&order), [3, 4, 1, 2]);
     }
 
     #[test]
