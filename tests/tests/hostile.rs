@@ -253,10 +253,23 @@ fn a_hostile_account_throws_every_shape_at_once_and_a_plain_pile_is_still_ended_
     let mut d = cg.start_daemon(&home, &format!("{INTERVAL_SECS}s"), &env);
     let mut ticks = Ticks::default();
     // The control pile once the hostile names are flagged (so they are read and matched first).
-    let log = home.wait_log(Duration::from_secs(120), |l| {
-        l.contains(" FLAGGED name=ghshared count=") && l.contains(" FLAGGED name=ghroot count=")
+    let log = poll(Duration::from_secs(120), || {
+        let log = home.log();
+        let flagged = log.contains(" FLAGGED name=ghshared count=") && log.contains(" FLAGGED name=ghroot count=");
+        (flagged || !matches!(d.child.try_wait(), Ok(None)), log)
     });
-    assert!(log.contains(" FLAGGED name=ghshared "), "the hostile piles were never flagged:\n{log}");
+    if !log.contains(" FLAGGED name=ghshared ") {
+        let alive = matches!(d.child.try_wait(), Ok(None));
+        eprintln!(
+            "hostile: {}",
+            serde_json::json!({"peak_mib": cg.peak().map(|b| b as f64 / 1048576.0), "oom_kills": cg.oom_kills(), "alive": alive, "ticks": 0})
+        );
+        panic!(
+            "the hostile piles were never flagged (daemon alive: {alive}, OOM kills: {}):\n{}",
+            cg.oom_kills(),
+            tail(&log)
+        );
+    }
     let control = home.probe_named("ghcontrol");
     let mut pile: Vec<Probe> = (0..6).map(|_| Probe::spawn(&control, &[], TEST_UID)).collect();
     let log = poll(Duration::from_secs(240), || {

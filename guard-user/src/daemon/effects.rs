@@ -357,7 +357,7 @@ pub fn real(account: &Account, log: Logger, mirror: Mirror, metrics_file: Option
         procs: Box::new(Procfs::default()),
         classifier: Box::new(sandboxed_matcher()),
         // Its worker starts only once a list of roots is set.
-        roots: Box::new(sandboxed_matcher()),
+        roots: Box::new(Matcher::new(std::path::PathBuf::from("/proc/self/exe"), Limits::roots())),
         cpu: Box::new(ProcfsCpu),
         mirror: Arc::new(mirror),
         clock: Arc::new(SystemClock),
