@@ -158,6 +158,9 @@ guard_lost_events_total{user="alice"} 0
 # HELP guard_resyncs_total Rebuilds of the live table from /proc (RESYNC lines).
 # TYPE guard_resyncs_total counter
 guard_resyncs_total{user="alice"} 1
+# HELP guard_cmdlines_unread_total Command lines a tick could not read within its reading time (each protected for that tick, read again).
+# TYPE guard_cmdlines_unread_total counter
+guard_cmdlines_unread_total{user="alice"} 0
 # HELP guard_mirror_dropped_total Events the swarm Redis mirror dropped (queue full while Redis was away, or rejected).
 # TYPE guard_mirror_dropped_total counter
 guard_mirror_dropped_total{user="alice"} 0
