@@ -58,6 +58,13 @@ use error::{describe, is_permission, program_error};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
 
+/// Whether this build carries its BPF programs: a plain `cargo build` without `cargo xtask
+/// build-ebpf`'s object embeds none (build.rs warns), and the ebpf backend then refuses
+/// ([`EbpfError::NoObject`]). The tests ask it to ignore (or fail) what needs the backend.
+pub fn object_embedded() -> bool {
+    !OBJECT.is_empty()
+}
+
 /// The tp_btf attach points (see `load`), for the BTF stub aya's loaders look them up in.
 const ATTACHED_TRACEPOINTS: [&str; 4] =
     ["sched_process_fork", "sched_process_exec", "sched_process_exit", "task_rename"];

@@ -6,6 +6,7 @@
 //! fields come from the outputs, the expectations from the docs.
 mod replay_harness;
 
+use guard_test::guard_test;
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
@@ -132,7 +133,7 @@ fn status_outputs() -> (Vec<Value>, Vec<guard::status::Status>) {
     (outputs, statuses)
 }
 
-#[test]
+#[guard_test]
 fn status_json_has_exactly_the_documented_fields() {
     let (outputs, _) = status_outputs();
     check("status --json", &outputs);
@@ -189,7 +190,7 @@ fn run(args: &[&str], home: &Path) -> Value {
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
 }
 
-#[test]
+#[guard_test]
 fn explain_json_has_exactly_the_documented_fields() {
     let bin = tempfile::tempdir().unwrap();
     // Three of a name no other process has; one is protected by a pattern.
@@ -227,7 +228,7 @@ fn explain_json_has_exactly_the_documented_fields() {
     check("explain NAME --json", &outputs);
 }
 
-#[test]
+#[guard_test]
 fn tree_json_has_exactly_the_documented_fields() {
     let (_, statuses) = status_outputs();
     let bin = tempfile::tempdir().unwrap();
@@ -258,3 +259,5 @@ fn tree_json_has_exactly_the_documented_fields() {
     assert!(listed.clone().any(|p| p["pid"] == kid), "the live kid is listed: {outputs:#?}");
     check("tree --json", &outputs);
 }
+
+guard_test::main!();

@@ -8,6 +8,7 @@
 //!
 //! The same corpus runs twice: through the raw in-process `Pattern`, and through the bounded
 //! `Matcher` (sandboxed worker process, frames, static checks), which must not change a verdict.
+use guard_test::guard_test;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -308,7 +309,7 @@ done"#;
     Some(verdicts)
 }
 
-#[test]
+#[guard_test]
 fn every_verdict_equals_bash() {
     let cases = corpus();
     let Some(expected) = bash_verdicts(&cases) else {
@@ -379,7 +380,7 @@ fn bounded_verdicts(cases: &[Case]) -> Vec<Option<Verdict>> {
     verdicts
 }
 
-#[test]
+#[guard_test]
 fn every_verdict_through_the_bounded_matcher_equals_bash() {
     let cases = corpus();
     let Some(expected) = bash_verdicts(&cases) else {
@@ -419,3 +420,5 @@ fn every_verdict_through_the_bounded_matcher_equals_bash() {
         mismatches.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
     );
 }
+
+guard_test::main!();

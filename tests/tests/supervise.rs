@@ -27,9 +27,9 @@ fn wait_exit(d: &mut Daemon, timeout: Duration) -> Option<(std::process::ExitSta
     None
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn readiness_watchdog_and_status_reach_the_notify_socket() {
-    let Some(_g) = setup("notify socket") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let sock_path = home.path().join("notify.sock");
@@ -74,21 +74,21 @@ fn hangs_end_in_exit_70(fault: &str) {
     std::mem::forget(d);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_hung_tick_warns_once_then_exits_70() {
-    let Some(_g) = setup("hung tick") else { return };
+    let _g = setup();
     hangs_end_in_exit_70("hang_tick:2");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_hung_pump_exits_70() {
-    let Some(_g) = setup("hung pump") else { return };
+    let _g = setup();
     hangs_end_in_exit_70("hang_pump:2");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn the_overrun_warning_is_logged_once_with_its_deadline() {
-    let Some(_g) = setup("overrun line") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let mut d = Daemon::start_with(&home, &[], &[("GUARD_FAULT", "hang_tick:2")]);
@@ -100,9 +100,9 @@ fn the_overrun_warning_is_logged_once_with_its_deadline() {
     std::mem::forget(d);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn sigterm_during_a_stuck_tick_ends_the_daemon_within_3_seconds() {
-    let Some(_g) = setup("stop while stuck") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let mut d = Daemon::start_with(&home, &[], &[("GUARD_FAULT", "hang_tick:2")]);
@@ -116,9 +116,9 @@ fn sigterm_during_a_stuck_tick_ends_the_daemon_within_3_seconds() {
     std::mem::forget(d);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn sighup_reopens_a_rotated_log_and_keeps_guarding() {
-    let Some(_g) = setup("sighup") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let d = Daemon::start(&home, &[]);
@@ -137,9 +137,9 @@ fn sighup_reopens_a_rotated_log_and_keeps_guarding() {
     d.stop();
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_second_daemon_for_the_same_account_and_home_exits_75_naming_the_first() {
-    let Some(_g) = setup("single instance") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let first = Daemon::start(&home, &[]);
@@ -161,3 +161,5 @@ fn a_second_daemon_for_the_same_account_and_home_exits_75_naming_the_first() {
     second.stop();
     first.stop();
 }
+
+guard_test::main!();
