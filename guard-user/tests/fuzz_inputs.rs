@@ -5,7 +5,7 @@
 //! every config rejection's reason starts with `config_malformed` or `config_missing` (what the
 //! `ERROR` line and `check` print); every record that decodes re-encodes to an equal event; the
 //! matcher always answers, in time, and agrees with glibc wherever glibc decides quickly.
-use guard_test::guard_test;
+use guard_test::{guard_test, rng::Rng};
 use std::{
     path::Path,
     time::{Duration, Instant},
@@ -17,28 +17,6 @@ use guard::{
     pattern::{Limits, MatchOutcome, Matcher, Pattern, PatternError, PatternSetError},
 };
 use guard_common::RawEvent;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn byte(&mut self) -> u8 {
-        self.next() as u8
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len())]
-    }
-}
 
 const HOME: &str = "/home/fuzz";
 
@@ -148,13 +126,13 @@ fn random_config(rng: &mut Rng) -> Vec<u8> {
                 s.push_str(&format!("\"{}\":", rng.pick(&keys)));
                 let v = match rng.below(6) {
                     0 => rng.pick(FRAGMENTS).to_string(),
-                    1 => (rng.next() as i64 % 100_000).to_string(),
+                    1 => (rng.next_u64() as i64 % 100_000).to_string(),
                     2 => format!("\"{}{}\"", rng.below(1000), rng.pick(&["h", "m", "s", "", "d", "ms"])),
                     3 => format!(
                         "[{}]",
                         (0..rng.below(4)).map(|_| rng.pick(FRAGMENTS).to_string()).collect::<Vec<_>>().join(",")
                     ),
-                    4 => format!("{}", f64::from_bits(rng.next())).replace("NaN", "0").replace("inf", "1"),
+                    4 => format!("{}", f64::from_bits(rng.next_u64())).replace("NaN", "0").replace("inf", "1"),
                     _ => format!(
                         "[\"{}\"]",
                         (0..rng.below(12))

@@ -20,7 +20,7 @@ use guard::{
     },
     safefs::FsIdentity,
 };
-use guard_test::guard_test;
+use guard_test::{guard_test, rng::Rng};
 
 #[derive(Debug, PartialEq)]
 struct Line {
@@ -179,17 +179,12 @@ fn hostile() -> Vec<Vec<u8>> {
     for s in ["a\u{2028}b", "a\u{2029}b", "\u{85}", "\u{9b}31m", "\u{202e}gnp.exe", "\u{feff}", "café ✓", "\u{a0}"] {
         v.push(s.as_bytes().to_vec());
     }
-    // Pseudo-random byte strings (xorshift, fixed seed).
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    // Pseudo-random byte strings (fixed seed).
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for _ in 0..5_000 {
         let mut s = Vec::new();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        for _ in 0..x % 40 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+        for _ in 0..rng.next_u64() % 40 {
+            let x = rng.next_u64();
             // Bias towards the interesting bytes.
             s.push(match x % 4 {
                 0 => b" =\"\\\n\r\t"[(x >> 8) as usize % 7],
