@@ -124,7 +124,14 @@ pub fn run(helpers: Option<fn(&str)>, facts: Facts) -> ExitCode {
         helpers(&mode);
         std::process::exit(0);
     }
-    let args = libtest_mimic::Arguments::from_args();
+    // libtest takes any number of name filters (a test runs when one matches), libtest-mimic
+    // one: more than one are applied here.
+    let (flags, filters) = split_filters(std::env::args().skip(1));
+    let mut args = libtest_mimic::Arguments::from_iter(std::iter::once("test".to_string()).chain(flags));
+    let several = filters.len() > 1;
+    if !several {
+        args.filter = filters.first().cloned();
+    }
     let required = match need::required() {
         Ok(r) => r,
         Err(e) => {
@@ -169,6 +176,13 @@ pub fn run(helpers: Option<fn(&str)>, facts: Facts) -> ExitCode {
             trial
         })
         .collect::<Vec<_>>();
+    let trials: Vec<libtest_mimic::Trial> = match several {
+        true => trials
+            .into_iter()
+            .filter(|t| filters.iter().any(|f| if args.exact { t.name() == f } else { t.name().contains(f.as_str()) }))
+            .collect(),
+        false => trials,
+    };
     if !args.list {
         for (name, why) in &notes {
             let shown = trials.iter().find(|t| t.name() == name).is_some_and(|t| !args.is_filtered_out(t));
@@ -178,4 +192,37 @@ pub fn run(helpers: Option<fn(&str)>, facts: Facts) -> ExitCode {
         }
     }
     libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// libtest's arguments apart from its name filters (the words that are not options or their
+/// values).
+fn split_filters(argv: impl Iterator<Item = String>) -> (Vec<String>, Vec<String>) {
+    const WITH_VALUE: &[&str] = &["--test-threads", "--skip", "--format", "--color", "--logfile", "-Z"];
+    let (mut flags, mut filters) = (Vec::new(), Vec::new());
+    let mut argv = argv.peekable();
+    while let Some(arg) = argv.next() {
+        if !arg.starts_with('-') {
+            filters.push(arg);
+            continue;
+        }
+        let takes_value = WITH_VALUE.contains(&arg.as_str());
+        flags.push(arg);
+        if takes_value {
+            flags.extend(argv.next());
+        }
+    }
+    (flags, filters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_are_the_words_that_are_no_option_or_value() {
+        let argv = ["--test-threads", "1", "a", "--exact", "--skip", "x", "b", "--format=json"];
+        let (flags, filters) = split_filters(argv.into_iter().map(String::from));
+        assert_eq!(flags, ["--test-threads", "1", "--exact", "--skip", "x", "--format=json"]);
+        assert_eq!(filters, ["a", "b"]);
+    }
 }

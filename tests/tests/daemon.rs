@@ -132,9 +132,11 @@ fn names_below_the_threshold_or_excluded_are_not_flagged_and_lose_their_clock() 
     assert!(log.contains("TICK_COMPLETE flagged=0 kills=0 errors=0"), "{log}");
     let state = home.state().unwrap();
     assert!(state["flagged"].as_object().unwrap().is_empty(), "{state}");
-    // Excluded: never flagged even at the threshold.
+    // Excluded: never flagged even at the threshold. Two whole ticks after the change: at least
+    // one read the new config.
+    let ticks = lines(&home.log(), "TICK_COMPLETE").len();
     home.write_config(r#"{"threshold": 2, "timeout": "1s", "excludes": ["AgentiHooks"]}"#);
-    std::thread::sleep(Duration::from_millis(2500));
+    home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= ticks + 2);
     daemon.stop();
     assert!(pile.iter_mut().all(|p| p.is_alive()));
     let tail: String = home.log().lines().rev().take(3).collect();

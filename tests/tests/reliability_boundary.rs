@@ -324,8 +324,10 @@ fn with_host_pids_reused_within_the_kill_window_no_bystander_is_signalled() {
     while victims.iter_mut().any(|v| v.is_alive()) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
-    // Past every SIGKILL deadline, and two more ticks with the pid space still exhausted.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Past every SIGKILL deadline (the tick that signalled them waited its 0.5 s before its
+    // SIGKILLs and completed), and two more ticks with the pid space still exhausted.
+    let ticks_at_death = lines(&home.log()[offset..], "TICK_COMPLETE").len();
+    home.wait_log(WAIT, |l| lines(&l[offset..], "TICK_COMPLETE").len() > ticks_at_death);
     let ticks_before = lines(&home.log()[offset..], "TICK_COMPLETE").len();
     let log = home.wait_log(WAIT, |l| lines(&l[offset..], "TICK_COMPLETE").len() >= ticks_before + 2);
     let daemon_alive = matches!(daemon.child.try_wait(), Ok(None));

@@ -100,6 +100,16 @@ fn the_overrun_warning_is_logged_once_with_its_deadline() {
     std::mem::forget(d);
 }
 
+/// Whether a thread of `pid` is in `nanosleep`/`clock_nanosleep`: the fault hook's hang (a
+/// `thread::sleep`), which no other thread of the daemon calls (they wait in epoll or futexes).
+fn asleep_in_a_thread(pid: u32) -> bool {
+    let sleeping = [libc::SYS_nanosleep, libc::SYS_clock_nanosleep];
+    std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten().any(|t| {
+        let syscall = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+        syscall.split(' ').next().and_then(|n| n.parse::<libc::c_long>().ok()).is_some_and(|n| sleeping.contains(&n))
+    })
+}
+
 #[guard_test(needs = [root])]
 fn sigterm_during_a_stuck_tick_ends_the_daemon_within_3_seconds() {
     let _g = setup();
@@ -107,7 +117,8 @@ fn sigterm_during_a_stuck_tick_ends_the_daemon_within_3_seconds() {
     home.write_config(config());
     let mut d = Daemon::start_with(&home, &[], &[("GUARD_FAULT", "hang_tick:2")]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
-    std::thread::sleep(Duration::from_millis(1500)); // the second tick is stuck now
+    let pid = d.child.id();
+    guard_test::wait::until(WAIT, "the second tick to hang", || asleep_in_a_thread(pid).then_some(()));
     unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
     let (st, took) = wait_exit(&mut d, Duration::from_secs(5)).expect("SIGTERM did not end it");
     assert!(took <= Duration::from_secs(3), "{took:?}");
