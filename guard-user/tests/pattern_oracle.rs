@@ -135,11 +135,11 @@ fn bracket(rng: &mut Rng) -> String {
     for _ in 0..1 + rng.below(3) {
         match rng.below(8) {
             0 => s.push_str(&format!("[:{}:]", *rng.pick(CLASSES))),
-            1 => s.push_str(*rng.pick(&["a-c", "c-a", "a-a", "--/", " -/", "0-9", "A-Z", "a-\\"])),
+            1 => s.push_str(rng.pick::<&str>(&["a-c", "c-a", "a-a", "--/", " -/", "0-9", "A-Z", "a-\\"])),
             2 => s.push('\\'),
-            3 => s.push_str(*rng.pick(&["[.a.]", "[.-.]", "[=a=]", "[.space.]", "[:alpha:"])),
-            4 => s.push_str(*rng.pick(&["[", "|", "(", ")", "*", ".", "$", "^", "{"])),
-            _ => s.push_str(*rng.pick(LITERALS)),
+            3 => s.push_str(rng.pick::<&str>(&["[.a.]", "[.-.]", "[=a=]", "[.space.]", "[:alpha:"])),
+            4 => s.push_str(rng.pick::<&str>(&["[", "|", "(", ")", "*", ".", "$", "^", "{"])),
+            _ => s.push_str(rng.pick::<&str>(LITERALS)),
         }
     }
     if rng.chance(15) {
@@ -164,7 +164,7 @@ fn piece(rng: &mut Rng, depth: usize) -> String {
         _ => rng.pick(&["agentihooks", "swarm", "tick", "[.]", "( |$)", "(^|[ /])"]).to_string(),
     };
     if rng.chance(30) {
-        s.push_str(*rng.pick(QUANTIFIERS));
+        s.push_str(rng.pick::<&str>(QUANTIFIERS));
     }
     s
 }

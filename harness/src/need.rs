@@ -39,6 +39,12 @@ pub enum Need {
     PidSpace,
     /// A kernel *without* BTF (the `no-btf` guest of `cargo xtask vm`), for the procfs fallback.
     NoBtf,
+    /// `groff` (groff-base, which man-db pulls in): the man pages are formatted with warnings on.
+    Groff,
+    /// `promtool` (Debian's prometheus package): the alert rules are checked and tested.
+    Promtool,
+    /// `zsh` and `fish`: the completions are tried in every shell the package ships them for.
+    Shells,
 }
 
 /// The smallest `kernel.pid_max` [`Need::PidSpace`] accepts.
@@ -56,6 +62,9 @@ impl Need {
         Need::Guest,
         Need::PidSpace,
         Need::NoBtf,
+        Need::Groff,
+        Need::Promtool,
+        Need::Shells,
     ];
 
     /// Whether a host can have it: `GUARD_TESTS_REQUIRE=all` requires every need a host can have
@@ -76,6 +85,9 @@ impl Need {
             Need::Guest => "guest",
             Need::PidSpace => "pid_space",
             Need::NoBtf => "no_btf",
+            Need::Groff => "groff",
+            Need::Promtool => "promtool",
+            Need::Shells => "shells",
         }
     }
 
@@ -119,9 +131,34 @@ impl Need {
             Need::NoBtf if Path::new(VMLINUX).exists() => Some(format!(
                 "needs a kernel without BTF — this one has {VMLINUX}; the no-btf guest of `cargo xtask vm` runs it"
             )),
+            Need::Groff if which("groff").is_none() => {
+                Some("needs groff — apt-get install groff-base (man-db brings it; .ci/run installs it)".into())
+            }
+            Need::Promtool if which("promtool").is_none() => Some(
+                "needs promtool — apt-get install prometheus (.ci/run installs it and leaves the service off)".into(),
+            ),
+            Need::Shells if which("zsh").is_none() || which("fish").is_none() => {
+                Some("needs zsh and fish — apt-get install zsh fish (.ci/run installs them)".into())
+            }
             _ => None,
         }
     }
+}
+
+/// For a test outside guard-test's harness (a unit test of guard-user's library or of xtask,
+/// marked `#[ignore = "needs …"]` so a plain run lists it as ignored; the runs that must run it
+/// pass `--ignored`): whether `needs` are all here. When one is missing it says why and the test
+/// returns; where the run requires it (`GUARD_TESTS_REQUIRE`) it panics with the reason.
+pub fn here(needs: &[Need], facts: Facts) -> bool {
+    let required = required().unwrap_or_else(|e| panic!("{e}"));
+    for &need in needs {
+        if let Some(why) = need.missing(&facts) {
+            assert!(!required.contains(&need), "{why} (this run requires `{}`: {REQUIRE_ENV})", need.name());
+            eprintln!("ignored: {why}");
+            return false;
+        }
+    }
+    true
 }
 
 /// What the test binary itself knows and the machine does not say (filled in by `main!`).
@@ -199,6 +236,7 @@ mod tests {
     fn all_is_every_need_but_the_guest_and_names_are_checked() {
         let all = parse_required("all").unwrap();
         assert!(!all.contains(&Need::Guest) && !all.contains(&Need::NoBtf) && all.len() == Need::ALL.len() - 2);
+        assert!(all.contains(&Need::Promtool));
         assert_eq!(parse_required("root, ebpf,,guest").unwrap(), [Need::Root, Need::Ebpf, Need::Guest]);
         let e = parse_required("root,rooot").unwrap_err();
         assert!(e.contains("`rooot`") && e.contains("memory_cgroup"), "{e}");

@@ -141,6 +141,11 @@ pub const SUITE: &[(&str, Place)] = &[
     ("integration-tests.supervise", Place::Host { why: "sd_notify sockets, signals and the watchdog" }),
 ];
 
+/// Unit-test binaries (libtest's harness) whose `#[ignore = "needs …"]` tests are the ones that
+/// need the machine (guard-test's `need::here`): the guests run them all, and each says why it
+/// returns early where its need is missing and not required (BTF in the no-btf guest).
+pub const INCLUDE_IGNORED: &[&str] = &["guard-user.lib"];
+
 /// What a guest must run, as `GUARD_TESTS_REQUIRE` (guard-test's needs): a test that needs one
 /// of these and finds it missing fails there instead of being ignored. Every guest is root in a
 /// throwaway kernel with a cgroup v2 memory controller and the default pid space; the kernel
