@@ -45,6 +45,9 @@ pub enum Need {
     Promtool,
     /// `zsh` and `fish`: the completions are tried in every shell the package ships them for.
     Shells,
+    /// systemd's binary (`/lib/systemd/systemd`), whose own unit loader reads back what install
+    /// wrote (`systemd --test`); no running systemd is needed.
+    Systemd,
 }
 
 /// The smallest `kernel.pid_max` [`Need::PidSpace`] accepts.
@@ -65,6 +68,7 @@ impl Need {
         Need::Groff,
         Need::Promtool,
         Need::Shells,
+        Need::Systemd,
     ];
 
     /// Whether a host can have it: `GUARD_TESTS_REQUIRE=all` requires every need a host can have
@@ -88,6 +92,7 @@ impl Need {
             Need::Groff => "groff",
             Need::Promtool => "promtool",
             Need::Shells => "shells",
+            Need::Systemd => "systemd",
         }
     }
 
@@ -140,10 +145,16 @@ impl Need {
             Need::Shells if which("zsh").is_none() || which("fish").is_none() => {
                 Some("needs zsh and fish — apt-get install zsh fish (.ci/run installs them)".into())
             }
+            Need::Systemd if SYSTEMD.iter().all(|p| !Path::new(p).exists()) => {
+                Some("needs systemd's binary (its unit loader) — apt-get install systemd".into())
+            }
             _ => None,
         }
     }
 }
+
+/// Where systemd's binary is, first that exists ([`Need::Systemd`]).
+pub const SYSTEMD: &[&str] = &["/lib/systemd/systemd", "/usr/lib/systemd/systemd"];
 
 /// For a test outside guard-test's harness (a unit test of guard-user's library or of xtask,
 /// marked `#[ignore = "needs …"]` so a plain run lists it as ignored; the runs that must run it
