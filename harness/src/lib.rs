@@ -139,7 +139,8 @@ pub fn run(helpers: Option<fn(&str)>, facts: Facts) -> ExitCode {
             return ExitCode::from(101);
         }
     };
-    let mut missing: HashMap<Need, Option<String>> = HashMap::new();
+    // Each need is looked for once (a Python start-up, a PATH walk), whatever the number of tests.
+    let mut looked: HashMap<Need, Option<String>> = HashMap::new();
     let mut tests: Vec<&Test> = TESTS.iter().collect();
     tests.sort_by_key(|t| t.full_name());
     let mut notes = Vec::new();
@@ -150,7 +151,7 @@ pub fn run(helpers: Option<fn(&str)>, facts: Facts) -> ExitCode {
             let absent: Vec<(Need, String)> = t
                 .needs
                 .iter()
-                .filter_map(|&n| missing.entry(n).or_insert_with(|| n.missing(&facts)).clone().map(|why| (n, why)))
+                .filter_map(|&n| looked.entry(n).or_insert_with(|| n.missing(&facts)).clone().map(|why| (n, why)))
                 .collect();
             let Some((_, why)) = absent.first().cloned() else {
                 let run = t.run;
