@@ -2,6 +2,7 @@
 //! an unfinished text stands, and the daemon's verdict cache (`daemon::verdicts`) makes an
 //! unchanged process cost one match, not one per tick, even under a hostile pattern list. Real
 //! worker processes; work is counted in texts sent to the worker, never in seconds.
+use guard_test::guard_test;
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
@@ -37,7 +38,7 @@ fn in_secs(s: u64) -> Instant {
 /// Seconds on 300 bytes of `a` (it reaches the time bound); instant on `aac`, which it matches.
 const SLOW: &str = "(a|aa)*\\1c";
 
-#[test]
+#[guard_test]
 fn a_text_on_which_three_patterns_overran_is_budget_without_trying_the_rest() {
     let mut m = Matcher::new(exe(), Limits::default());
     // Five patterns that each overrun on the text, then one that matches it.
@@ -51,7 +52,7 @@ fn a_text_on_which_three_patterns_overran_is_budget_without_trying_the_rest() {
     assert_eq!((m.stats().kills, m.stats().texts), (3, 3), "{:?}", m.stats());
 }
 
-#[test]
+#[guard_test]
 fn a_round_hands_back_where_an_unfinished_text_stands_and_a_later_round_goes_on_from_there() {
     // One strike: the first overrun strikes SLOW out for the round.
     let mut m = Matcher::new(exe(), Limits { strikes: 1, ..Limits::default() });
@@ -102,7 +103,7 @@ fn hostile_world() -> (AccountView, FakeProcs) {
     (view, procs)
 }
 
-#[test]
+#[guard_test]
 fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_nothing_changes() {
     let list = hostile_list();
     let config = guard::config::parse(
@@ -157,7 +158,7 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     }
 }
 
-#[test]
+#[guard_test]
 fn under_the_daemons_round_budget_a_hostile_list_settles_in_a_few_ticks_then_costs_nothing() {
     let list = hostile_list();
     let config = guard::config::parse(
@@ -199,3 +200,5 @@ fn under_the_daemons_round_budget_a_hostile_list_settles_in_a_few_ticks_then_cos
     }
     assert_eq!(matcher.stats(), before, "settled after {settled_after} ticks: no work since");
 }
+
+guard_test::main!();

@@ -1,5 +1,6 @@
 //! The swarm Redis mirror's parts that need no server (docs/operations.md): which endpoint, how it is
 //! printed, the `check` lines and the fleet table. The server tests are in redis_mirror.rs.
+use guard_test::guard_test;
 use std::time::{Duration, UNIX_EPOCH};
 
 use guard::cmd::fleet::{fleet_exit_code, fleet_json, fleet_table};
@@ -29,7 +30,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
     }
 }
 
-#[test]
+#[guard_test]
 fn endpoint_follows_spec_precedence() {
     let hive = "redis://hive:1/0";
     let swarm = "redis://swarm:2/0";
@@ -63,7 +64,7 @@ fn endpoint_follows_spec_precedence() {
     }
 }
 
-#[test]
+#[guard_test]
 fn redacted_endpoint_has_no_credentials() {
     let cases = [
         ("redis://:secret@h:1/0", "redis://h:1/0"),
@@ -87,7 +88,7 @@ fn redacted_endpoint_has_no_credentials() {
     }
 }
 
-#[test]
+#[guard_test]
 fn check_lines_name_the_redacted_endpoint() {
     let endpoint = Endpoint::new("redis://:secret@10.0.0.5:6379/0");
     let read = |value| Ok(Read { value, written_by: None });
@@ -104,7 +105,7 @@ fn check_lines_name_the_redacted_endpoint() {
     );
 }
 
-#[test]
+#[guard_test]
 fn fleet_table_aligns_its_columns() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let mut a = heartbeat("alice", 10);
@@ -134,7 +135,7 @@ fn fleet_table_aligns_its_columns() {
     assert!(table.lines().all(|l| !l.ends_with(' ')), "trailing spaces in\n{table}");
 }
 
-#[test]
+#[guard_test]
 fn a_hostile_heartbeat_is_one_row_of_the_fleet_table() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let mut hb = heartbeat("alice\nbob  box2", 1);
@@ -149,7 +150,7 @@ fn a_hostile_heartbeat_is_one_row_of_the_fleet_table() {
     assert!(row.contains("a\\nb,\\xe2\\x80\\xaex,c\\\\x0a"), "{row:?}");
 }
 
-#[test]
+#[guard_test]
 fn a_guard_whose_config_is_invalid_is_an_unhealthy_row_with_the_reason() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let ok = heartbeat("alice", 1);
@@ -173,7 +174,7 @@ fn a_guard_whose_config_is_invalid_is_an_unhealthy_row_with_the_reason() {
     assert_eq!(json[1]["config_error"], serde_json::Value::Null);
 }
 
-#[test]
+#[guard_test]
 fn a_hostile_config_error_in_a_heartbeat_stays_in_its_cell() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let hb = Heartbeat { config_error: Some("x\nbox9  mallory\r\u{1b}[2K\u{202e}".into()), ..heartbeat("alice", 1) };
@@ -183,3 +184,5 @@ fn a_hostile_config_error_in_a_heartbeat_stays_in_its_cell() {
     let json = fleet_json(&[hb], now, None);
     assert!(!json.contains(['\r', '\u{1b}', '\u{202e}']), "{json:?}");
 }
+
+guard_test::main!();

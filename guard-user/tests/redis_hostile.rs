@@ -15,6 +15,7 @@ use std::{
 };
 
 use guard::mirror::{check_lines, fleet, read_heartbeat, Endpoint, Heartbeat, Mirror, MirrorError};
+use guard_test::guard_test;
 
 // Shared with redis_mirror.rs, which uses the rest of it (the real redis-server).
 #[allow(dead_code)]
@@ -116,7 +117,7 @@ fn heartbeat() -> Heartbeat {
     Heartbeat { host: "box1".into(), user: "alice".into(), last_tick: now, interval_secs: 60, ..Default::default() }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(multi_thread)]
 async fn a_reply_past_its_budget_closes_the_connection_and_every_reader_goes_on() {
     let fake = Fake::start(HUGE, None);
     let endpoint = fake.endpoint(None);
@@ -151,20 +152,9 @@ async fn a_reply_past_its_budget_closes_the_connection_and_every_reader_goes_on(
     assert!(matches!(fleet(&endpoint).await, Err(MirrorError::ReplyRejected { .. })));
 }
 
-fn root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: making a socket another uid owns needs root (cargo xtask test runs as root)");
-        return false;
-    }
-    true
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Root: the socket is made with another uid's file-system identity.
+#[guard_test(needs = [root], multi_thread)]
 async fn a_listener_an_account_owns_never_gets_the_password_and_is_said_once() {
-    if !root() {
-        return;
-    }
     let fake = Fake::start(b"+OK\r\n", Some(ACCOUNT));
     let endpoint = fake.endpoint(Some("s3cret-pw"));
     let (warn, lines) = capture_warnings();
@@ -188,11 +178,8 @@ async fn a_listener_an_account_owns_never_gets_the_password_and_is_said_once() {
     assert!(!fake.received().contains("s3cret"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [root], multi_thread)]
 async fn what_is_read_from_a_listener_an_account_owns_is_marked_as_its_writing() {
-    if !root() {
-        return;
-    }
     // No password: the mirror writes there (it is said once), and the readers mark what they read.
     let beat = serde_json::to_string(&heartbeat()).unwrap();
     let answer: &'static [u8] = Box::leak(format!("${}\r\n{beat}\r\n", beat.len()).into_bytes().into_boxed_slice());
@@ -221,3 +208,5 @@ async fn what_is_read_from_a_listener_an_account_owns_is_marked_as_its_writing()
         std::process::ExitCode::from(1)
     );
 }
+
+guard_test::main!();

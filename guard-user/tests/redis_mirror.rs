@@ -5,6 +5,7 @@
 //! `redis-server` binary the server tests print why and pass without checking anything
 //! (`cargo xtask test` installs one). Waits poll for the state they need with generous bounds;
 //! nothing asserts how long a call took.
+use guard_test::guard_test;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -79,9 +80,8 @@ async fn xlen(conn: &mut MultiplexedConnection) -> u64 {
     redis::cmd("XLEN").arg(STREAM_KEY).query_async(conn).await.expect("XLEN")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn heartbeat_is_written_with_its_ttl_and_expires() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
@@ -138,9 +138,8 @@ async fn heartbeat_is_written_with_its_ttl_and_expires() {
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn events_reach_the_stream_with_their_fields() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let (warn, warned) = capture_warnings();
     let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), None, warn);
@@ -209,9 +208,8 @@ async fn events_reach_the_stream_with_their_fields() {
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn stream_stays_near_its_maxlen() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let (warn, _warned) = capture_warnings();
     let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), None, warn);
@@ -250,9 +248,8 @@ async fn stream_stays_near_its_maxlen() {
     assert_eq!(mirror.dropped(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
-    require_redis_server!();
     let mut server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
@@ -313,7 +310,7 @@ async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
     assert_eq!(warnings(&warned), [unreachable, recovered]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(multi_thread)]
 async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
     let hung = HungServer::start();
     let endpoint = Endpoint::new(format!("redis://:{SECRET}@127.0.0.1:{}/0", hung.port));
@@ -355,9 +352,8 @@ async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
     assert_eq!(lines, [format!("redis_unreachable endpoint=redis://127.0.0.1:{}/0", hung.port)]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn passwords_never_appear_in_errors_or_warnings() {
-    require_redis_server!();
     let mut server = RedisServer::start(Some(SECRET));
     let endpoint = server.endpoint();
     assert!(endpoint.url.contains(SECRET));
@@ -430,9 +426,8 @@ async fn passwords_never_appear_in_errors_or_warnings() {
     assert_eq!(invalid.pending_events(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn fleet_lists_every_heartbeat_but_not_the_stream() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, _warned) = capture_warnings();
@@ -467,9 +462,8 @@ fn heartbeat_like(stored: &Heartbeat, user: &str, pid: u32) -> Heartbeat {
     Heartbeat { last_tick: stored.last_tick, ..heartbeat(user, pid) }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn dropping_the_mirror_still_sends_what_was_queued() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
@@ -496,9 +490,8 @@ async fn dropping_the_mirror_still_sends_what_was_queued() {
 const HOSTILE_NAMES: [&str; 6] =
     ["a b\r\nname x", "x\"}{=,\\ ts 1", "*3\r\n$4\r\nPING\r\n", "\u{1b}[2J\u{fffd}\u{202e}", "", "fifteen-bytes-x"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
@@ -535,11 +528,10 @@ async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once() {
     use guard::cmd::fleet::fleet_exit_code;
     use guard::daemon::report::ConfigOutage;
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
@@ -597,3 +589,5 @@ async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once(
     }
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
+
+guard_test::main!();

@@ -172,16 +172,10 @@ impl Ticks {
     }
 }
 
-#[test]
+#[guard_test(needs = [root, memory_cgroup])]
 fn a_hostile_account_throws_every_shape_at_once_and_a_plain_pile_is_still_ended_on_time() {
-    let Some(_g) = setup("hostile account") else { return };
-    let cg = match UnitCgroup::new(MEMORY_MAX, Some(TASKS_MAX)) {
-        Ok(cg) => cg,
-        Err(why) => {
-            eprintln!("skipped hostile account: {why}");
-            return;
-        }
-    };
+    let _g = setup();
+    let cg = UnitCgroup::new(MEMORY_MAX, Some(TASKS_MAX)).unwrap_or_else(|why| panic!("the unit's cgroup: {why}"));
     let scale = Scale::get();
     let home = Home::new();
     let state_path = home.path().join("guard-daemon-state.json");
@@ -338,3 +332,5 @@ fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(60)..].join("\n")
 }
+
+guard_test::main!();
