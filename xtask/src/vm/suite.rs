@@ -120,6 +120,10 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
     ("guard-user.redteam_rules", Place::Host { why: "verdicts and warnings from the account's inputs, no kernel" }),
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
+    (
+        "guard-user.redis_hostile",
+        Place::Host { why: "the reply budget against a hostile listener on loopback, no kernel" },
+    ),
     ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.sessions_replay", Place::Host { why: "recorded session traces through the daemon, no kernel" }),
@@ -133,6 +137,13 @@ pub const SUITE: &[(&str, Place)] = &[
     (
         "integration-tests.hostile_home",
         Place::Host { why: "the daemon over hostile files; each kernel's file semantics are hostile_files" },
+    ),
+    (
+        "integration-tests.hostile",
+        Place::Host {
+            why: "every hostile shape at once under a 64M cgroup for minutes: the budgets are the daemon's, \
+                  the same on every kernel, and memory_bounds covers each kernel's cgroup",
+        },
     ),
     ("integration-tests.install", Place::Host { why: "files and a fake systemctl" }),
     ("integration-tests.install_hostile", Place::Host { why: "files and a fake systemctl" }),
