@@ -1,0 +1,423 @@
+//! Whether an object a process holds is PATH, or below it when PATH is a directory: decided by
+//! device and inode, on the kernel's own references, never on path text.
+//!
+//! - **The object** comes from `statx` through the process's `/proc` link (`cwd`, `root`, `exe`,
+//!   `fd/N`) or from its `maps` line (device and inode): the link's text, which names ending
+//!   ` (deleted)`, renames and other mount namespaces make ambiguous, is never compared.
+//! - **A directory** is below PATH when walking up from it reaches PATH: `openat(dir, "..")`
+//!   from a handle on the very directory the process holds (opened through the magic link, on
+//!   the mount it holds it through), comparing (device, inode) with PATH's at each step. `..`
+//!   follows the kernel's dentry tree and crosses mounts upward, so a symlink, a bind mount of
+//!   PATH elsewhere or a filesystem mounted below PATH neither hides nor invents a holder, and
+//!   a directory removed since (no link left) is below nothing.
+//! - **A file** (or FIFO, device) has no `..`: its parent comes from the link's text, and is
+//!   believed only when that parent directory holds an entry with the object's own device and
+//!   inode (checked with `statx`, not followed); the walk-up then starts from that parent. The
+//!   text is tried as the kernel wrote it, then without a final ` (deleted)` (the kernel's
+//!   suffix for an unlinked name), from this process's root and then from the holder's (a
+//!   process in another mount namespace names paths from its own root). A file with no link
+//!   left is below nothing; a file whose every candidate parent fails the check is outside.
+//!   So the account's names can at worst hide a file it renames while `holders` reads it, which
+//!   it could as well do by closing it.
+//! - **PATH a file**: only its own (device, inode) is held.
+//!
+//! Every answer is kept per (mount, device, inode) (for the walk-up, every directory passed on
+//! the way too), so 2,000 processes in one checkout cost one walk, and a shared library
+//! mapped by all of them one parent check. `statx` runs with `AT_STATX_DONT_SYNC` and
+//! `O_PATH` opens nothing, so a hung network or FUSE filesystem does not stall the walk; what
+//! still can (a path lookup of a file's parent, a `/proc` read) is bounded by the caller's
+//! progress watch (`pool`).
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::{CStr, CString},
+    io,
+    os::{
+        fd::{AsRawFd, OwnedFd, RawFd},
+        unix::ffi::OsStrExt,
+    },
+    path::Path,
+    sync::{Mutex, OnceLock},
+};
+
+use super::sys::{self, Ident};
+
+/// Longest link text read (PATH_MAX).
+const PATH_MAX: usize = 4096;
+/// Directories walked up from one object at most: far deeper than any tree a path can name
+/// (PATH_MAX allows ~2,048 levels); deeper is an answer of its own ([`Place::Unknown`]).
+pub const MAX_DEPTH: usize = 65_536;
+/// Answers kept per cache (a few dozen bytes each); past it, answers are computed each time.
+const MAX_CACHED: usize = 1 << 18;
+
+/// Where one held object is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// PATH itself, or below it.
+    Inside,
+    Outside,
+    /// Could not tell (why): the process may hold PATH.
+    Unknown(&'static str),
+}
+
+/// PATH, resolved once (as the caller, symlinks followed: the operator named it).
+#[derive(Debug)]
+pub struct Target {
+    pub ident: Ident,
+    /// The name the kernel gives the object PATH resolved to: what is shown and what the stop
+    /// command names.
+    pub resolved: Vec<u8>,
+    /// The device `/proc/PID/maps` shows for it (its superblock's; on btrfs it is not the
+    /// `st_dev` of a file in a subvolume).
+    pub sb_dev: Option<u64>,
+    /// Held open so the name above keeps naming this object while `holders` runs.
+    _fd: OwnedFd,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("{shown}: {source}; name an existing file or directory")]
+    Open { shown: String, source: io::Error },
+}
+
+impl Target {
+    pub fn open(path: &Path) -> Result<Target, TargetError> {
+        let shown = || crate::escape::text(path.as_os_str().as_bytes());
+        let err = |source| TargetError::Open { shown: shown(), source };
+        let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
+        let fd = sys::open_path(sys::CWD, &c, false).map_err(err)?;
+        let ident = sys::statx_at(fd.as_raw_fd(), c"", true).map_err(err)?;
+        let link = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+        let resolved = sys::read_link_at(sys::CWD, &link, PATH_MAX).map_err(err)?;
+        let sb_dev = ident.mnt_id.and_then(|m| mount_devices().get(&m).copied());
+        Ok(Target { ident, resolved, sb_dev, _fd: fd })
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.ident.is_dir()
+    }
+}
+
+/// Mount id → its superblock's device, from this process's `/proc/self/mountinfo` (field 1 and
+/// field 3, `major:minor`), read once. Mounts of other namespaces are not in it.
+fn mount_devices() -> &'static HashMap<u64, u64> {
+    static MOUNTS: OnceLock<HashMap<u64, u64>> = OnceLock::new();
+    MOUNTS.get_or_init(|| {
+        let text = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
+        text.split(|&b| b == b'\n').filter_map(parse_mountinfo_line).collect()
+    })
+}
+
+fn parse_mountinfo_line(line: &[u8]) -> Option<(u64, u64)> {
+    let mut f = line.split(|&b| b == b' ');
+    let id = std::str::from_utf8(f.next()?).ok()?.parse().ok()?;
+    let (major, minor) = std::str::from_utf8(f.nth(1)?).ok()?.split_once(':')?;
+    Some((id, libc::makedev(major.parse().ok()?, minor.parse().ok()?)))
+}
+
+/// A cache key: the object and the mount it was reached through (one directory can be below
+/// PATH through one mount and outside it through another). `None` without mount ids.
+fn key(id: &Ident) -> Option<(u64, u64, u64)> {
+    id.mnt_id.map(|m| (m, id.dev, id.ino))
+}
+
+/// The answers for one PATH, shared by every thread reading processes.
+pub struct Within {
+    pub target: Target,
+    /// Directories walked: below PATH or not.
+    dirs: Mutex<HashMap<(u64, u64, u64), Place>>,
+    /// Files whose parent was checked.
+    files: Mutex<HashMap<(u64, u64, u64), Place>>,
+    /// Mapped files (maps device, inode, path text).
+    maps: Mutex<HashMap<(u64, u64, Vec<u8>), Place>>,
+    /// Devices whose objects have no path (pipes, sockets, anonymous inodes): their link text
+    /// is `pipe:[…]`, `socket:[…]`, `anon_inode:…`.
+    pathless: Mutex<HashSet<u64>>,
+}
+
+fn cached<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, Place>>, k: &K) -> Option<Place> {
+    map.lock().unwrap_or_else(|p| p.into_inner()).get(k).copied()
+}
+
+fn remember<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, Place>>, k: K, place: Place) {
+    if matches!(place, Place::Unknown(_)) {
+        return;
+    }
+    let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+    if m.len() < MAX_CACHED {
+        m.insert(k, place);
+    }
+}
+
+fn cstr(bytes: &[u8]) -> Option<CString> {
+    CString::new(bytes).ok()
+}
+
+impl Within {
+    pub fn new(target: Target) -> Within {
+        Within {
+            target,
+            dirs: Mutex::default(),
+            files: Mutex::default(),
+            maps: Mutex::default(),
+            pathless: Mutex::default(),
+        }
+    }
+
+    /// Where the object the link `dir/link` leads to is (`cwd`, `root`, `exe`, `fd/N`, under
+    /// a `/proc/PID` directory). An error is the link's (gone: `ENOENT`; another account's
+    /// process read without root: `EACCES`).
+    pub fn place_of_link(&self, dir: RawFd, link: &CStr) -> io::Result<Place> {
+        let id = sys::statx_at(dir, link, true)?;
+        if id.object() == self.target.ident.object() {
+            return Ok(Place::Inside);
+        }
+        if !self.target.is_dir() || id.nlink == 0 {
+            // A file as PATH is held only as itself; an object with no link left is below nothing.
+            return Ok(Place::Outside);
+        }
+        if id.is_dir() {
+            if let Some(p) = key(&id).and_then(|k| cached(&self.dirs, &k)) {
+                return Ok(p);
+            }
+            return Ok(self.walk_up(sys::open_path(dir, link, true)?));
+        }
+        if id.mode & libc::S_IFMT == 0 || self.pathless.lock().unwrap_or_else(|p| p.into_inner()).contains(&id.dev) {
+            return Ok(Place::Outside);
+        }
+        if let Some(p) = key(&id).and_then(|k| cached(&self.files, &k)) {
+            return Ok(p);
+        }
+        let text = sys::read_link_at(dir, link, PATH_MAX)?;
+        if !text.starts_with(b"/") {
+            self.pathless.lock().unwrap_or_else(|p| p.into_inner()).insert(id.dev);
+            return Ok(Place::Outside);
+        }
+        let same = |st: &Ident| st.object() == id.object();
+        let place = self.via_parent(&candidates(&text, false), same, Some(dir));
+        if let Some(k) = key(&id) {
+            remember(&self.files, k, place);
+        }
+        Ok(place)
+    }
+
+    /// Where a mapped file is, from its `maps` line: the device (the superblock's) and inode,
+    /// and the path text (`\012` for a newline, ` (deleted)` appended when unlinked).
+    pub fn place_of_mapping(&self, dir: RawFd, dev: u64, ino: u64, text: &[u8]) -> Place {
+        let t = &self.target;
+        if ino == t.ident.ino && (dev == t.ident.dev || Some(dev) == t.sb_dev) {
+            return Place::Inside;
+        }
+        if !t.is_dir() || !text.starts_with(b"/") {
+            return Place::Outside;
+        }
+        let k = (dev, ino, text.to_vec());
+        if let Some(p) = cached(&self.maps, &k) {
+            return p;
+        }
+        let same = |st: &Ident| {
+            st.ino == ino && (st.dev == dev || st.mnt_id.and_then(|m| mount_devices().get(&m).copied()) == Some(dev))
+        };
+        let place = self.via_parent(&candidates(text, true), same, Some(dir));
+        remember(&self.maps, k, place);
+        place
+    }
+
+    /// The first candidate path whose parent directory holds an entry that is the object
+    /// (`same`), walked up from that parent; tried from this process's root, then from the
+    /// holder's (`proc_dir/root`). Outside when none checks out.
+    fn via_parent(&self, candidates: &[Vec<u8>], same: impl Fn(&Ident) -> bool, proc_dir: Option<RawFd>) -> Place {
+        for cand in candidates {
+            let Some(slash) = cand.iter().rposition(|&b| b == b'/') else { continue };
+            let (parent, name) = (&cand[..slash.max(1)], &cand[slash + 1..]);
+            let Some(name) = cstr(name).filter(|n| !n.is_empty()) else { continue };
+            let from_root = [(sys::CWD, parent.to_vec())];
+            let from_theirs = proc_dir.map(|d| (d, [b"root", parent].concat()));
+            for (base, path) in from_root.into_iter().chain(from_theirs) {
+                let Some(path) = cstr(&path) else { continue };
+                let Ok(pfd) = sys::open_path(base, &path, true) else { continue };
+                if sys::statx_at(pfd.as_raw_fd(), &name, false).is_ok_and(|st| same(&st)) {
+                    return self.walk_up(pfd);
+                }
+            }
+        }
+        Place::Outside
+    }
+
+    /// Walks up from the directory `fd` (see the module doc), remembering the answer for
+    /// every directory passed.
+    fn walk_up(&self, mut fd: OwnedFd) -> Place {
+        let target = self.target.ident.object();
+        let mut passed = Vec::new();
+        let mut below: Option<Ident> = None;
+        let place = loop {
+            if passed.len() >= MAX_DEPTH {
+                break Place::Unknown("more than 65,536 directories deep");
+            }
+            let Ok(id) = sys::statx_at(fd.as_raw_fd(), c"", true) else { break Place::Outside };
+            if id.object() == target {
+                break Place::Inside;
+            }
+            // `..` of the top directory is itself.
+            if below.is_some_and(|b| b.object() == id.object() && b.mnt_id == id.mnt_id) {
+                break Place::Outside;
+            }
+            if let Some(k) = key(&id) {
+                if let Some(p) = cached(&self.dirs, &k) {
+                    break p;
+                }
+                passed.push(k);
+            }
+            below = Some(id);
+            match sys::open_path(fd.as_raw_fd(), c"..", true) {
+                Ok(up) => fd = up,
+                Err(_) => break Place::Outside,
+            }
+        };
+        for k in passed {
+            remember(&self.dirs, k, place);
+        }
+        place
+    }
+}
+
+/// The paths a link or `maps` text may stand for: as written; for `maps`, with `\012` read
+/// as the newline the kernel escaped (a name can also hold those four characters: both are
+/// tried); each also without a final ` (deleted)` (the suffix may be the kernel's or part of
+/// the name: only the parent check tells).
+fn candidates(text: &[u8], maps: bool) -> Vec<Vec<u8>> {
+    let mut out = vec![text.to_vec()];
+    if maps && text.windows(4).any(|w| w == b"\\012") {
+        let mut un = Vec::with_capacity(text.len());
+        let mut i = 0;
+        while i < text.len() {
+            if text[i..].starts_with(b"\\012") {
+                un.push(b'\n');
+                i += 4;
+            } else {
+                un.push(text[i]);
+                i += 1;
+            }
+        }
+        out.push(un);
+    }
+    for i in 0..out.len() {
+        if let Some(s) = out[i].strip_suffix(b" (deleted)") {
+            let s = s.to_vec();
+            out.push(s);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{fs, os::unix::fs::symlink};
+
+    fn within(p: &Path) -> Within {
+        Within::new(Target::open(p).unwrap())
+    }
+
+    fn link_place(w: &Within, p: &Path) -> Place {
+        // This process's own fd to `p`, through its /proc link, as a holder's would be read.
+        let f = fs::File::open(p).unwrap();
+        let link = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+        w.place_of_link(sys::CWD, &link).unwrap()
+    }
+
+    #[test]
+    fn a_directory_holds_itself_and_what_is_below_it_by_device_and_inode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        let deep = repo.join("a/b/c");
+        fs::create_dir_all(&deep).unwrap();
+        fs::create_dir_all(tmp.path().join("repo2")).unwrap();
+        fs::create_dir_all(repo.join("x (deleted)")).unwrap();
+        fs::write(repo.join("a/f"), b"x").unwrap();
+        fs::write(repo.join("a/g (deleted)"), b"x").unwrap();
+        fs::write(tmp.path().join("outside"), b"x").unwrap();
+        symlink(tmp.path().join("outside"), repo.join("link-out")).unwrap();
+        symlink(repo.join("a"), tmp.path().join("link-in")).unwrap();
+        let w = within(&repo);
+        for inside in [&repo, &deep, &repo.join("x (deleted)"), &repo.join("a/f"), &repo.join("a/g (deleted)")] {
+            assert_eq!(link_place(&w, inside), Place::Inside, "{}", inside.display());
+        }
+        // Reached through a symlink outside: still the object inside.
+        assert_eq!(link_place(&w, &tmp.path().join("link-in/f")), Place::Inside);
+        for outside in [&tmp.path().join("repo2"), tmp.path(), &tmp.path().join("outside"), &repo.join("link-out")] {
+            assert_eq!(link_place(&w, outside), Place::Outside, "{}", outside.display());
+        }
+        // Asked again: the same answers, from the caches.
+        assert_eq!(link_place(&w, &deep), Place::Inside);
+        assert_eq!(link_place(&w, &tmp.path().join("outside")), Place::Outside);
+    }
+
+    #[test]
+    fn a_removed_file_or_directory_is_below_nothing_and_a_renamed_one_is_where_it_went() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        fs::create_dir_all(repo.join("gone")).unwrap();
+        fs::write(repo.join("f"), b"x").unwrap();
+        fs::write(repo.join("moved"), b"x").unwrap();
+        let w = within(&repo);
+        let held_dir = fs::File::open(repo.join("gone")).unwrap();
+        let held_file = fs::File::open(repo.join("f")).unwrap();
+        let held_moved = fs::File::open(repo.join("moved")).unwrap();
+        fs::remove_dir(repo.join("gone")).unwrap();
+        fs::remove_file(repo.join("f")).unwrap();
+        // A new file where the removed one was: another inode, not what is held.
+        fs::write(repo.join("f"), b"new").unwrap();
+        fs::rename(repo.join("moved"), tmp.path().join("moved")).unwrap();
+        let place = |f: &fs::File| {
+            let link = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+            w.place_of_link(sys::CWD, &link).unwrap()
+        };
+        assert_eq!(place(&held_dir), Place::Outside);
+        assert_eq!(place(&held_file), Place::Outside);
+        assert_eq!(place(&held_moved), Place::Outside);
+    }
+
+    #[test]
+    fn a_file_as_path_is_held_only_as_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("f (deleted)");
+        fs::write(&f, b"x").unwrap();
+        fs::write(tmp.path().join("f"), b"y").unwrap();
+        let w = within(&f);
+        assert!(!w.target.is_dir());
+        assert_eq!(link_place(&w, &f), Place::Inside);
+        assert_eq!(link_place(&w, &tmp.path().join("f")), Place::Outside);
+        assert_eq!(link_place(&w, tmp.path()), Place::Outside);
+    }
+
+    #[test]
+    fn a_mapping_is_found_by_its_maps_line_through_its_parent() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        fs::create_dir_all(repo.join("n\nl")).unwrap();
+        fs::write(repo.join("n\nl/lib (deleted)"), b"x").unwrap();
+        let m = fs::metadata(repo.join("n\nl/lib (deleted)")).unwrap();
+        let w = within(&repo);
+        let text = [repo.as_os_str().as_bytes(), b"/n\\012l/lib (deleted)"].concat();
+        // maps shows the superblock's device; on most filesystems that is st_dev.
+        let dev = w.target.sb_dev.unwrap_or(m.dev());
+        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), &text), Place::Inside);
+        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino() + 1, &text), Place::Outside, "another inode");
+        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), b"/nowhere/lib"), Place::Outside);
+    }
+
+    #[test]
+    fn candidates_try_the_text_as_written_and_as_the_kernel_may_have_changed_it() {
+        assert_eq!(candidates(b"/a/b", false), [b"/a/b".to_vec()]);
+        assert_eq!(candidates(b"/a/b (deleted)", false), [b"/a/b (deleted)".to_vec(), b"/a/b".to_vec()]);
+        assert_eq!(candidates(b"/a\\012b", true), [b"/a\\012b".to_vec(), b"/a\nb".to_vec()]);
+    }
+
+    #[test]
+    fn mountinfo_lines_give_each_mounts_device() {
+        let line = b"36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw,errors=continue";
+        assert_eq!(parse_mountinfo_line(line), Some((36, libc::makedev(98, 0))));
+        assert_eq!(parse_mountinfo_line(b""), None);
+    }
+}
