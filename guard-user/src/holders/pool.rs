@@ -10,7 +10,7 @@
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
-        mpsc, Arc,
+        Arc, Condvar, Mutex, MutexGuard,
     },
     time::{Duration, Instant},
 };
@@ -54,19 +54,46 @@ pub struct Bounds {
 
 type Work<T, R> = Arc<dyn Fn(&T, &Progress) -> R + Send + Sync>;
 
+/// Each item's outcome so far (`None`: pending) and how many are pending.
+struct Board<R> {
+    outcomes: Vec<Option<Outcome<R>>>,
+    pending: usize,
+}
+
+impl<R> Board<R> {
+    /// Settles item `i` unless it already is; true when it was pending.
+    fn settle(&mut self, i: usize, outcome: Outcome<R>) -> bool {
+        if self.outcomes[i].is_some() {
+            return false;
+        }
+        self.outcomes[i] = Some(outcome);
+        self.pending -= 1;
+        true
+    }
+}
+
 struct Shared<T, R> {
     items: Vec<T>,
     next: AtomicUsize,
     work: Work<T, R>,
+    /// Written by the workers as they finish, read by the caller's thread: it wakes when all
+    /// are settled, or every 50 ms to watch the workers (not once per item: 2,000 items would
+    /// be 2,000 context switches).
+    board: Mutex<Board<R>>,
+    settled: Condvar,
 }
 
-fn spawn_worker<T, R>(shared: &Arc<Shared<T, R>>, tx: &mpsc::Sender<(usize, R)>) -> Option<Arc<Slot>>
+fn lock<R>(b: &Mutex<Board<R>>) -> MutexGuard<'_, Board<R>> {
+    b.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn spawn_worker<T, R>(shared: &Arc<Shared<T, R>>) -> Option<Arc<Slot>>
 where
     T: Send + Sync + 'static,
     R: Send + 'static,
 {
     let slot = Arc::new(Slot { item: AtomicUsize::new(usize::MAX), ..Slot::default() });
-    let (s, sh, tx) = (slot.clone(), shared.clone(), tx.clone());
+    let (s, sh) = (slot.clone(), shared.clone());
     let spawned = std::thread::Builder::new().name("guard-holders".into()).spawn(move || loop {
         if s.abandoned.load(Ordering::SeqCst) {
             return;
@@ -77,9 +104,15 @@ where
         }
         s.item.store(i, Ordering::SeqCst);
         let r = (sh.work)(&sh.items[i], &s.progress);
-        if s.abandoned.load(Ordering::SeqCst) || tx.send((i, r)).is_err() {
+        if s.abandoned.load(Ordering::SeqCst) {
             return;
         }
+        let mut board = lock(&sh.board);
+        board.settle(i, Outcome::Done(r));
+        if board.pending == 0 {
+            sh.settled.notify_all();
+        }
+        drop(board);
         s.item.store(usize::MAX, Ordering::SeqCst);
     });
     spawned.ok().map(|_| slot)
@@ -92,76 +125,71 @@ where
     R: Send + 'static,
 {
     let n = items.len();
-    let mut out: Vec<Outcome<R>> = (0..n).map(|_| Outcome::NotStarted).collect();
-    let mut settled = vec![false; n];
-    let shared = Arc::new(Shared { items, next: AtomicUsize::new(0), work });
-    let (tx, rx) = mpsc::channel();
+    let board = Board { outcomes: (0..n).map(|_| None).collect(), pending: n };
+    let shared = Arc::new(Shared {
+        items,
+        next: AtomicUsize::new(0),
+        work,
+        board: Mutex::new(board),
+        settled: Condvar::new(),
+    });
     // (slot, item and progress last seen, since when)
     let mut watched: Vec<(Arc<Slot>, (usize, u64), Instant)> = Vec::new();
     for _ in 0..bounds.workers.max(1) {
-        if let Some(s) = spawn_worker(&shared, &tx) {
+        if let Some(s) = spawn_worker(&shared) {
             watched.push((s, (usize::MAX, 0), Instant::now()));
         }
     }
     let mut abandoned = 0;
-    let mut left = n;
-    while left > 0 {
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok((i, r)) => {
-                if !settled[i] {
-                    left -= 1;
-                }
-                settled[i] = true;
-                out[i] = Outcome::Done(r);
-                continue;
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+    loop {
+        let board = lock(&shared.board);
+        let (board, _) = shared
+            .settled
+            .wait_timeout_while(board, Duration::from_millis(50), |b| b.pending > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        if board.pending == 0 {
+            break;
         }
+        drop(board);
         let now = Instant::now();
         let mut replace = 0;
         for (slot, seen, since) in &mut watched {
-            if slot.abandoned.load(Ordering::SeqCst) {
-                continue;
-            }
             let now_seen = (slot.item.load(Ordering::SeqCst), slot.progress.0.load(Ordering::Relaxed));
             if now_seen != *seen || now_seen.0 == usize::MAX {
                 (*seen, *since) = (now_seen, now);
-                continue;
-            }
-            if now.duration_since(*since) >= bounds.stall {
+            } else if now.duration_since(*since) >= bounds.stall {
                 slot.abandoned.store(true, Ordering::SeqCst);
                 abandoned += 1;
-                let i = now_seen.0;
-                if i < n && !settled[i] {
-                    settled[i] = true;
-                    left -= 1;
-                    out[i] = Outcome::Stalled;
-                }
                 replace += 1;
+                lock(&shared.board).settle(now_seen.0, Outcome::Stalled);
             }
         }
         watched.retain(|(s, _, _)| !s.abandoned.load(Ordering::SeqCst));
         if abandoned >= bounds.max_abandoned {
-            // Nothing more is handed out; what was not started stays NotStarted.
+            // Nothing more is handed out: what was not started never will be.
             let from = shared.next.swap(usize::MAX / 2, Ordering::SeqCst).min(n);
-            for s in settled.iter_mut().skip(from).filter(|s| !**s) {
-                *s = true;
-                left -= 1;
+            let mut board = lock(&shared.board);
+            for i in from..n {
+                board.settle(i, Outcome::NotStarted);
             }
             replace = 0;
         }
         for _ in 0..replace {
-            if let Some(s) = spawn_worker(&shared, &tx) {
+            if let Some(s) = spawn_worker(&shared) {
                 watched.push((s, (usize::MAX, 0), Instant::now()));
             }
         }
-        if watched.is_empty() && left > 0 && replace == 0 {
-            // No worker left to finish (none could be started again): the rest is not read.
+        if watched.is_empty() {
+            // No worker left (none could be started again): the rest is not read.
+            let mut board = lock(&shared.board);
+            for i in 0..n {
+                board.settle(i, Outcome::NotStarted);
+            }
             break;
         }
     }
-    out
+    let mut board = lock(&shared.board);
+    std::mem::take(&mut board.outcomes).into_iter().map(|o| o.unwrap_or(Outcome::NotStarted)).collect()
 }
 
 #[cfg(test)]
@@ -182,7 +210,7 @@ mod tests {
     fn an_item_that_blocks_is_left_behind_and_the_rest_is_read() {
         // Item 3 blocks for good (a /proc read that never returns); item 5 is slow but
         // progressing (a process with very many fds), so it is waited for.
-        let (_hold, block) = mpsc::channel::<()>();
+        let (_hold, block) = std::sync::mpsc::channel::<()>();
         let block = Arc::new(std::sync::Mutex::new(block));
         let work = move |x: &u32, p: &Progress| {
             if *x == 3 {

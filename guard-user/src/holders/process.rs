@@ -221,11 +221,6 @@ pub fn examine(within: &Within, p: &ProcState, budget: &Budget, progress: &Progr
             _ => {}
         }
     }
-    // Still itself? (A pid reused since reads as gone through `dir`; this says so plainly.)
-    let now = read_all(d, "stat", 4096).ok();
-    if now.as_deref().and_then(stat_fields).and_then(|f| field(&f, 22)) != Some(p.id.start_ticks) {
-        return Examined::Gone;
-    }
     if !found.ways.any() {
         return match found.partial {
             Some(why) => Examined::Incomplete(why),
@@ -312,7 +307,7 @@ fn read_fds(
 }
 
 /// One file-backed `maps` line: device (the superblock's), inode, path text.
-pub fn parse_maps_line(line: &[u8]) -> Option<(u64, u64, &[u8])> {
+pub(super) fn parse_maps_line(line: &[u8]) -> Option<(u64, u64, &[u8])> {
     // start-end perms offset major:minor inode [spaces path]
     let mut rest = line;
     let mut next = || {
@@ -333,7 +328,9 @@ pub fn parse_maps_line(line: &[u8]) -> Option<(u64, u64, &[u8])> {
     Some((dev, ino, path))
 }
 
-/// The file-backed mappings until one holds PATH, one decision per run of lines of one file.
+/// The file-backed mappings until one holds PATH, one decision per run of mappings of one
+/// file: through `PROCMAP_QUERY` where the kernel has it (no line formatted, a path only when
+/// the device and inode do not settle it), else from `maps`' text.
 fn read_maps(
     within: &Within,
     dir: RawFd,
@@ -343,6 +340,47 @@ fn read_maps(
     found: &mut Found,
 ) -> io::Result<()> {
     let f = std::fs::File::from(sys::open_read(dir, &c(path))?);
+    let mut addr = 0;
+    let mut last: Option<(u64, u64)> = None;
+    let mut name = Vec::new();
+    loop {
+        let (m, _) = match sys::query_mapping(f.as_raw_fd(), addr, None) {
+            Ok(Some(q)) => q,
+            Ok(None) => return Ok(()),
+            Err(e) if addr == 0 && matches!(e.raw_os_error(), Some(libc::ENOTTY) | Some(libc::EINVAL)) => break,
+            Err(e) => return Err(e),
+        };
+        if !budget.take() {
+            found.partial.get_or_insert_with(|| "over the read budget of this run".into());
+            return Ok(());
+        }
+        progress.tick();
+        addr = m.end;
+        if last == Some((m.dev, m.ino)) {
+            continue;
+        }
+        last = Some((m.dev, m.ino));
+        let text = || {
+            name.resize(4097, 0);
+            let (_, len) = sys::query_mapping(f.as_raw_fd(), m.start, Some(&mut name)).ok()??;
+            Some((name[..len.min(4096)].to_vec(), false))
+        };
+        if found.place(within.place_of_mapping(dir, m.dev, m.ino, text), |w| w.mmap = true) {
+            return Ok(());
+        }
+    }
+    read_maps_text(within, dir, f, budget, progress, found)
+}
+
+/// [`read_maps`] from `maps`' text (kernels before 6.11).
+fn read_maps_text(
+    within: &Within,
+    dir: RawFd,
+    f: std::fs::File,
+    budget: &Budget,
+    progress: &Progress,
+    found: &mut Found,
+) -> io::Result<()> {
     let mut r = io::BufReader::with_capacity(64 * 1024, f);
     let mut line = Vec::with_capacity(256);
     let mut last: Option<(u64, u64)> = None;
@@ -363,7 +401,7 @@ fn read_maps(
             continue;
         }
         last = Some((dev, ino));
-        if found.place(within.place_of_mapping(dir, dev, ino, name), |w| w.mmap = true) {
+        if found.place(within.place_of_mapping(dir, dev, ino, || Some((name.to_vec(), true))), |w| w.mmap = true) {
             return Ok(()); // one mapping says it; the rest would say nothing more
         }
     }
@@ -437,6 +475,31 @@ mod tests {
             (field(&f, 14), field(&f, 15), field(&f, 20), field(&f, 22)),
             (Some(170), Some(30), Some(3), Some(987654))
         );
+    }
+
+    /// The mapping query and the text of `maps` (what kernels before 6.11 have) find the same.
+    #[test]
+    fn a_mapped_and_closed_file_is_found_by_the_query_and_by_the_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m (deleted)");
+        std::fs::write(&file, b"x").unwrap();
+        let within = Within::new(super::super::Target::open(dir.path()).unwrap());
+        let f = std::fs::File::open(&file).unwrap();
+        // SAFETY: a fresh read-only mapping, never touched, unmapped below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        drop(f);
+        let (budget, progress) = (Budget::new(1 << 20), Progress::default());
+        let mut by_query = Found::default();
+        read_maps(&within, sys::CWD, "/proc/self/maps", &budget, &progress, &mut by_query).unwrap();
+        let mut by_text = Found::default();
+        let maps = std::fs::File::from(sys::open_read(sys::CWD, c"/proc/self/maps").unwrap());
+        read_maps_text(&within, sys::CWD, maps, &budget, &progress, &mut by_text).unwrap();
+        unsafe { libc::munmap(p, 4096) };
+        assert!(by_query.ways.mmap && by_text.ways.mmap);
+        let mut after = Found::default();
+        read_maps(&within, sys::CWD, "/proc/self/maps", &budget, &progress, &mut after).unwrap();
+        assert!(!after.ways.mmap, "unmapped");
     }
 
     #[test]

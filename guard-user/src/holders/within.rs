@@ -127,8 +127,8 @@ pub struct Within {
     dirs: Mutex<HashMap<(u64, u64, u64), Place>>,
     /// Files whose parent was checked.
     files: Mutex<HashMap<(u64, u64, u64), Place>>,
-    /// Mapped files (maps device, inode, path text).
-    maps: Mutex<HashMap<(u64, u64, Vec<u8>), Place>>,
+    /// Mapped files (the device `maps` shows, inode).
+    maps: Mutex<HashMap<(u64, u64), Place>>,
     /// Devices whose objects have no path (pipes, sockets, anonymous inodes): their link text
     /// is `pipe:[…]`, `socket:[…]`, `anon_inode:…`.
     pathless: Mutex<HashSet<u64>>,
@@ -200,25 +200,35 @@ impl Within {
         Ok(place)
     }
 
-    /// Where a mapped file is, from its `maps` line: the device (the superblock's) and inode,
-    /// and the path text (`\012` for a newline, ` (deleted)` appended when unlinked).
-    pub fn place_of_mapping(&self, dir: RawFd, dev: u64, ino: u64, text: &[u8]) -> Place {
+    /// Where a mapped file is, from its device (the superblock's, as `maps` shows it) and
+    /// inode, and, when that does not settle it, its path (`name`: the text and whether it is
+    /// `maps`' escaped form, `\012` for a newline; ` (deleted)` appended when unlinked). A
+    /// mapped file is judged once per run, by the name of the first mapping of it asked about
+    /// (`maps` says nothing of the mount it was mapped through).
+    pub fn place_of_mapping(
+        &self,
+        dir: RawFd,
+        dev: u64,
+        ino: u64,
+        name: impl FnOnce() -> Option<(Vec<u8>, bool)>,
+    ) -> Place {
         let t = &self.target;
         if ino == t.ident.ino && (dev == t.ident.dev || Some(dev) == t.sb_dev) {
             return Place::Inside;
         }
-        if !t.is_dir() || !text.starts_with(b"/") {
+        if !t.is_dir() {
             return Place::Outside;
         }
-        let k = (dev, ino, text.to_vec());
-        if let Some(p) = cached(&self.maps, &k) {
+        if let Some(p) = cached(&self.maps, &(dev, ino)) {
             return p;
         }
+        let Some((text, escaped)) = name().filter(|(t, _)| t.starts_with(b"/")) else { return Place::Outside };
         let same = |st: &Ident| {
-            st.ino == ino && (st.dev == dev || st.mnt_id.and_then(|m| mount_devices().get(&m).copied()) == Some(dev))
+            st.ino == ino
+                && (st.dev == dev || st.mnt_id.and_then(|m| mount_devices().get(&m).copied()) == Some(dev))
         };
-        let place = self.via_parent(&candidates(text, true), same, Some(dir));
-        remember(&self.maps, k, place);
+        let place = self.via_parent(&candidates(&text, escaped), same, Some(dir));
+        remember(&self.maps, (dev, ino), place);
         place
     }
 
@@ -402,9 +412,13 @@ mod tests {
         let text = [repo.as_os_str().as_bytes(), b"/n\\012l/lib (deleted)"].concat();
         // maps shows the superblock's device; on most filesystems that is st_dev.
         let dev = w.target.sb_dev.unwrap_or(m.dev());
-        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), &text), Place::Inside);
-        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino() + 1, &text), Place::Outside, "another inode");
-        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), b"/nowhere/lib"), Place::Outside);
+        let named = |t: &[u8]| Some((t.to_vec(), true));
+        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino() + 1, || named(&text)), Place::Outside, "another inode");
+        let fresh = within(&repo);
+        assert_eq!(fresh.place_of_mapping(sys::CWD, dev, m.ino(), || named(b"/nowhere/lib")), Place::Outside);
+        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), || named(&text)), Place::Inside);
+        // Decided once: the name is not asked for again.
+        assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), || panic!("asked again")), Place::Inside);
     }
 
     #[test]
