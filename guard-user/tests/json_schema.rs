@@ -2,7 +2,8 @@
 //! values they take: `status --json` on statuses the whole daemon wrote while replaying recorded
 //! traces (piles, warnings, repeats, the stall watch, sessions), `explain --json` run by the
 //! binary on live processes and a real config, `tree --json` run by the binary on a replayed
-//! session lineage whose processes are made live ones. Nothing here lists a field by hand: the
+//! session lineage whose processes are made live ones, `holders --json` run by the binary on a
+//! live process (listed, read on a starved budget, stopped). Nothing here lists a field by hand: the
 //! fields come from the outputs, the expectations from the docs.
 mod replay_harness;
 
@@ -257,4 +258,48 @@ fn tree_json_has_exactly_the_documented_fields() {
     let listed = outputs.iter().flat_map(|o| o["sessions"][0]["processes"].as_array().unwrap().clone());
     assert!(listed.clone().any(|p| p["pid"] == kid), "the live kid is listed: {outputs:#?}");
     check("tree --json", &outputs);
+}
+
+#[test]
+fn holders_json_has_exactly_the_documented_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let exe = dir.path().join("gjsonhold");
+    std::fs::copy("/bin/sleep", &exe).unwrap();
+    let probes = Probes(vec![Command::new(&exe).arg("1000").current_dir(&work).spawn().unwrap()]);
+    let pid = probes.0[0].id();
+    let run = |args: &[&str], env: &[(&str, &str)]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_guard-user"))
+            .arg("holders")
+            .arg(&work)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let listed = |v: &Value| v["holders"].as_array().unwrap().iter().any(|r| r["pid"] == pid);
+    let mut outputs = Vec::new();
+    // Until the probe has started in the directory.
+    for _ in 0..100 {
+        let v = run(&["--json"], &[]);
+        if listed(&v) {
+            outputs.push(v);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!outputs.is_empty(), "the probe never showed as a holder");
+    // A read budget of nothing (a debug build's fault hook): every other process of the account
+    // is unread, the probe is found by its working directory and read in part.
+    let starved = run(&["--json", "--user", &user()], &[("GUARD_FAULT", "holders_budget:0")]);
+    assert!(!starved["unread"].as_array().unwrap().is_empty(), "{starved:#}");
+    outputs.push(starved);
+    let stopped = run(&["--json", "--user", &user(), "--stop"], &[]);
+    assert!(stopped["holders"].as_array().unwrap().iter().any(|r| r["pid"] == pid && r["outcome"] == "stopped"));
+    outputs.push(stopped);
+    check("holders --json", &outputs);
 }

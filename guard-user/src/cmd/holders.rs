@@ -62,7 +62,7 @@ struct Row {
     name: String,
     exe: Option<String>,
     command: String,
-    command_bytes_not_shown: u64,
+    command_not_shown_bytes: u64,
     holds: Vec<&'static str>,
     fds: Vec<u32>,
     fd_count: u64,
@@ -73,7 +73,6 @@ struct Row {
     /// Why it was read in part, if it was.
     incomplete: Option<String>,
     /// With `--stop`: `stopped`, `killed`, `moved_out` or `left`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     outcome: Option<&'static str>,
 }
 
@@ -189,7 +188,7 @@ fn row(h: &Holder, path: &[u8], outcome: Option<Stopped>, root_asked: bool, user
         name: h.proc.comm.to_string(),
         exe: c.exe.as_deref().map(escape::text),
         command: escape::text(&c.command),
-        command_bytes_not_shown: c.command_bytes_not_shown,
+        command_not_shown_bytes: c.command_not_shown_bytes,
         holds: c.ways.names(),
         fds: c.fds.clone(),
         fd_count: c.fd_count,
@@ -286,8 +285,8 @@ fn render(doc: &Json, args: &HoldersArgs, target: &Target) -> String {
         let _ = writeln!(out, "{:>8}  {:<12} {:>9} {:>8}  {:<16} COMMAND", "PID", "USER", "CPU", "AGE", "HOLDS");
         for r in &doc.holders {
             let mut command = if r.command.is_empty() { format!("[{}]", r.name) } else { r.command.clone() };
-            if r.command_bytes_not_shown > 0 {
-                let _ = write!(command, " … ({} bytes not shown)", r.command_bytes_not_shown);
+            if r.command_not_shown_bytes > 0 {
+                let _ = write!(command, " … ({} bytes not shown)", r.command_not_shown_bytes);
             }
             let _ = writeln!(
                 out,

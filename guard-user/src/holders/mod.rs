@@ -176,7 +176,9 @@ pub fn stop(
     for (i, (proc, outcome)) in again.iter().enumerate() {
         match outcome {
             pool::Outcome::Done(Examined::Holds(_)) => {
-                if enforcer.term_all(std::slice::from_ref(proc)) == [Outcome::Termed] {
+                // The identity check refuses a process no longer itself or of another account.
+                let sent = enforcer.term_all(std::slice::from_ref(proc));
+                if sent == [Outcome::Termed] {
                     termed.push(i);
                 }
             }

@@ -126,13 +126,8 @@ where
 {
     let n = items.len();
     let board = Board { outcomes: (0..n).map(|_| None).collect(), pending: n };
-    let shared = Arc::new(Shared {
-        items,
-        next: AtomicUsize::new(0),
-        work,
-        board: Mutex::new(board),
-        settled: Condvar::new(),
-    });
+    let shared =
+        Arc::new(Shared { items, next: AtomicUsize::new(0), work, board: Mutex::new(board), settled: Condvar::new() });
     // (slot, item and progress last seen, since when)
     let mut watched: Vec<(Arc<Slot>, (usize, u64), Instant)> = Vec::new();
     for _ in 0..bounds.workers.max(1) {

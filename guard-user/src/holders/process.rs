@@ -72,7 +72,7 @@ pub struct Holding {
     pub age_secs: u64,
     /// The first [`MAX_COMMAND_SHOWN`] bytes of its command line (arguments joined by spaces).
     pub command: Vec<u8>,
-    pub command_bytes_not_shown: u64,
+    pub command_not_shown_bytes: u64,
     /// Where its executable is (`/proc/PID/exe`'s text), when readable.
     pub exe: Option<Vec<u8>>,
     /// Why it was read in part, when it was (it may hold PATH in more ways, or by more fds,
@@ -228,7 +228,7 @@ pub fn examine(within: &Within, p: &ProcState, budget: &Budget, progress: &Progr
         };
     }
     let (cpu_secs, age_secs) = cpu_and_age(&fields).unwrap_or((0.0, 0));
-    let (command, command_bytes_not_shown) = command(d, &mm_prefix, &fields);
+    let (command, command_not_shown_bytes) = command(d, &mm_prefix, &fields);
     let exe = sys::read_link_at(d, &c(&format!("{mm_prefix}exe")), 4096).ok();
     Examined::Holds(Box::new(Holding {
         ways: found.ways,
@@ -237,7 +237,7 @@ pub fn examine(within: &Within, p: &ProcState, budget: &Budget, progress: &Progr
         cpu_secs,
         age_secs,
         command,
-        command_bytes_not_shown,
+        command_not_shown_bytes,
         exe,
         incomplete: found.partial,
     }))

@@ -185,7 +185,8 @@ struct ProcmapQuery {
 }
 
 /// `_IOWR('f', 17, struct procmap_query)`.
-const PROCMAP_QUERY: libc::c_ulong = (3 << 30) | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16) | (0x66 << 8) | 17;
+const PROCMAP_QUERY: libc::c_ulong =
+    (3 << 30) | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16) | (0x66 << 8) | 17;
 const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
 const PROCMAP_QUERY_FILE_BACKED_VMA: u64 = 0x20;
 
@@ -223,12 +224,7 @@ pub fn query_mapping(maps: RawFd, addr: u64, name: Option<&mut [u8]>) -> io::Res
         let e = io::Error::last_os_error();
         return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(e) };
     }
-    let m = Mapping {
-        start: q.vma_start,
-        end: q.vma_end,
-        dev: libc::makedev(q.dev_major, q.dev_minor),
-        ino: q.inode,
-    };
+    let m = Mapping { start: q.vma_start, end: q.vma_end, dev: libc::makedev(q.dev_major, q.dev_minor), ino: q.inode };
     // vma_name_size comes back as the name's length with its NUL.
     Ok(Some((m, (q.vma_name_size as usize).saturating_sub(1))))
 }

@@ -224,8 +224,7 @@ impl Within {
         }
         let Some((text, escaped)) = name().filter(|(t, _)| t.starts_with(b"/")) else { return Place::Outside };
         let same = |st: &Ident| {
-            st.ino == ino
-                && (st.dev == dev || st.mnt_id.and_then(|m| mount_devices().get(&m).copied()) == Some(dev))
+            st.ino == ino && (st.dev == dev || st.mnt_id.and_then(|m| mount_devices().get(&m).copied()) == Some(dev))
         };
         let place = self.via_parent(&candidates(&text, escaped), same, Some(dir));
         remember(&self.maps, (dev, ino), place);

@@ -135,7 +135,10 @@ impl Bench<'_> {
             let l = timed(Command::new("lsof").arg("+D").arg(&dir), |t| distinct(t, 1, 1))?;
             // fuser prints the pids on stdout and the access letters on stderr.
             let f = timed(Command::new("fuser").arg("-m").arg(&dir), |t| {
-                t.split_whitespace().filter_map(|w| w.parse::<u32>().ok()).collect::<std::collections::BTreeSet<_>>().len()
+                t.split_whitespace()
+                    .filter_map(|w| w.parse::<u32>().ok())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len()
             })?;
             for (i, (wall, cpu, n)) in [g, l, f].into_iter().enumerate() {
                 s[i].push(wall * 1e3);
