@@ -1,6 +1,7 @@
 //! `guard-user holders` on the real kernel: one process per way of holding a checkout (working
 //! directory, root directory, executable, an open file, a file being written, a file mapped
-//! and closed, a thread's own working directory or fd table, a zombie leader, a bind mount),
+//! and closed, a unix socket bound in it, a thread's own working directory or fd table, a
+//! zombie leader, a bind mount),
 //! plus another account's and root's, checked against `lsof +D`; a checkout that is a symlink
 //! to `/`; a directory named `x (deleted)`; a file as PATH; the printed stop command pasted into
 //! bash; exit codes; bounds (100,000 fds, 60,000 mappings, a read budget, a /proc read that
@@ -131,6 +132,10 @@ fn every_way_of_holding_a_checkout_is_found_by_device_and_inode_as_lsof_finds_it
         (repo.join("src"), repo.join("src/deep"), repo.join("x (deleted)"), repo.join("gone"));
     let (sibling, outside) = (top.join("repo2"), top.join("outside"));
     mkdirs(&[&deep, &deleted, &gone, &repo.join("bin"), &sibling, &outside]);
+    for d in [&src, &sibling] {
+        // The account binds its sockets there.
+        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).unwrap();
+    }
     for f in ["log.txt", "lib.so", "thread.txt", "root-file.txt"] {
         write(&repo.join(f), 0o644);
     }
@@ -155,6 +160,7 @@ fn every_way_of_holding_a_checkout_is_found_by_device_and_inode_as_lsof_finds_it
     add("file being written", &["fd"], hold(&probe, TEST_UID, root, &[os("write"), &p(&repo.join("out.txt"))]));
     add("executable", &["exe", "mmap"], hold(&held_exe, TEST_UID, root, &[]));
     add("mapped, then closed", &["mmap"], hold(&probe, TEST_UID, root, &[os("map"), &p(&repo.join("lib.so"))]));
+    add("a socket bound in it", &["fd"], hold(&probe, TEST_UID, root, &[os("listen"), &p(&src.join("dev.sock"))]));
     add("root directory", &["root"], hold(&probe, 0, root, &[os("chroot"), &p(&repo), os("setuid"), os("4201")]));
     add("a thread's own cwd", &["cwd"], hold(&probe, TEST_UID, root, &[os("thread-chdir"), &p(&src)]));
     add(
@@ -174,6 +180,7 @@ fn every_way_of_holding_a_checkout_is_found_by_device_and_inode_as_lsof_finds_it
         hold(&probe, TEST_UID, &outside, &[]),
         hold(&probe, TEST_UID, top, &[]),
         hold(&probe, TEST_UID, &gone, &[]),
+        hold(&probe, TEST_UID, root, &[os("listen"), &p(&sibling.join("dev.sock"))]),
     ];
     // Removed while a process works in it: `…/repo/gone (deleted)` is below nothing now.
     fs::remove_dir(&gone).unwrap();
@@ -375,7 +382,8 @@ fn exit_status_says_none_some_or_error() {
     assert_eq!(code(&[file.as_os_str(), os("--user"), os(TEST_USER)]), Some(1), "a process reads the file");
     let missing = holders(&[home.path().join("nope").as_os_str()], &[]);
     assert_eq!(missing.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("nope: No such file or directory"));
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(said.contains("nope: No such file or directory") && said.matches("No such file").count() == 1, "{said}");
     let unknown = holders(&[repo.as_os_str(), os("--user"), os("no-such-account-x")], &[]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no-such-account-x"));

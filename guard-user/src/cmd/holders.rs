@@ -126,22 +126,8 @@ pub fn main(args: HoldersArgs) -> anyhow::Result<ExitCode> {
     let target = Target::open(&args.path)?;
     let within = Arc::new(Within::new(target));
     let limits = Limits::default();
-    let report = holders::find(&within, account.as_ref().map(|a| a.uid), limits).context("reading /proc")?;
-    let mut report = report;
-    // A process in scope the caller may not read may hold PATH (another account's asked for
-    // by --user without root, or one of the caller's own that is not dumpable); the others'
-    // are out of a non-root caller's scope, and counted.
-    let me = unsafe { libc::geteuid() };
-    let (mine, others): (Vec<_>, Vec<_>) =
-        std::mem::take(&mut report.forbidden).into_iter().partition(|p| account.is_some() || p.euid == me);
-    let why = if root {
-        "its /proc files refused root too (a process with capabilities this one lacks, or a security module's rule)"
-    } else {
-        "only root can read its /proc files (another account's, or not dumpable): run this as root"
-    };
-    report.unread.extend(mine.into_iter().map(|proc| Unread { proc, why: why.into() }));
-    report.unread.sort_by_key(|u| u.proc.id.pid);
-    report.forbidden = others;
+    let mut report = holders::find(&within, account.as_ref().map(|a| a.uid), limits).context("reading /proc")?;
+    not_readable_in_scope(&mut report, account.is_some() || root);
     let outcomes = match &account {
         Some(a) if args.stop && !report.holders.is_empty() => {
             let enforcer = Enforcer::new(a.uid, std::process::id(), STOP_WAIT);
@@ -167,6 +153,24 @@ pub fn main(args: HoldersArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// A process the caller may not read is in scope when it was asked for (`--user`, or root
+/// reading the machine) or is the caller's own (one that is not dumpable): it may hold PATH, so
+/// it is listed as unread. Other accounts' processes, out of a non-root caller's scope, are only
+/// counted.
+fn not_readable_in_scope(report: &mut Report, all_in_scope: bool) {
+    let me = unsafe { libc::geteuid() };
+    let (mine, others): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut report.forbidden).into_iter().partition(|p| all_in_scope || p.euid == me);
+    let why = if me == 0 {
+        "its /proc files refused root too (a process with capabilities this one lacks, or a security module's rule)"
+    } else {
+        "only root can read its /proc files (another account's, or not dumpable): run this as root"
+    };
+    report.unread.extend(mine.into_iter().map(|proc| Unread { proc, why: why.into() }));
+    report.unread.sort_by_key(|u| u.proc.id.pid);
+    report.forbidden = others;
 }
 
 fn outcome_token(o: Stopped) -> &'static str {

@@ -15,7 +15,8 @@
 //! - `process`: reading one process's every way of holding, within bounds ([`Examined`]);
 //! - `pool`: the worker threads and their progress watch, so a `/proc` read that blocks
 //!   leaves one process unread (and says so) instead of hanging the command;
-//! - `sys`: the syscalls (statx, O_PATH opens, getdents64, kcmp).
+//! - `unix`: the files unix sockets are bound to (the kernel's socket diagnostics);
+//! - `sys`: the syscalls (statx, O_PATH opens, getdents64, kcmp, PROCMAP_QUERY).
 use std::{
     io,
     sync::Arc,
@@ -31,6 +32,7 @@ use crate::{
 mod pool;
 mod process;
 mod sys;
+mod unix;
 mod within;
 
 pub use pool::Bounds;

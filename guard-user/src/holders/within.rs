@@ -39,7 +39,10 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
-use super::sys::{self, Ident};
+use super::{
+    sys::{self, Ident},
+    unix,
+};
 
 /// Longest link text read (PATH_MAX).
 const PATH_MAX: usize = 4096;
@@ -75,14 +78,14 @@ pub struct Target {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
-    #[error("{shown}: {source}; name an existing file or directory")]
-    Open { shown: String, source: io::Error },
+    #[error("{shown}: {err}; name an existing file or directory")]
+    Open { shown: String, err: io::Error },
 }
 
 impl Target {
     pub fn open(path: &Path) -> Result<Target, TargetError> {
         let shown = || crate::escape::text(path.as_os_str().as_bytes());
-        let err = |source| TargetError::Open { shown: shown(), source };
+        let err = |err| TargetError::Open { shown: shown(), err };
         let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| err(io::ErrorKind::InvalidInput.into()))?;
         let fd = sys::open_path(sys::CWD, &c, false).map_err(err)?;
         let ident = sys::statx_at(fd.as_raw_fd(), c"", true).map_err(err)?;
@@ -129,9 +132,13 @@ pub struct Within {
     files: Mutex<HashMap<(u64, u64, u64), Place>>,
     /// Mapped files (the device `maps` shows, inode).
     maps: Mutex<HashMap<(u64, u64), Place>>,
-    /// Devices whose objects have no path (pipes, sockets, anonymous inodes): their link text
-    /// is `pipe:[…]`, `socket:[…]`, `anon_inode:…`.
+    /// Devices whose objects have no path (pipes, anonymous inodes): their link text is
+    /// `pipe:[…]`, `anon_inode:…`.
     pathless: Mutex<HashSet<u64>>,
+    /// Unix sockets bound to a file (`unix`), dumped once, when the first socket fd is read.
+    sockets: OnceLock<HashMap<u64, unix::Bound>>,
+    /// Sockets whose file was checked, by socket inode.
+    socks: Mutex<HashMap<u64, Place>>,
 }
 
 fn cached<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, Place>>, k: &K) -> Option<Place> {
@@ -160,6 +167,8 @@ impl Within {
             files: Mutex::default(),
             maps: Mutex::default(),
             pathless: Mutex::default(),
+            sockets: OnceLock::new(),
+            socks: Mutex::default(),
         }
     }
 
@@ -170,6 +179,10 @@ impl Within {
         let id = sys::statx_at(dir, link, true)?;
         if id.object() == self.target.ident.object() {
             return Ok(Place::Inside);
+        }
+        if id.mode & libc::S_IFMT == libc::S_IFSOCK {
+            // The socket's own inode: what it holds is the file it is bound to, if any.
+            return Ok(self.place_of_socket(dir, id.ino));
         }
         if !self.target.is_dir() || id.nlink == 0 {
             // A file as PATH is held only as itself; an object with no link left is below nothing.
@@ -193,7 +206,7 @@ impl Within {
             return Ok(Place::Outside);
         }
         let same = |st: &Ident| st.object() == id.object();
-        let place = self.via_parent(&candidates(&text, false), same, Some(dir));
+        let place = self.via_parent(&from_roots(candidates(&text, false), dir), same);
         if let Some(k) = key(&id) {
             remember(&self.files, k, place);
         }
@@ -226,27 +239,52 @@ impl Within {
         let same = |st: &Ident| {
             st.ino == ino && (st.dev == dev || st.mnt_id.and_then(|m| mount_devices().get(&m).copied()) == Some(dev))
         };
-        let place = self.via_parent(&candidates(&text, escaped), same, Some(dir));
+        let place = self.via_parent(&from_roots(candidates(&text, escaped), dir), same);
         remember(&self.maps, (dev, ino), place);
         place
     }
 
-    /// The first candidate path whose parent directory holds an entry that is the object
-    /// (`same`), walked up from that parent; tried from this process's root, then from the
-    /// holder's (`proc_dir/root`). Outside when none checks out.
-    fn via_parent(&self, candidates: &[Vec<u8>], same: impl Fn(&Ident) -> bool, proc_dir: Option<RawFd>) -> Place {
-        for cand in candidates {
+    /// Where the file a unix socket is bound to is (see `unix`): the socket's inode is the
+    /// fd's; the file is found by the name it was bound by (from the holder's working directory
+    /// when relative) and believed only if it is that very file (its device and inode, of which
+    /// the kernel reports the low 32 bits).
+    fn place_of_socket(&self, proc_dir: RawFd, sock_ino: u64) -> Place {
+        let sockets = self.sockets.get_or_init(|| unix::bound_sockets().unwrap_or_default());
+        let Some(b) = sockets.get(&sock_ino) else { return Place::Outside };
+        let sb_dev = |st: &Ident| st.mnt_id.and_then(|m| mount_devices().get(&m).copied());
+        let same = |st: &Ident| {
+            st.mode & libc::S_IFMT == libc::S_IFSOCK
+                && st.ino & 0xffff_ffff == u64::from(b.ino32)
+                && (st.dev == b.dev || sb_dev(st) == Some(b.dev))
+        };
+        let t = &self.target;
+        if !t.is_dir() {
+            let it = same(&t.ident) || (t.sb_dev == Some(b.dev) && same(&Ident { dev: b.dev, ..t.ident }));
+            return if it { Place::Inside } else { Place::Outside };
+        }
+        if let Some(p) = cached(&self.socks, &sock_ino) {
+            return p;
+        }
+        let paths = if b.path.starts_with(b"/") {
+            from_roots(vec![b.path.clone()], proc_dir)
+        } else {
+            vec![(proc_dir, [b"cwd/", &b.path[..]].concat())]
+        };
+        let place = self.via_parent(&paths, same);
+        remember(&self.socks, sock_ino, place);
+        place
+    }
+
+    /// The first candidate (a path from a base directory) whose parent directory holds an entry
+    /// that is the object (`same`), walked up from that parent. Outside when none checks out.
+    fn via_parent(&self, candidates: &[(RawFd, Vec<u8>)], same: impl Fn(&Ident) -> bool) -> Place {
+        for (base, cand) in candidates {
             let Some(slash) = cand.iter().rposition(|&b| b == b'/') else { continue };
             let (parent, name) = (&cand[..slash.max(1)], &cand[slash + 1..]);
-            let Some(name) = cstr(name).filter(|n| !n.is_empty()) else { continue };
-            let from_root = [(sys::CWD, parent.to_vec())];
-            let from_theirs = proc_dir.map(|d| (d, [b"root", parent].concat()));
-            for (base, path) in from_root.into_iter().chain(from_theirs) {
-                let Some(path) = cstr(&path) else { continue };
-                let Ok(pfd) = sys::open_path(base, &path, true) else { continue };
-                if sys::statx_at(pfd.as_raw_fd(), &name, false).is_ok_and(|st| same(&st)) {
-                    return self.walk_up(pfd);
-                }
+            let (Some(parent), Some(name)) = (cstr(parent), cstr(name).filter(|n| !n.is_empty())) else { continue };
+            let Ok(pfd) = sys::open_path(*base, &parent, true) else { continue };
+            if sys::statx_at(pfd.as_raw_fd(), &name, false).is_ok_and(|st| same(&st)) {
+                return self.walk_up(pfd);
             }
         }
         Place::Outside
@@ -316,6 +354,13 @@ fn candidates(text: &[u8], maps: bool) -> Vec<Vec<u8>> {
         }
     }
     out
+}
+
+/// Each candidate of an absolute path from this process's root, then from the holder's
+/// (`proc_dir/root`: a process in another mount namespace names paths from its own root).
+fn from_roots(paths: Vec<Vec<u8>>, proc_dir: RawFd) -> Vec<(RawFd, Vec<u8>)> {
+    let theirs: Vec<(RawFd, Vec<u8>)> = paths.iter().map(|p| (proc_dir, [b"root", &p[..]].concat())).collect();
+    paths.into_iter().map(|p| (sys::CWD, p)).chain(theirs).collect()
 }
 
 #[cfg(test)]
@@ -418,6 +463,32 @@ mod tests {
         assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), || named(&text)), Place::Inside);
         // Decided once: the name is not asked for again.
         assert_eq!(w.place_of_mapping(sys::CWD, dev, m.ino(), || panic!("asked again")), Place::Inside);
+    }
+
+    #[test]
+    fn a_socket_is_held_where_the_file_it_is_bound_to_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        fs::create_dir_all(repo.join("run")).unwrap();
+        let inside = std::os::unix::net::UnixListener::bind(repo.join("run/s.sock")).unwrap();
+        let outside = std::os::unix::net::UnixListener::bind(tmp.path().join("s.sock")).unwrap();
+        let unbound = std::os::unix::net::UnixStream::pair().unwrap().0;
+        let place = |w: &Within, fd: RawFd| {
+            let link = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+            w.place_of_link(sys::CWD, &link).unwrap()
+        };
+        let w = within(&repo);
+        assert_eq!(place(&w, inside.as_raw_fd()), Place::Inside);
+        assert_eq!(place(&w, outside.as_raw_fd()), Place::Outside);
+        assert_eq!(place(&w, unbound.as_raw_fd()), Place::Outside);
+        // The socket file as PATH.
+        let file = within(&repo.join("run/s.sock"));
+        assert_eq!(place(&file, inside.as_raw_fd()), Place::Inside);
+        assert_eq!(place(&file, outside.as_raw_fd()), Place::Outside);
+        // Its file removed and another bound at the same name: the first holds nothing now.
+        fs::remove_file(repo.join("run/s.sock")).unwrap();
+        let _again = std::os::unix::net::UnixListener::bind(repo.join("run/s.sock")).unwrap();
+        assert_eq!(place(&within(&repo), inside.as_raw_fd()), Place::Outside);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!   after `chroot`);
 //! - `open FILE` (read, kept open, as `tail -f` does); `write FILE` (appended to, kept open);
 //!   `map FILE` (one page mapped, then the fd closed); `fds N:FILE` (N fds on FILE);
-//!   `maps N:FILE` (N separate mappings of FILE, the fd closed);
+//!   `maps N:FILE` (N separate mappings of FILE, the fd closed); `listen PATH` (a unix socket
+//!   bound at PATH, listening);
 //! - `thread-chdir DIR`: a thread with a working directory of its own (`unshare(CLONE_FS)`);
 //!   `thread-open FILE`: a thread with an fd table of its own (`unshare(CLONE_FILES)`) holding
 //!   FILE open, which the process's `/proc/PID/fd` does not show.
@@ -65,6 +66,10 @@ pub fn apply(key: &str, value: &str) -> bool {
             let mut f = std::fs::OpenOptions::new().append(true).create(true).open(value).unwrap();
             f.write_all(b"a line\n").unwrap();
             let _ = f.into_raw_fd();
+        }
+        "listen" => {
+            let l = std::os::unix::net::UnixListener::bind(value).unwrap();
+            let _ = l.into_raw_fd();
         }
         "map" => {
             let fd = std::fs::File::open(value).unwrap();
