@@ -296,8 +296,10 @@ impl Within {
         let target = self.target.ident.object();
         let mut passed = Vec::new();
         let mut below: Option<Ident> = None;
+        let mut steps = 0;
         let place = loop {
-            if passed.len() >= MAX_DEPTH {
+            steps += 1;
+            if steps > MAX_DEPTH {
                 break Place::Unknown("more than 65,536 directories deep");
             }
             let Ok(id) = sys::statx_at(fd.as_raw_fd(), c"", true) else { break Place::Outside };
