@@ -219,18 +219,19 @@ mod tests {
         let me = crate::procfs::read_process(std::process::id(), &mut Vec::new()).unwrap();
         // This process holds the directory too (Target keeps it open), and is left out.
         let mut child = std::process::Command::new("sleep").arg("30").current_dir(dir.path()).spawn().unwrap();
+        let want = [Ways { cwd: true, ..Ways::default() }];
         let mut found = Vec::new();
-        for _ in 0..200 {
+        // Until the child has exec'd: before, it also holds this process's fds (the O_PATH one
+        // on the directory among them, close-on-exec).
+        let until = Instant::now() + Duration::from_secs(60);
+        while found != want && Instant::now() < until {
             let r = find(&within, Some(me.euid), Limits::default()).unwrap();
             assert!(r.holders.iter().all(|h| h.proc.id != me.id), "{r:?}");
             found = r.holders.iter().filter(|h| h.proc.id.pid == child.id()).map(|h| h.holding.ways).collect();
-            if !found.is_empty() {
-                break;
-            }
             std::thread::sleep(Duration::from_millis(10));
         }
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(found, [Ways { cwd: true, ..Ways::default() }]);
+        assert_eq!(found, want);
     }
 }

@@ -508,7 +508,9 @@ mod tests {
         let mut child = std::process::Command::new("sleep").args(["30", &long]).spawn().unwrap();
         let dir = sys::open_path(sys::CWD, &c(&format!("/proc/{}", child.id())), true).unwrap();
         let mut shown = Vec::new();
-        for _ in 0..200 {
+        // Until the child has exec'd (a loaded machine can take seconds to get there).
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < until {
             let stat = read_all(dir.as_raw_fd(), "stat", 4096).unwrap();
             let fields = stat_fields(&stat).unwrap();
             let got = command(dir.as_raw_fd(), "", &fields);
