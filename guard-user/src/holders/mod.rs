@@ -218,7 +218,11 @@ mod tests {
         let within = Arc::new(Within::new(Target::open(dir.path()).unwrap()));
         let me = crate::procfs::read_process(std::process::id(), &mut Vec::new()).unwrap();
         // This process holds the directory too (Target keeps it open), and is left out.
-        let mut child = std::process::Command::new("sleep").arg("30").current_dir(dir.path()).spawn().unwrap();
+        // A name of its own: other tests of this binary end piles of `sleep`.
+        let bin = tempfile::tempdir().unwrap();
+        let exe = bin.path().join("gholdcwd");
+        std::fs::copy("/bin/sleep", &exe).unwrap();
+        let mut child = std::process::Command::new(&exe).arg("30").current_dir(dir.path()).spawn().unwrap();
         let want = [Ways { cwd: true, ..Ways::default() }];
         let mut found = Vec::new();
         // Until the child has exec'd: before, it also holds this process's fds (the O_PATH one

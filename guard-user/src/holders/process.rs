@@ -504,25 +504,34 @@ mod tests {
 
     #[test]
     fn a_long_command_line_is_shown_to_4_kib_with_the_bytes_left_out() {
-        let long = "x".repeat(10_000);
-        let mut child = std::process::Command::new("sleep").args(["30", &long]).spawn().unwrap();
+        // sleep sums its arguments: 30 s and a 10,000-digit zero.
+        let long = "0".repeat(10_000);
+        // A name of its own: other tests of this binary end piles of `sleep`.
+        let bin = tempfile::tempdir().unwrap();
+        let exe = bin.path().join("gholdcmd");
+        std::fs::copy("/bin/sleep", &exe).unwrap();
+        let mut child = std::process::Command::new(&exe).args(["30", &long]).spawn().unwrap();
         let dir = sys::open_path(sys::CWD, &c(&format!("/proc/{}", child.id())), true).unwrap();
         let mut shown = Vec::new();
+        let mut last = (Vec::new(), 0);
         // Until the child has exec'd (a loaded machine can take seconds to get there).
         let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while std::time::Instant::now() < until {
             let stat = read_all(dir.as_raw_fd(), "stat", 4096).unwrap();
             let fields = stat_fields(&stat).unwrap();
             let got = command(dir.as_raw_fd(), "", &fields);
-            if got.0.starts_with(b"sleep 30 ") {
+            last = got.clone();
+            let head = format!("{} 30 ", exe.display());
+            if got.0.starts_with(head.as_bytes()) {
                 shown = got.0.clone();
-                assert_eq!(got.1, ("sleep 30 ".len() + 10_000 - MAX_COMMAND_SHOWN) as u64);
+                assert_eq!(got.1, (head.len() + 10_000 - MAX_COMMAND_SHOWN) as u64);
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        let seen = String::from_utf8_lossy(&last.0[..last.0.len().min(80)]).into_owned();
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(shown.len(), MAX_COMMAND_SHOWN, "the command line was never read whole");
+        assert_eq!(shown.len(), MAX_COMMAND_SHOWN, "the command line was never read whole: {seen:?}, {}", last.1);
     }
 }
