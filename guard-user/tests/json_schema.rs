@@ -155,7 +155,9 @@ impl Drop for Probes {
 fn probe(dir: &Path, name: &str, args: &[&str]) -> Child {
     let exe = dir.join(name);
     if !exe.exists() {
-        std::fs::copy("/bin/sleep", &exe).unwrap();
+        // A link, not a copy: a copy still open for writing in this process when another test's
+        // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+        std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
     }
     Command::new(&exe).args(args).spawn().unwrap()
 }
@@ -266,7 +268,9 @@ fn holders_json_has_exactly_the_documented_fields() {
     let work = dir.path().join("work");
     std::fs::create_dir(&work).unwrap();
     let exe = dir.path().join("gjsonhold");
-    std::fs::copy("/bin/sleep", &exe).unwrap();
+    // A link, not a copy: a copy still open for writing in this process when another test's
+    // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+    std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
     let probes = Probes(vec![Command::new(&exe).arg("1000").current_dir(&work).spawn().unwrap()]);
     let pid = probes.0[0].id();
     let run = |args: &[&str], env: &[(&str, &str)]| -> Value {

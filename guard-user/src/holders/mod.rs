@@ -221,7 +221,9 @@ mod tests {
         // A name of its own: other tests of this binary end piles of `sleep`.
         let bin = tempfile::tempdir().unwrap();
         let exe = bin.path().join("gholdcwd");
-        std::fs::copy("/bin/sleep", &exe).unwrap();
+        // A link, not a copy: a copy still open for writing in this process when another test's
+        // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+        std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
         let mut child = std::process::Command::new(&exe).arg("30").current_dir(dir.path()).spawn().unwrap();
         let want = [Ways { cwd: true, ..Ways::default() }];
         let mut found = Vec::new();

@@ -509,7 +509,9 @@ mod tests {
         // A name of its own: other tests of this binary end piles of `sleep`.
         let bin = tempfile::tempdir().unwrap();
         let exe = bin.path().join("gholdcmd");
-        std::fs::copy("/bin/sleep", &exe).unwrap();
+        // A link, not a copy: a copy still open for writing in this process when another test's
+        // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+        std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
         let mut child = std::process::Command::new(&exe).args(["30", &long]).spawn().unwrap();
         let dir = sys::open_path(sys::CWD, &c(&format!("/proc/{}", child.id())), true).unwrap();
         let mut shown = Vec::new();
