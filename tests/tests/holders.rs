@@ -5,7 +5,7 @@
 //! plus another account's and root's, checked against `lsof +D`; a checkout that is a symlink
 //! to `/`; a directory named `x (deleted)`; a file as PATH; the printed stop command pasted into
 //! bash; exit codes; bounds (100,000 fds, 60,000 mappings, a read budget, a /proc read that
-//! hangs). Each test takes the host lock (`setup`).
+//! hangs). Each test needs root and takes the host lock (`setup`).
 use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::OsStr,
@@ -17,7 +17,9 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{guard_bin, probe_bin, setup, Home, Probe, OTHER_UID, OTHER_USER, TEST_UID, TEST_USER};
+use integration_tests::{
+    guard_bin, guard_test, probe_bin, setup, Home, Probe, OTHER_UID, OTHER_USER, TEST_UID, TEST_USER,
+};
 use serde_json::Value;
 
 /// A probe as `uid` (0: root) working in `cwd`, with `args` (guard-probe/hold.rs), started from
@@ -122,9 +124,9 @@ fn cstr(p: &Path) -> std::ffi::CString {
 
 const WAIT: Duration = Duration::from_secs(5);
 
-#[test]
+#[guard_test(needs = [root])]
 fn every_way_of_holding_a_checkout_is_found_by_device_and_inode_as_lsof_finds_it() {
-    let Some(_g) = setup("holders: every way") else { return };
+    let _g = setup();
     let home = Home::new();
     let top = home.path();
     let repo = top.join("repo");
@@ -244,9 +246,9 @@ fn every_way_of_holding_a_checkout_is_found_by_device_and_inode_as_lsof_finds_it
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_file_as_path_is_held_by_its_fds_mappings_and_executable_only() {
-    let Some(_g) = setup("holders: a file") else { return };
+    let _g = setup();
     let home = Home::new();
     let repo = home.path().join("repo");
     let elsewhere = home.path().join("elsewhere");
@@ -293,9 +295,9 @@ fn a_file_as_path_is_held_by_its_fds_mappings_and_executable_only() {
 
 /// The account's "checkout" is a symlink to `/`: listing every holder is right (everything is
 /// below `/`), but a stop only ever ends that account's, and never without `--user`.
-#[test]
+#[guard_test(needs = [root])]
 fn a_checkout_linking_to_root_never_leads_a_stop_beyond_the_account() {
-    let Some(_g) = setup("holders: a link to /") else { return };
+    let _g = setup();
     let home = Home::new();
     let co = home.path().join("co");
     std::os::unix::fs::symlink("/", &co).unwrap();
@@ -332,9 +334,9 @@ fn a_checkout_linking_to_root_never_leads_a_stop_beyond_the_account() {
 
 /// The stop command as printed, pasted into bash, for a directory whose name is the account's
 /// to make hostile: it runs nothing else and stops that account's holders only.
-#[test]
+#[guard_test(needs = [root])]
 fn the_printed_stop_command_pasted_into_bash_stops_that_accounts_holders_only() {
-    let Some(_g) = setup("holders: pasted command") else { return };
+    let _g = setup();
     let home = Home::new();
     let dir = home.path().join("co $(touch PWNED) 'q' `touch PWNED2`;\n; * \u{1b}[2J x (deleted)");
     mkdirs(&[&dir]);
@@ -365,9 +367,9 @@ fn the_printed_stop_command_pasted_into_bash_stops_that_accounts_holders_only() 
     assert!(!home.path().join("PWNED").exists() && !home.path().join("PWNED2").exists(), "{cmd} ran a command");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn exit_status_says_none_some_or_error() {
-    let Some(_g) = setup("holders: exit status") else { return };
+    let _g = setup();
     let home = Home::new();
     let repo = home.path().join("x (deleted)");
     mkdirs(&[&repo]);
@@ -392,9 +394,9 @@ fn exit_status_says_none_some_or_error() {
 /// Run by an account without root: its own processes are read, the others' counted as not
 /// readable, and a process of its own it may not read (one that dropped root, so not dumpable)
 /// is listed as possibly holding, never silently left out.
-#[test]
+#[guard_test(needs = [root])]
 fn run_by_an_account_it_reads_its_own_and_says_what_it_could_not() {
-    let Some(_g) = setup("holders: as an account") else { return };
+    let _g = setup();
     let home = Home::new();
     let repo = home.path().join("repo");
     mkdirs(&[&repo]);
@@ -431,9 +433,9 @@ fn run_by_an_account_it_reads_its_own_and_says_what_it_could_not() {
 /// 100,000 fds on one file and 60,000 mappings of another: read whole, shown capped; a run
 /// over its read budget, and a process whose /proc read hangs, are listed as not read and the
 /// command still ends.
-#[test]
+#[guard_test(needs = [root])]
 fn huge_fd_tables_and_maps_are_read_within_bounds_and_what_was_not_read_is_said() {
-    let Some(_g) = setup("holders: bounds") else { return };
+    let _g = setup();
     // 100,000 fds need the limit raised, which root without CAP_SYS_RESOURCE (a container)
     // cannot: there, as many as its hard limit allows.
     let mut lim = libc::rlimit { rlim_cur: 200_000, rlim_max: 200_000 };
@@ -493,9 +495,9 @@ fn huge_fd_tables_and_maps_are_read_within_bounds_and_what_was_not_read_is_said(
     );
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn stop_ends_the_accounts_holders_the_checked_way_and_leaves_the_rest() {
-    let Some(_g) = setup("holders: stop") else { return };
+    let _g = setup();
     let home = Home::new();
     let exe = home.probe_named("holder");
     let repo = home.path().join("repo");
@@ -536,3 +538,5 @@ fn stop_ends_the_accounts_holders_the_checked_way_and_leaves_the_rest() {
         assert!(p.is_alive(), "{} was outside the directory (or another account's) and was ended", p.pid());
     }
 }
+
+guard_test::main!();

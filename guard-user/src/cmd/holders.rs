@@ -62,7 +62,10 @@ struct Row {
     name: String,
     exe: Option<String>,
     command: String,
-    command_not_shown_bytes: u64,
+    command_omitted_bytes: usize,
+    /// The command line as a terminal line shows it (escape::ShownCmdline::line).
+    #[serde(skip)]
+    command_line: String,
     holds: Vec<&'static str>,
     fds: Vec<u32>,
     fd_count: u64,
@@ -191,8 +194,9 @@ fn row(h: &Holder, path: &[u8], outcome: Option<Stopped>, root_asked: bool, user
         uid: h.proc.euid,
         name: h.proc.comm.to_string(),
         exe: c.exe.as_deref().map(escape::text),
-        command: escape::text(&c.command),
-        command_not_shown_bytes: c.command_not_shown_bytes,
+        command: escape::text(c.command.head()),
+        command_omitted_bytes: c.command.omitted(),
+        command_line: c.command.line(),
         holds: c.ways.names(),
         fds: c.fds.clone(),
         fd_count: c.fd_count,
@@ -288,10 +292,7 @@ fn render(doc: &Json, args: &HoldersArgs, target: &Target) -> String {
     if !doc.holders.is_empty() {
         let _ = writeln!(out, "{:>8}  {:<12} {:>9} {:>8}  {:<16} COMMAND", "PID", "USER", "CPU", "AGE", "HOLDS");
         for r in &doc.holders {
-            let mut command = if r.command.is_empty() { format!("[{}]", r.name) } else { r.command.clone() };
-            if r.command_not_shown_bytes > 0 {
-                let _ = write!(command, " … ({} bytes not shown)", r.command_not_shown_bytes);
-            }
+            let command = if r.command_line.is_empty() { format!("[{}]", r.name) } else { r.command_line.clone() };
             let _ = writeln!(
                 out,
                 "{:>8}  {:<12} {:>8.2}s {:>8}  {:<16} {command}",

@@ -23,12 +23,12 @@ use super::{
     sys::{self, Entries},
     within::{Place, Within},
 };
-use crate::{event::ProcState, procfs};
+use crate::{escape::ShownCmdline, event::ProcState, procfs};
 
 /// Fd numbers listed per process (the count says how many hold PATH in all).
 pub const MAX_FDS_LISTED: usize = 16;
 /// The most of a command line shown: 4 KiB, and how many bytes were left out.
-pub const MAX_COMMAND_SHOWN: usize = 4096;
+const MAX_COMMAND_SHOWN: usize = crate::escape::SHOWN_CMDLINE_BYTES;
 /// Threads read per process at most (each distinct fs or fd table is read; see the module doc).
 const MAX_TASKS: usize = 65_536;
 /// Distinct fs / fd tables kept per process for the `kcmp` comparisons.
@@ -70,9 +70,8 @@ pub struct Holding {
     pub fd_count: u64,
     pub cpu_secs: f64,
     pub age_secs: u64,
-    /// The first [`MAX_COMMAND_SHOWN`] bytes of its command line (arguments joined by spaces).
-    pub command: Vec<u8>,
-    pub command_not_shown_bytes: u64,
+    /// Its command line (arguments joined by spaces) as output shows it: the first 4 KiB.
+    pub command: ShownCmdline,
     /// Where its executable is (`/proc/PID/exe`'s text), when readable.
     pub exe: Option<Vec<u8>>,
     /// Why it was read in part, when it was (it may hold PATH in more ways, or by more fds,
@@ -228,7 +227,8 @@ pub fn examine(within: &Within, p: &ProcState, budget: &Budget, progress: &Progr
         };
     }
     let (cpu_secs, age_secs) = cpu_and_age(&fields).unwrap_or((0.0, 0));
-    let (command, command_not_shown_bytes) = command(d, &mm_prefix, &fields);
+    let (head, omitted) = command(d, &mm_prefix, &fields);
+    let command = ShownCmdline::of_prefix(&head, head.len() + omitted as usize);
     let exe = sys::read_link_at(d, &c(&format!("{mm_prefix}exe")), 4096).ok();
     Examined::Holds(Box::new(Holding {
         ways: found.ways,
@@ -237,7 +237,6 @@ pub fn examine(within: &Within, p: &ProcState, budget: &Budget, progress: &Progr
         cpu_secs,
         age_secs,
         command,
-        command_not_shown_bytes,
         exe,
         incomplete: found.partial,
     }))
