@@ -47,12 +47,24 @@ pub enum Command {
                       knows the lineage (it comes from fork events /proc no longer shows): exit 1 when its status \
                       file is missing or its last tick is stale.")]
     Tree(TreeArgs),
-    /// List the account's processes working in a directory (or below it), with the command that stops each.
-    #[command(long_about = "List the account's processes whose working directory is DIR or below it (by whole \
-                      path components): pid, name, CPU seconds, age, program, and the command that stops it. \
-                      Exit 0 when there are none, 1 when some. With --stop, end them: SIGTERM through a pidfd \
-                      after the identity check (pid, start time, name, uid), up to 10 s, then SIGKILL to those \
-                      still themselves; one line per process; exit 0 when none is left.")]
+    /// List every process that holds a path (its working or root directory, its executable, an open file or a
+    /// mapping there), with the command that stops one account's.
+    #[command(long_about = "List every process that holds PATH: a directory and everything below it, or a file, \
+                      held in any way `lsof +D` sees: as its working directory (cwd), its root directory (root), \
+                      its executable (exe), an open file descriptor (fd) or a mapped file (mmap, also one mapped \
+                      and then closed). Objects are compared by device and inode, never by path text, so \
+                      symlinks, bind mounts and names ending ` (deleted)` neither hide nor invent a holder. \
+                      Without --user, every process the caller can read (as root: the whole machine), each with \
+                      its user; with --user, that account's only. One line each: pid, user, CPU seconds, age, how \
+                      it holds PATH, and its command line (escaped, at most 4 KiB, with the bytes left out); \
+                      then, per account, the exact command that stops them. A process whose /proc files could \
+                      not be read completely (they stopped answering, or the run's read budget ran out) is \
+                      listed apart: it may hold PATH. Exit 0 when no process holds PATH, 1 when some do, 2 on \
+                      an error (PATH does not exist, an unknown account, --stop without --user, or no holder \
+                      found but a process not read completely). With --stop (which needs --user), end that \
+                      account's holders only: each is read again, then SIGTERM through a pidfd after the \
+                      identity check (pid, start time, name, uid), up to 10 s, then SIGKILL to those still \
+                      themselves; one line per process; exit 0 when none is left.")]
     Holders(HoldersArgs),
     /// Report drift of the installation; changes nothing.
     Check(InstallArgs),
@@ -159,15 +171,18 @@ pub struct TreeArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct HoldersArgs {
-    #[command(flatten)]
-    pub account: AccountArgs,
-    /// The directory (a checkout about to be removed, say).
-    #[arg(value_name = "DIR", value_hint = ValueHint::DirPath)]
-    pub dir: PathBuf,
+    /// Only this account's processes (name or uid); --stop needs it. Without it, every process the caller can
+    /// read (as root, every process of the machine).
+    #[arg(long, value_name = "NAME|UID", value_hint = ValueHint::Username)]
+    pub user: Option<String>,
+    /// A directory (a checkout about to be removed, say: it and everything below it) or a file.
+    #[arg(value_name = "PATH", value_hint = ValueHint::AnyPath)]
+    pub path: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// End them: SIGTERM, up to 10 s, SIGKILL, each through a pidfd after the identity check.
+    /// End the --user account's holders: SIGTERM, up to 10 s, SIGKILL, each through a pidfd after the identity
+    /// check.
     #[arg(long)]
     pub stop: bool,
 }

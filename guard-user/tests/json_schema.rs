@@ -2,7 +2,8 @@
 //! values they take: `status --json` on statuses the whole daemon wrote while replaying recorded
 //! traces (piles, warnings, repeats, the stall watch, sessions), `explain --json` run by the
 //! binary on live processes and a real config, `tree --json` run by the binary on a replayed
-//! session lineage whose processes are made live ones. Nothing here lists a field by hand: the
+//! session lineage whose processes are made live ones, `holders --json` run by the binary on a
+//! live process (listed, read on a starved budget, stopped). Nothing here lists a field by hand: the
 //! fields come from the outputs, the expectations from the docs.
 mod replay_harness;
 
@@ -155,7 +156,9 @@ impl Drop for Probes {
 fn probe(dir: &Path, name: &str, args: &[&str]) -> Child {
     let exe = dir.join(name);
     if !exe.exists() {
-        std::fs::copy("/bin/sleep", &exe).unwrap();
+        // A link, not a copy: a copy still open for writing in this process when another test's
+        // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+        std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
     }
     let child = Command::new(&exe).args(args).spawn().unwrap();
     // Exec'd once /proc shows its own name and arguments (not the test's, as right after fork).
@@ -264,6 +267,53 @@ fn tree_json_has_exactly_the_documented_fields() {
     let listed = outputs.iter().flat_map(|o| o["sessions"][0]["processes"].as_array().unwrap().clone());
     assert!(listed.clone().any(|p| p["pid"] == kid), "the live kid is listed: {outputs:#?}");
     check("tree --json", &outputs);
+}
+
+#[guard_test]
+fn holders_json_has_exactly_the_documented_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let exe = dir.path().join("gjsonhold");
+    // A link, not a copy: a copy still open for writing in this process when another test's
+    // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+    std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
+    let probes = Probes(vec![Command::new(&exe).arg("1000").current_dir(&work).spawn().unwrap()]);
+    let pid = probes.0[0].id();
+    let run = |args: &[&str], env: &[(&str, &str)]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_guard-user"))
+            .arg("holders")
+            .arg(&work)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let listed = |v: &Value| v["holders"].as_array().unwrap().iter().any(|r| r["pid"] == pid);
+    let mut outputs = Vec::new();
+    // Until the probe has started in the directory (seconds, on a loaded machine).
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < until {
+        let v = run(&["--json"], &[]);
+        if listed(&v) {
+            outputs.push(v);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!outputs.is_empty(), "the probe never showed as a holder");
+    // A read budget of nothing (a debug build's fault hook): every other process of the account
+    // is unread, the probe is found by its working directory and read in part.
+    let starved = run(&["--json", "--user", &user()], &[("GUARD_FAULT", "holders_budget:0")]);
+    assert!(!starved["unread"].as_array().unwrap().is_empty(), "{starved:#}");
+    outputs.push(starved);
+    let stopped = run(&["--json", "--user", &user(), "--stop"], &[]);
+    assert!(stopped["holders"].as_array().unwrap().iter().any(|r| r["pid"] == pid && r["outcome"] == "stopped"));
+    outputs.push(stopped);
+    check("holders --json", &outputs);
 }
 
 guard_test::main!();

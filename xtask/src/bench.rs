@@ -14,6 +14,8 @@
 //!   per event, other accounts' storms under 0/1/8 daemons, the stall watch in a storm).
 //! - `scale`: 0, 10,000 and 50,000 processes of the account: start-up, tick, RSS and its profile.
 //! - `hostile`: the hostile-account integration test in its long form, its peak memory and ticks.
+//! - `holders`: `guard-user holders` against `lsof +D` and `fuser -m` on a checkout of 20,000
+//!   files held by 2,000 processes.
 use std::{
     ffi::CString,
     fs,
@@ -28,6 +30,7 @@ use serde_json::{json, Value};
 
 mod bpfstats;
 mod cost;
+mod holders;
 mod hostile;
 mod matcher;
 mod procs;
@@ -54,7 +57,7 @@ pub struct Options {
     #[arg(long, default_value = "guardtest1")]
     pub user: String,
     /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, matcher, idle,
-    /// bpf, accounts, stall, scale, hostile. Default: all but idle and hostile (idle comes with --long).
+    /// bpf, accounts, stall, scale, hostile, holders. Default: all but idle and hostile (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Measure this guard-user instead of building one (before/after runs against another
@@ -120,7 +123,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         anyhow::ensure!(
             [
                 "tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle", "bpf", "accounts", "stall",
-                "scale", "hostile"
+                "scale", "hostile", "holders"
             ]
             .contains(&f.as_str()),
             "--only {f}: no such figure"
@@ -161,6 +164,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     if opts.wants("hostile") {
         b.hostile(&mut rows, &mut raw)?;
+    }
+    if opts.wants("holders") {
+        b.holders(&mut rows, &mut raw)?;
     }
 
     // The machine is shared while developing: each run says how busy it was.

@@ -18,7 +18,9 @@
 //! pairs only lengthen its command line.
 //!
 //! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
-//! roots of the sessions tests (see `guard-probe/session.rs`).
+//! roots of the sessions tests (see `guard-probe/session.rs`); `chdir`, `chroot`, `open`, `map`,
+//! `thread-chdir` and the other ways of holding a path are the holders tests'
+//! (`guard-probe/hold.rs`).
 //!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
@@ -29,6 +31,8 @@
 //!   keeps retrying, so every pid that becomes free is taken again at once.
 use std::{io::Write, time::Duration};
 
+#[path = "guard-probe/hold.rs"]
+mod hold;
 #[path = "guard-probe/session.rs"]
 mod session;
 
@@ -248,7 +252,9 @@ fn main() {
                     libc::signal(libc::SIGTERM, on_term_dodge as *const () as libc::sighandler_t);
                 }
             }
-            _ => {}
+            other => {
+                hold::apply(other, &args[i + 1]);
+            }
         }
         i += 2;
     }

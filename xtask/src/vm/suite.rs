@@ -100,6 +100,15 @@ pub const SUITE: &[(&str, Place)] = &[
             only: &[],
         },
     ),
+    (
+        "integration-tests.holders",
+        Place::Guests {
+            why: "what holds a path as each kernel's /proc shows it: statx through /proc links, `..` across mounts, \
+                  PROCMAP_QUERY (6.11+) or the text of maps, kcmp, per-thread cwd and fd tables, a zombie leader, \
+                  chroot and bind mounts, against lsof",
+            only: &[],
+        },
+    ),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
     ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
