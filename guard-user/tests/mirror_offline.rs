@@ -19,6 +19,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         last_tick: 1_000_000,
         flagged: vec!["sleep".into()],
         kills: 3,
+        kills_by_reason: guard::status::KillsByReason { ghost_detected: 3, leftover: 0 },
         lost_events: 1,
         resyncs: 2,
         interval_secs: 60,

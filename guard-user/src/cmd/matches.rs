@@ -21,7 +21,8 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     let limits = Limits::default();
     let mut matcher = Matcher::new(PathBuf::from("/proc/self/exe"), limits.clone());
     if let Err(e) = matcher.set_patterns(std::slice::from_ref(&args.pattern)) {
-        eprintln!("guard-user match: {e}");
+        // Named as what it is here, the --pattern argument, whichever list it is meant for.
+        eprintln!("guard-user match: {}", e.in_list(crate::pattern::Source::ARGUMENT));
         return Ok(ExitCode::from(2));
     }
     let deadline = Instant::now() + OVERALL;

@@ -1,27 +1,39 @@
 //! The tick's side of sessions (docs/configuration.md `sessions`): gather (the command lines of
-//! pending execs, matched against `sessions.roots` in their own sandboxed matcher), decide
-//! ([`decide_sessions`], pure), apply (the lineage's answers to the pump, the lines, SIGTERM or
-//! SIGKILL through the enforcer's pidfd and identity check, never a wait).
+//! pending execs, read within a byte budget and matched against `sessions.roots` in their own
+//! sandboxed matcher), decide ([`decide_sessions`] and the rules of `policy::roots`, pure), apply
+//! (the lineage's answers to the pump, the lines, the signals the plan names through the
+//! enforcer's pidfd and identity check, never a wait, then the chase of what the signalled
+//! members forked meanwhile).
 //!
 //! Roots are matched here, off the pump: reading `/proc/PID/cmdline` can block on a hostile
 //! process, and the pump must keep draining. So a root is recognised by the command line a tick
 //! reads after its exec (within one interval of it), and the lineage keeps what the process
 //! forks meanwhile in a pending session until the tick says whether it is a root.
 use std::{
-    collections::HashMap,
+    collections::BTreeSet,
     time::{Duration, Instant},
 };
 
-use super::{effects::Effects, keeper::LineageMode, pump::PumpHandle};
+use super::{
+    effects::Effects,
+    keeper::{LineageMode, MAX_CANDIDATES_PER_TICK},
+    match_all::RootsWatch,
+    pump::PumpHandle,
+};
 use crate::{
     config::{self, Config, ConfigError},
     event::{clock_ticks_per_sec, ProcId, ProcState},
-    lineage::{SessionId, SessionsView},
-    log::{Kind, Line, Notice},
-    pattern::{MatchOutcome, Progress, Resume},
+    lineage::{Caps, LineageCmd, SessionsView},
+    log::Kind,
+    pattern::Resume,
     policy::{
-        sessions::{after_reap, decide_sessions, due_members, status, Ages, RootVerdict, SessionBook, SessionsInput},
-        CmdVerdict, Now,
+        outage::Outage,
+        roots,
+        sessions::{
+            after_reap, chase, decide_sessions, due_members, record, status, Ages, ReapTarget, RootsRead, SessionBook,
+            SessionLimits, SessionsInput,
+        },
+        CmdVerdict, Now, Signal,
     },
     status::SessionsStatus,
 };
@@ -34,19 +46,32 @@ pub fn mode(config: &Config, uid: u32) -> LineageMode {
     }
 }
 
+/// The bytes of candidates' command lines one tick may hold (docs/architecture.md "Bounds"):
+/// 4 MiB, and always at least one whole command line the matcher takes. One function, so the
+/// tick-wide budget for command lines can take it over.
+pub fn roots_cmdline_budget(max_text: usize) -> usize {
+    (4 << 20).max(max_text + 1)
+}
+
 /// The matching round for roots: at most 2 s, and a quarter of the tick's deadline.
 fn round_budget(deadline: Duration) -> Duration {
     (deadline / 4).min(Duration::from_secs(2))
 }
 
+/// The chase after a stop's signals: at most this long, and this many looks.
+const CHASE_FOR: Duration = Duration::from_millis(500);
+const CHASE_LOOKS: usize = 64;
+
 /// What the tick holds about sessions between ticks.
 #[derive(Default)]
 pub struct SessionsTick {
     pub book: SessionBook,
-    /// The roots matcher could not run at the last tick (warned once per outage).
-    roots_down: bool,
+    /// The roots matcher's outage (warned once per outage).
+    roots_down: Outage,
     /// Whether the roots list compiled at this tick.
     roots_ok: bool,
+    /// Roots lists that would make every process a root, checked once per list.
+    broad: RootsWatch,
 }
 
 /// What one tick's sessions work left for the report.
@@ -57,34 +82,38 @@ pub struct Done {
     /// `SKIPPED` and `DRY_RUN` lines logged, for the totals.
     pub skipped: u64,
     pub dry_runs: u64,
+    /// Leftovers ended (their sessions' `REAPED` lines at this tick say so).
+    pub ended: u64,
 }
 
 impl SessionsTick {
-    /// Compiles `sessions.roots` in the roots matcher (once per change). A list it refuses is a
-    /// config error, as for `excludeCommands`; a matcher that cannot run leaves the pending
-    /// execs unclassified until it can (no root is recognised meanwhile: nothing is reaped).
-    pub fn set_roots(&mut self, fx: &mut Effects, config: &Config) -> Result<(), ConfigError> {
+    /// Compiles `sessions.roots` in the roots matcher (once per change). A list it refuses, or
+    /// one that would make every process a root, is a config error, as for `excludeCommands`; a
+    /// matcher that cannot run leaves the pending execs unclassified until it can (no root is
+    /// recognised meanwhile: nothing is reaped).
+    pub fn set_roots(&mut self, fx: &mut Effects, config: &Config, deadline: Instant) -> Result<(), ConfigError> {
         self.roots_ok = false;
         let Some(s) = config.sessions.as_ref().filter(|s| !s.roots.is_empty()) else {
             self.book = SessionBook { totals: self.book.totals, ..Default::default() };
             return Ok(());
         };
-        match fx.roots.set_patterns(&s.roots) {
-            Ok(()) => {
-                self.roots_down = false;
-                self.roots_ok = true;
+        if let Some(index) = self.broad.check(&mut *fx.roots, &s.roots, deadline) {
+            let pattern = index.map_or_else(|| s.roots.join(" "), |i| s.roots[i].clone());
+            return Err(config::too_broad_root(index, &pattern).into_error().expect("a refused root is an error"));
+        }
+        let result = fx.roots.set_patterns(&s.roots);
+        if let Err(e) = &result {
+            if e.is_config_error() {
+                tracing::warn!("sessions.roots refused: {}", e.in_list(config::PatternList::SessionsRoots.source()));
+                return Err(config::refused_patterns_of(config::PatternList::SessionsRoots, &s.roots, e));
             }
-            Err(e) if e.is_config_error() => {
-                tracing::warn!("sessions.roots refused: {e}");
-                return Err(config::refused_patterns_of(config::PatternList::SessionsRoots, &s.roots, &e));
+        }
+        self.roots_ok = result.is_ok();
+        if let Some(line) = self.roots_down.observe(self.roots_ok, "roots_worker") {
+            if let Err(e) = &result {
+                tracing::error!("{e}");
             }
-            Err(e) => {
-                if !self.roots_down {
-                    self.roots_down = true;
-                    tracing::error!("{e}");
-                    fx.log.write(&Line::Warn(Notice::new("pattern_matcher_down").with("reason", "roots_worker")));
-                }
-            }
+            fx.log.write(&line);
         }
         Ok(())
     }
@@ -98,33 +127,49 @@ impl SessionsTick {
         }
     }
 
-    /// Classifies, decides and applies (see the module doc).
+    /// Reads, decides and applies (see the module doc).
     pub fn run(&mut self, ctx: Ctx) -> Done {
         let Ctx { fx, pump, view, config, verdicts, now, dry_run, deadline } = ctx;
         let (Some(view), Some(sessions)) = (view, config.sessions.as_ref()) else { return Done::default() };
-        let roots = if self.roots_ok { classify(fx, view, deadline) } else { HashMap::new() };
+        let roots = if self.roots_ok { read_roots(fx, view, deadline) } else { RootsRead::default() };
         let ages = Ages { boot_unix: fx.procs.boot_unix(), ticks_per_sec: clock_ticks_per_sec() };
-        let input =
-            SessionsInput { view, config, sessions, now, dry_run, ages, roots: &roots, verdicts, book: &self.book };
+        let limits = SessionLimits {
+            caps: Caps::DAEMON,
+            candidates: MAX_CANDIDATES_PER_TICK,
+            command_bytes: roots_cmdline_budget(fx.roots.max_text_bytes()),
+        };
+        let input = SessionsInput {
+            view,
+            config,
+            sessions,
+            now,
+            dry_run,
+            ages,
+            roots: &roots,
+            verdicts,
+            book: &self.book,
+            limits,
+        };
         let mut plan = decide_sessions(&input);
         // The status shows the lineage after this tick's answers (a root recognised now is listed
         // now, not a tick later).
-        let after = if plan.commands.is_empty() { None } else { pump.lineage_blocking(plan.commands.clone()) };
+        let mut after = if plan.commands.is_empty() { None } else { pump.lineage_blocking(plan.commands.clone()) };
         for line in &plan.lines {
             fx.emit(line, now.wall);
         }
-        let procs = |t: &[crate::policy::sessions::ReapTarget]| t.iter().map(|t| t.proc).collect::<Vec<_>>();
-        let term = match (plan.term.is_empty(), dry_run) {
-            (true, _) => Vec::new(),
-            (false, true) => fx.signals.verify_all(&procs(&plan.term)),
-            (false, false) => fx.signals.term_all(&procs(&plan.term)),
-        };
-        let kill = if plan.kill.is_empty() { Vec::new() } else { fx.signals.kill_all(&procs(&plan.kill)) };
-        let after_lines = after_reap(&mut plan, &term, &kill, dry_run);
+        let procs = |t: &[ReapTarget]| t.iter().map(|t| t.proc).collect::<Vec<_>>();
+        let term = fx.signals.send(plan.term_signal, &procs(&plan.term));
+        let kill = fx.signals.send(Signal::Kill, &procs(&plan.kill));
+        let after_lines = after_reap(&mut plan, &term, &kill);
         for line in &after_lines {
             fx.emit(line, now.wall);
         }
         self.book = plan.book;
+        if plan.term_signal != Signal::Verify && (!plan.term.is_empty() || !plan.kill.is_empty()) {
+            if let Some(v) = self.chase(fx, pump, config) {
+                after = Some(v);
+            }
+        }
         let status = status(after.as_ref().unwrap_or(view), &self.book, sessions, ages, now);
         let count = |kind| plan.lines.iter().chain(&after_lines).filter(|l| l.kind() == kind).count() as u64;
         Done {
@@ -132,7 +177,36 @@ impl SessionsTick {
             status: Some(status),
             skipped: count(Kind::Skipped),
             dry_runs: count(Kind::DryRun),
+            ended: plan.ended,
         }
+    }
+
+    /// The chase (`policy::sessions::chase`): looks at the lineage again, events drained, and
+    /// signals what the members just signalled forked meanwhile, until nothing new is doomed or
+    /// its time is up. Returns the last look.
+    fn chase(&mut self, fx: &mut Effects, pump: &PumpHandle, config: &Config) -> Option<SessionsView> {
+        let until = Instant::now() + CHASE_FOR;
+        let mut last = None;
+        let mut doom: Vec<LineageCmd> = Vec::new();
+        let mut tried: BTreeSet<ProcId> = BTreeSet::new();
+        for _ in 0..CHASE_LOOKS {
+            let view = pump.lineage_blocking(std::mem::take(&mut doom))?;
+            let targets: Vec<(ReapTarget, Signal)> =
+                chase(&view, &self.book, config).into_iter().filter(|(t, _)| tried.insert(t.proc.id)).collect();
+            last = Some(view);
+            if targets.is_empty() || Instant::now() >= until {
+                break;
+            }
+            for signal in [Signal::Term, Signal::Kill] {
+                let these: Vec<ReapTarget> =
+                    targets.iter().filter(|(_, s)| *s == signal).map(|(t, _)| t.clone()).collect();
+                let procs: Vec<ProcState> = these.iter().map(|t| t.proc).collect();
+                let outcomes = fx.signals.send(signal, &procs);
+                record(&mut self.book, &these, &outcomes);
+                doom.extend(these.iter().map(|t| LineageCmd::Doom(t.proc.id)));
+            }
+        }
+        last
     }
 }
 
@@ -143,7 +217,7 @@ pub struct Ctx<'a> {
     pub view: Option<&'a SessionsView>,
     pub config: &'a Config,
     /// `excludeCommands` verdicts, including those of [`SessionsTick::due`]'s members.
-    pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
+    pub verdicts: &'a std::collections::HashMap<ProcId, CmdVerdict>,
     /// Both clocks: the steps are timed on the monotonic one, the status shows wall times.
     pub now: Now,
     pub dry_run: bool,
@@ -151,40 +225,24 @@ pub struct Ctx<'a> {
     pub deadline: Duration,
 }
 
-/// The verdict on each candidate's command line: read (capped), then matched against the roots
-/// in one bounded round. Gone, too long or undecided within the matcher's bounds is not a root;
-/// one the round had no time for is asked again next tick.
-fn classify(fx: &mut Effects, view: &SessionsView, deadline: Duration) -> HashMap<SessionId, RootVerdict> {
+/// The candidates' command lines, read round-robin within [`roots_cmdline_budget`] and judged by
+/// `policy::roots`, the texts it asks about matched in one bounded round and dropped after it.
+fn read_roots(fx: &mut Effects, view: &SessionsView, deadline: Duration) -> RootsRead {
     let max = fx.roots.max_text_bytes();
-    let mut out = HashMap::new();
-    let mut asked: Vec<(SessionId, Vec<u8>)> = Vec::new();
-    for c in &view.candidates {
-        match fx.procs.cmdline(c.process.id.pid, max) {
-            // Right after an exec the new image's arguments may not be set up yet: next tick.
-            Some(cmd) if cmd.is_empty() => {}
-            // Adopted with its parent's command line: a fork that never exec'd, not a root (a
-            // root is recognised at its exec; its forks are its session).
-            Some(cmd) if c.parent.is_some_and(|pp| fx.procs.cmdline(pp, max).as_ref() == Some(&cmd)) => {
-                out.insert(c.session, RootVerdict::Other);
-            }
-            Some(cmd) if cmd.len() <= max => asked.push((c.session, cmd)),
-            _ => {
-                out.insert(c.session, RootVerdict::Other);
-            }
-        }
-    }
-    if !asked.is_empty() {
-        let texts: Vec<&[u8]> = asked.iter().map(|(_, t)| t.as_slice()).collect();
+    let procs = &mut fx.procs;
+    let reading = roots::read_candidates(
+        &view.candidates,
+        &mut |pid, limit| procs.cmdline(pid, limit),
+        max,
+        roots_cmdline_budget(max),
+    );
+    let (read_after, capped) = (reading.read_after, reading.capped);
+    let progress = if reading.asked.is_empty() {
+        Vec::new()
+    } else {
+        let texts: Vec<&[u8]> = reading.asked.iter().map(|(_, t)| t.as_slice()).collect();
         let from = vec![Resume::default(); texts.len()];
-        let outcomes = fx.roots.classify_from(&texts, &from, Instant::now() + round_budget(deadline));
-        for ((session, command), o) in asked.into_iter().zip(outcomes) {
-            let verdict = match o {
-                Progress::Settled(MatchOutcome::Matched(_)) => RootVerdict::Root { command },
-                Progress::Settled(MatchOutcome::NoMatch | MatchOutcome::Budget) => RootVerdict::Other,
-                Progress::Unsettled(_) => continue,
-            };
-            out.insert(session, verdict);
-        }
-    }
-    out
+        fx.roots.classify_from(&texts, &from, Instant::now() + round_budget(deadline))
+    };
+    RootsRead { verdicts: roots::verdicts(reading, &progress).into_iter().collect(), read_after, capped }
 }
