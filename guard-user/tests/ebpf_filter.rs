@@ -334,7 +334,10 @@ fn a_set_user_id_visit_outside_the_account_reports_its_forks_and_exits() {
         let fork = seen.iter().any(|e| matches!(e, Event::Fork { child, parent_pid } if child.id.pid == forked && *parent_pid == pid && child.euid == 0));
         let exit = seen.iter().any(|e| matches!(e, Event::Exit(id) if id.pid == forked));
         if (fork && exit) || Instant::now() >= deadline {
-            assert!(fork && exit, "the fork and exit of {forked} (real uid {ACCOUNT}, euid 0) did not reach the ring: {seen:?}");
+            assert!(
+                fork && exit,
+                "the fork and exit of {forked} (real uid {ACCOUNT}, euid 0) did not reach the ring: {seen:?}"
+            );
             break;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -211,14 +211,21 @@ fn reported_leftovers_stay_listed_after_their_leftover_line_until_they_exit() {
 #[test]
 fn a_roots_pattern_matching_everything_is_refused_and_sessions_stay_off() {
     for pattern in ["^", ".*", "a||b", "^$", "."] {
-        let config = format!(r#"{{"sessions": {{"roots": ["(^|/)agent-wrapper( |$)", "{pattern}"], "leftovers": "stop"}}}}"#);
+        let config =
+            format!(r#"{{"sessions": {{"roots": ["(^|/)agent-wrapper( |$)", "{pattern}"], "leftovers": "stop"}}}}"#);
         let r = replay("handmade-session.trace", &config, 150, false, Duration::from_secs(60));
         let errors = r.lines(&["ERROR"]);
         assert!(
-            errors.iter().all(|l| l.starts_with(&format!("ERROR config_malformed sessions.roots pattern={pattern} index=1 "))),
+            errors
+                .iter()
+                .all(|l| l.starts_with(&format!("ERROR config_malformed sessions.roots pattern={pattern} index=1 "))),
             "{pattern}: {errors:#?}"
         );
-        assert!(errors[0].contains("fix=\"match only the command lines of the programs that start sessions"), "{}", errors[0]);
+        assert!(
+            errors[0].contains("fix=\"match only the command lines of the programs that start sessions"),
+            "{}",
+            errors[0]
+        );
         assert!(r.lines(&["LEFTOVER", "DRY_RUN", "REAPED", "SKIPPED"]).is_empty(), "{pattern}: {:#?}", r.log);
         assert!(r.terms().is_empty() && r.kills().is_empty());
     }
@@ -242,7 +249,12 @@ fn members_that_visit_another_uid_stay_in_their_session_and_a_root_that_leaves_h
     let r = replay_trace(t.trace(), config, 150, false, Duration::from_secs(60));
     let named: Vec<String> =
         r.lines(&["LEFTOVER"]).iter().map(|l| l.rsplit_once(" age=").unwrap().0.to_string()).collect();
-    assert_eq!(named, ["LEFTOVER pid=202 name=watcher root=200", "LEFTOVER pid=203 name=agent root=200"], "{:#?}", r.log);
+    assert_eq!(
+        named,
+        ["LEFTOVER pid=202 name=watcher root=200", "LEFTOVER pid=203 name=agent root=200"],
+        "{:#?}",
+        r.log
+    );
 }
 
 /// An excluded member that re-execs with an empty argv: its empty command line is no root once it
@@ -259,7 +271,12 @@ fn an_empty_argv_exec_does_not_hide_what_the_process_forks_afterwards() {
     let r = replay_trace(t.trace(), config, 300, false, Duration::from_secs(60));
     let named: Vec<String> =
         r.lines(&["LEFTOVER"]).iter().map(|l| l.rsplit_once(" age=").unwrap().0.to_string()).collect();
-    assert_eq!(named, ["LEFTOVER pid=201 name=claude root=200", "LEFTOVER pid=202 name=worker root=200"], "{:#?}", r.log);
+    assert_eq!(
+        named,
+        ["LEFTOVER pid=201 name=claude root=200", "LEFTOVER pid=202 name=worker root=200"],
+        "{:#?}",
+        r.log
+    );
 }
 
 /// 4,100 execs with an empty argv (named like an excluded program, so uncounted), then a real

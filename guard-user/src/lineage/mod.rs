@@ -194,13 +194,25 @@ struct Node {
     away: bool,
     /// See [`LineageCmd::Doom`].
     doomed: bool,
+    /// The process it was forked from, while it has not exec'd since (a fork runs its parent's
+    /// program: a doom of the parent reaches it, even when the parent is gone by then).
+    forked_from: Option<ProcId>,
     /// The reported session that lists it.
     reported: Option<SessionId>,
 }
 
 impl Node {
     fn new(start: u64) -> Node {
-        Node { start, session: None, opens: None, awaiting_parent: false, away: false, doomed: false, reported: None }
+        Node {
+            start,
+            session: None,
+            opens: None,
+            awaiting_parent: false,
+            away: false,
+            doomed: false,
+            forked_from: None,
+            reported: None,
+        }
     }
 
     /// Whether nothing needs it any more.
@@ -331,7 +343,12 @@ impl Lineage {
         // A parent starts before its child: a node that does not is a pid reused since.
         let Some(parent) = self.nodes.get(&parent_pid).filter(|p| p.start <= child.id.start_ticks) else { return };
         if let Some(sid) = parent.opens.or(parent.session) {
-            let node = Node { away: child.euid != self.uid, doomed: parent.doomed, ..Node::new(child.id.start_ticks) };
+            let node = Node {
+                away: child.euid != self.uid,
+                doomed: parent.doomed,
+                forked_from: Some(ProcId { pid: parent_pid, start_ticks: parent.start }),
+                ..Node::new(child.id.start_ticks)
+            };
             self.insert_member(child.id.pid, node, sid);
         }
     }
@@ -366,8 +383,9 @@ impl Lineage {
         }
         if let Some(n) = self.node_mut(s.id) {
             n.away = false;
-            // A new program: what it forks is judged by its own command line.
+            // A new program: it and what it forks are judged by its own command line.
             n.doomed = false;
+            n.forked_from = None;
         }
         let opened = self.node(s.id).and_then(|n| n.opens);
         match opened.map(|sid| self.sessions[&sid].state) {
@@ -537,7 +555,51 @@ impl Lineage {
         self.move_members(members.into_iter().collect(), enclosing);
     }
 
-    /// The tick's answers.
+    /// The tick's answers, in order (the dooms of a batch are applied together: one pass over the
+    /// nodes, however many).
+    pub fn commands(&mut self, cmds: &[LineageCmd]) {
+        let mut doomed = Vec::new();
+        for c in cmds {
+            match *c {
+                LineageCmd::Doom(id) => doomed.push(id),
+                other => {
+                    self.doom(&std::mem::take(&mut doomed));
+                    self.command(other);
+                }
+            }
+        }
+        self.doom(&doomed);
+    }
+
+    /// Dooms `ids` (those still alive) and what they forked, directly or through forks, that has
+    /// not exec'd since: forked before the doom came, it runs what was judged all the same.
+    fn doom(&mut self, ids: &[ProcId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut children: HashMap<ProcId, Vec<u32>> = HashMap::new();
+        for (&pid, n) in &self.nodes {
+            if let Some(parent) = n.forked_from {
+                children.entry(parent).or_default().push(pid);
+            }
+        }
+        let mut work: Vec<ProcId> = ids.to_vec();
+        let mut seen: HashSet<ProcId> = HashSet::new();
+        while let Some(id) = work.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            if let Some(n) = self.node_mut(id) {
+                n.doomed = true;
+            }
+            for &pid in children.get(&id).into_iter().flatten() {
+                let start = self.nodes[&pid].start;
+                work.push(ProcId { pid, start_ticks: start });
+            }
+        }
+    }
+
+    /// One answer of the tick.
     pub fn command(&mut self, cmd: LineageCmd) {
         match cmd {
             LineageCmd::Classified { session, root } => {
@@ -563,11 +625,7 @@ impl Lineage {
                 }
             }
             LineageCmd::ReadAfter(session) => self.cursor = session,
-            LineageCmd::Doom(id) => {
-                if let Some(n) = self.node_mut(id) {
-                    n.doomed = true;
-                }
-            }
+            LineageCmd::Doom(id) => self.doom(&[id]),
             LineageCmd::Settle(session) => {
                 let Some(s) = self.sessions.get(&session) else { return };
                 let State::Ended { enclosing } = s.state else { return };

@@ -155,6 +155,20 @@ fn what_a_doomed_member_forks_is_doomed_until_it_execs() {
     assert_eq!(row.doomed, [id(201, 11), id(202, 12), id(203, 13)], "{row:#?}");
 }
 
+/// A member that forked (and died) before the tick's doom came: what it forked runs the doomed
+/// program all the same and is doomed with it, however many forks deep; an exec ends that.
+#[test]
+fn a_doom_reaches_what_the_doomed_forked_before_it_came_even_when_it_is_gone() {
+    let mut w = with_root();
+    w.exit(200, 10);
+    w.fork(201, 202, 12, "wrapper").exit(201, 11);
+    w.fork(202, 203, 13, "wrapper").fork(202, 204, 14, "wrapper").exec(204, 14, "other");
+    w.lineage.commands(&[LineageCmd::Doom(id(201, 11))]);
+    assert!(w.lineage.is_consistent());
+    let row = &w.view().sessions[0];
+    assert_eq!(row.doomed, [id(202, 12), id(203, 13)], "{row:#?}");
+}
+
 #[test]
 fn each_cap_reached_is_counted_apart() {
     let caps = Caps { nodes: 6, pending: 3, sessions: 1, members: 2, reported: 1 };

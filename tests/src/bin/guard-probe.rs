@@ -14,8 +14,9 @@
 //! its leader a zombie), with `busy ON/OFF`
 //! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins).
 //!
-//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
-//! roots of the sessions tests (see `guard-probe/session.rs`).
+//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …`, `bomb …`, `visitor …`,
+//! `leaver …` and `hopper …` are the session roots of the sessions tests, `visit`, `hop` and
+//! `many` what they start (see `guard-probe/session.rs`).
 //!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
@@ -163,6 +164,12 @@ fn main() {
         Some("session") => session::root(&args[2..]),
         Some("session-after-reexec") => session::after_reexec(&args[2..]),
         Some("bomb") => session::bomb(&args[2..]),
+        Some("visitor") => session::visitor(&args[2..]),
+        Some("leaver") => session::leaver(&args[2..]),
+        Some("hopper") => session::hopper(&args[2..]),
+        Some("visit") => session::visit(&args[2..]),
+        Some("hop") => session::hop(&args[2..]),
+        Some("many") => session::many(&args[2..]),
         _ => {}
     }
     let mut threads = 0;
