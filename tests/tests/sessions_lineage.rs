@@ -45,9 +45,20 @@ impl Root {
             });
         }
         let mut child = cmd.spawn().expect("spawn the root");
+        // A root that fails before `ready` may leave a child holding its stdout: its whole group
+        // is killed if no line comes, so the read ends.
+        let group = child.id() as i32;
+        let (said, watch) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if watch.recv_timeout(WAIT).is_err() {
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+            }
+        });
         let mut line = String::new();
         BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
+        let _ = said.send(());
+        watchdog.join().unwrap();
+        assert_eq!(line.trim(), "ready", "the root {:?} did not start", args);
         Root { stdin: child.stdin.take(), child, dir: dir.to_path_buf() }
     }
 
@@ -92,20 +103,20 @@ fn roles(dir: &Path) -> BTreeMap<String, u32> {
 /// config with `sessions`.
 fn home_for(leftovers: &str, grace: &str, roots: &str) -> (Home, PathBuf) {
     let home = Home::new();
-    for name in ["agent-wrapper", "watcher", "hopper", "sgish", "spawner"] {
+    for name in ["agent-wrapper", "watcher", "daemonish", "claude", "hopper", "sgish", "spawner"] {
         home.probe_named(name);
     }
     let dir = home.path().join("bin");
     // Small programs for the crowds (thousands of probes would cost gigabytes): `cat` waits on
     // its stdin whatever its argv, `sleep` with a count.
-    for (name, from) in [("claude", "/bin/cat"), ("sleeper", "/bin/sleep")] {
+    for (name, from) in [("idler", "/bin/cat"), ("sleeper", "/bin/sleep")] {
         fs::copy(from, dir.join(name)).unwrap();
         fs::set_permissions(dir.join(name), fs::Permissions::from_mode(0o755)).unwrap();
     }
     fs::set_permissions(dir.join("sgish"), fs::Permissions::from_mode(0o4755)).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
     home.write_config(&format!(
-        r#"{{"threshold": 100000, "excludes": ["claude"], "excludeCommands": [],
+        r#"{{"threshold": 100000, "excludes": ["claude", "idler"], "excludeCommands": [],
             "sessions": {{"roots": {roots}, "leftovers": "{leftovers}", "grace": "{grace}"}}}}"#
     ));
     (home, dir)
@@ -301,9 +312,9 @@ fn a_leftover_that_keeps_forking_to_new_pids_cannot_outrun_the_stop() {
     let (home, dir) = home_for("stop", "1s", ROOTS);
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
-    // A new pid every 2 ms, SIGTERM ignored; it stays in the root's process group, which the
-    // root's drop kills as a whole whatever happens.
-    let mut root = Root::spawn(&dir, &["hopper", dir.to_str().unwrap(), "2"]);
+    // A new pid as fast as fork goes, SIGTERM ignored; it stays in the root's process group,
+    // which the root's drop kills as a whole whatever happens.
+    let mut root = Root::spawn(&dir, &["hopper", dir.to_str().unwrap(), "0"]);
     assert!(wait_recognised(&home, root.pid(), WAIT), "{}", home.log());
     poll(WAIT, || (hops(&dir) > 10, ()));
     assert!(hops(&dir) > 10, "the hopper never ran");
@@ -341,7 +352,7 @@ fn four_thousand_empty_argv_execs_do_not_stall_the_recognition_of_a_real_root() 
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
     // Named like an excluded program (uncounted), exec'd with an empty argv.
     let n = 4100;
-    let _empties = many(&dir, n, "claude", &[]);
+    let _empties = many(&dir, n, "idler", &[]);
     let ticks = lines(&home.log(), "TICK_COMPLETE").len();
     home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= ticks + 2);
     let root = Root::spawn(&dir, &["session", dir.to_str().unwrap(), "0"]);
@@ -368,6 +379,13 @@ fn fake_roots_that_fill_the_cap_on_sessions_are_said_and_counted() {
     let _fakes = many(&dir, 1024, "sleeper", &["agent-wrapper", "1000000"]);
     let full = home.wait_status(WAIT, |s| s.sessions.as_ref().is_some_and(|x| x.live >= 1024));
     let filled = t.elapsed();
+    let live = full.as_ref().and_then(|f| f.sessions.as_ref()).map_or(0, |x| x.live);
+    assert_eq!(
+        live,
+        1024,
+        "the fake roots fill the cap: {:#?}",
+        full.map(|f| f.sessions.map(|x| (x.live, x.pending_execs, x.caps)))
+    );
     let root = Root::spawn(&dir, &["session", dir.to_str().unwrap(), "0"]);
     let log = home.wait_log(WAIT, |l| l.contains(" WARN sessions_cap what=sessions limit=1024"));
     let st = home.wait_status(WAIT, |s| s.sessions.as_ref().is_some_and(|x| x.caps.sessions >= 1));
@@ -376,8 +394,7 @@ fn fake_roots_that_fill_the_cap_on_sessions_are_said_and_counted() {
     daemon.stop();
     let s = st.and_then(|s| s.sessions).expect("sessions in the status");
     eprintln!(
-        "1,024 fake roots: live {} after {filled:.1?}; the real root {} refused, caps.sessions {}; daemon {rss}",
-        full.and_then(|f| f.sessions).map_or(0, |x| x.live),
+        "1,024 fake roots: live {live} after {filled:.1?}; the real root {} refused, caps.sessions {}; daemon {rss}",
         root.pid(),
         s.caps.sessions
     );

@@ -10,7 +10,7 @@ use std::{
 
 use super::MatchArgs;
 use crate::{
-    pattern::{Limits, MatchOutcome, Matcher},
+    pattern::{match_all, Limits, MatchOutcome, Matcher},
     procfs,
 };
 
@@ -26,6 +26,15 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     let deadline = Instant::now() + OVERALL;
+    if args.roots {
+        let probes = matcher.classify(match_all::PROBES, deadline);
+        if match_all::too_broad_for_roots(&probes) {
+            // The daemon's and validate's words for it, about --pattern.
+            let p = crate::config::too_broad_root(Some(0), &args.pattern);
+            eprintln!("guard-user match: sessions.roots: --pattern {}; {}", p.what, p.fix);
+            return Ok(ExitCode::from(2));
+        }
+    }
     let word = |o: MatchOutcome| match o {
         MatchOutcome::Matched(_) => "match",
         MatchOutcome::NoMatch => "other",

@@ -23,8 +23,8 @@
 //!   root a child that comes back to the account's uid and execs `DIR/watcher` (`visited`), as `sg`
 //!   does; then comes back itself and forks `DIR/watcher` (`back`), as `newgrp` does; then
 //!   records signals and sleeps (`sgish`).
-//! - `hop MS FILE`: a loop that keeps moving to new pids: appends its pid to FILE, sleeps MS ms,
-//!   forks, and the parent exits; it ignores SIGTERM, so only SIGKILL ends it. It stays in its
+//! - `hop MS FILE`: a loop that keeps moving to new pids: appends its pid to FILE, sleeps MS ms
+//!   (0: not at all), forks, and the parent exits; it ignores SIGTERM, so only SIGKILL ends it. It stays in its
 //!   process group, which the tests kill as a whole (atomically, forks included).
 //! - `many N EXE [ARG…]`: forks N children that each exec EXE with exactly the arguments ARG…
 //!   (none: an empty argv), their standard input a pipe this process holds open (so a `cat`
@@ -234,7 +234,6 @@ pub fn visit(args: &[String]) -> ! {
     unsafe {
         let ruid = libc::getuid();
         let rgid = libc::getgid();
-        announce(dir, "sgish", std::process::id());
         if libc::fork() == 0 {
             if libc::setresuid(ruid, ruid, ruid) != 0 {
                 libc::_exit(126);
@@ -244,6 +243,8 @@ pub fn visit(args: &[String]) -> ! {
         }
         let ok = libc::setresgid(rgid, rgid, rgid) == 0 && libc::setresuid(ruid, ruid, ruid) == 0;
         assert!(ok, "back to uid {ruid}: {}", std::io::Error::last_os_error());
+        // As the account (a file root made here would be closed to the account's processes).
+        announce(dir, "sgish", std::process::id());
         if libc::fork() == 0 {
             let (signals, pids) = (format!("{dir}/signals"), format!("back={dir}/pids"));
             exec(&format!("{dir}/watcher"), &["watcher", "record", &signals, "announce", &pids]);
@@ -264,7 +265,9 @@ pub fn hop(args: &[String]) -> ! {
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         loop {
             let _ = hops.write_all(format!("{}\n", libc::getpid()).as_bytes());
-            std::thread::sleep(Duration::from_millis(ms));
+            if ms > 0 {
+                std::thread::sleep(Duration::from_millis(ms));
+            }
             match libc::fork() {
                 0 => continue,
                 -1 => {}
