@@ -297,7 +297,7 @@ fn four_thousand_empty_execs_do_not_stall_the_recognition_of_a_real_root() {
     assert!(matches!(recognised, Some(i) if i <= 2), "the root was recognised at tick {recognised:?}");
     let last = statuses.last().unwrap().sessions.clone().unwrap();
     assert_eq!((last.live, last.pending_execs), (1, 0), "every empty exec settled within three ticks: {last:#?}");
-    assert!(r.lines(&["WARN"]).iter().any(|l| *l == "WARN sessions_cap what=candidates limit=4096"), "{:#?}", r.log);
+    assert!(r.lines(&["WARN"]).contains(&"WARN sessions_cap what=candidates limit=4096"), "{:#?}", r.log);
 }
 
 /// 1,024 fake roots (`exec -a agent-wrapper sleep`) fill the cap on sessions: a later real root is
@@ -413,4 +413,33 @@ fn a_root_older_than_the_daemon_is_recognised_and_its_forks_are_its_session() {
     );
     assert_eq!(r.terms(), [vec![201, 202]]);
     assert_eq!(r.kills(), [vec![201]]);
+}
+
+/// A leftover that keeps forking to new pids (every half second here, each generation exiting
+/// right after its fork): the SIGKILL rounds go on while each finds a member no round signalled
+/// yet, not three and done; the one still alive at the end is listed under its ended root.
+#[test]
+fn the_kill_rounds_go_on_while_a_leftover_keeps_moving_to_new_pids() {
+    let mut t = Lines::default();
+    t.spawn(5.0, 100, 200, 500, "agent-wrapper", "agent-wrapper --session a");
+    t.fork(6.0, 200, 300, 600, UID, "agent-wrapper").ev(6.0, "exec", 300, 600, UID, "hopper");
+    t.cmdline(6.0, 300, "hopper");
+    t.exit(70.0, 200, 500);
+    // 300 → 301 → … every 0.5 s from 71 to 100; each parent exits right after its fork.
+    for i in 0..60u32 {
+        let at = 71.0 + f64::from(i) * 0.5;
+        let (pid, start) = (300 + i, 600 + u64::from(i));
+        t.fork(at, pid, pid + 1, start + 1, UID, "hopper").cmdline(at, pid + 1, "hopper");
+        t.exit(at + 0.01, pid, start);
+    }
+    let config = r#"{"excludeCommands": [],
+        "sessions": {"roots": ["(^|/)agent-wrapper( |$)"], "leftovers": "stop", "grace": "1s"}}"#;
+    let r = replay_trace(t.trace(), config, 140, false, Duration::from_secs(1));
+    let kills = r.kills();
+    assert!(kills.len() > 10, "{} SIGKILL rounds: {kills:?}\n{:#?}", kills.len(), r.log);
+    let reaped = r.lines(&["REAPED"]);
+    assert_eq!(reaped.len(), 1, "{:#?}", r.log);
+    assert!(reaped[0].ends_with("survivors=1"), "{reaped:?}");
+    // The last generation (360) never exits in the trace: listed, not forgotten.
+    assert_eq!(rows(&r), [(200, "reported".to_string(), vec![360])]);
 }

@@ -9,6 +9,7 @@ use super::*;
 
 #[path = "sessions.rs"]
 mod sessions;
+pub use sessions::too_broad_root;
 
 use crate::{
     duration::{parse_duration_max, DurationError},
@@ -36,9 +37,6 @@ const FIX_STALL: &str = r#"write false to turn it off, or an object like {"pegge
 const FIX_PEGGED_CPU: &str = "write the cores a process must keep busy, a number > 0 and <= 1024, e.g. 0.75";
 const FIX_PEGGED_FOR: &str = r#"write a duration from 10s to 24h, e.g. "5m""#;
 const FIX_INVALID_PATTERN: &str = "write a valid bash extended regex (try it with guard-user match --pattern)";
-const FIX_BROAD_ROOT: &str = "match only the command lines of the programs that start sessions, e.g. \
-                              (^|/)agent-wrapper( |$) (try it with guard-user match --pattern); sessions stay off \
-                              until it is fixed";
 
 /// One problem of a config document, with what to do about it.
 #[derive(Debug)]
@@ -129,26 +127,6 @@ fn pattern_problem(list: PatternList, index: Option<usize>, pattern: &str, reaso
 #[cfg(test)]
 pub(super) fn pattern_error(list: PatternList, index: Option<usize>, pattern: &str, reason: &str) -> ConfigError {
     pattern_problem(list, index, pattern, reason).error.expect("a pattern problem is an error")
-}
-
-/// A `sessions.roots` pattern (or, with `index` `None`, the whole list) that matches the empty
-/// command line or every other one (`pattern::match_all::too_broad_for_roots`): every process
-/// would be a root, and every orphan a leftover, so the config is refused (docs/configuration.md).
-pub fn too_broad_root(index: Option<usize>, pattern: &str) -> Problem {
-    let list = PatternList::SessionsRoots;
-    let key = index.map_or_else(|| list.key().to_string(), |i| format!("{}[{i}]", list.key()));
-    let what = match index {
-        Some(_) => format!(
-            "\"{}\" matches every command line (or the empty one), so every process would be a session root and \
-             every orphan a leftover",
-            escape::text_capped(pattern.as_bytes(), 60)
-        ),
-        None => "together these patterns match every command line, so every process would be a session root and \
-                 every orphan a leftover"
-            .to_string(),
-    };
-    let error = ConfigError::Pattern { list, pattern: prefix(pattern), index, why: what.clone(), fix: FIX_BROAD_ROOT };
-    Problem { key, what, fix: FIX_BROAD_ROOT.into(), warning: false, error: Some(error) }
 }
 
 /// The config error of a pattern list the daemon's sandboxed matcher refused: the problem,

@@ -73,11 +73,11 @@ impl RootsWatch {
             ListVerdict::None => None,
             ListVerdict::From(first) => {
                 let mut alone = None;
-                for i in first..patterns.len() {
+                for (i, pattern) in patterns.iter().enumerate().skip(first) {
                     if Instant::now() >= deadline {
                         return None;
                     }
-                    if classifier.set_patterns(std::slice::from_ref(&patterns[i])).is_ok()
+                    if classifier.set_patterns(std::slice::from_ref(pattern)).is_ok()
                         && too_broad_for_roots(&probe(classifier, deadline))
                     {
                         alone = Some(i);
