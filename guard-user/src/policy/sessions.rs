@@ -353,10 +353,17 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
                         // Verified only; the DRY_RUN lines come from the outcomes (after_reap).
                         plan.term.extend(targets);
                         false
-                    } else if targets.is_empty() && !step.undecided_left() {
+                    } else if targets.is_empty() && !step.undecided_left() && step.all_protected() {
                         let line = step.reaped();
                         plan.lines.push(line);
                         false
+                    } else if targets.is_empty() && !step.undecided_left() {
+                        // Every one not protected was gone by the time its command line was read
+                        // (a leftover moving to new pids): no SIGTERM to send, so the SIGKILL
+                        // rounds start now, each judging the members it finds.
+                        step.e.phase = Phase::Kill { at: now, round: 0 };
+                        plan.next_deadline = earliest(plan.next_deadline, now + KILL_CHECK);
+                        true
                     } else {
                         step.e.phase = Phase::Term { at: now };
                         plan.next_deadline = earliest(plan.next_deadline, now + STOP_WAIT);
@@ -367,9 +374,9 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
                 }
             }
             (Phase::Term { at }, due) | (Phase::Kill { at, .. }, due) => {
-                let round = match step.e.phase {
-                    Phase::Kill { round, .. } => round,
-                    _ => 0,
+                let (round, wait) = match step.e.phase {
+                    Phase::Kill { round, .. } => (round, KILL_CHECK),
+                    _ => (0, STOP_WAIT),
                 };
                 let left: Vec<&ProcState> = row.members.iter().filter(|p| !step.e.protected.contains(&p.id)).collect();
                 // Members no round signalled yet (and decided): forked since, or new to the lineage.
@@ -390,7 +397,6 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
                     plan.kill.extend(targets);
                     true
                 } else {
-                    let wait = if round == 0 { STOP_WAIT } else { KILL_CHECK };
                     plan.next_deadline = earliest(plan.next_deadline, at + wait);
                     true
                 }
@@ -430,6 +436,11 @@ impl Step<'_> {
                 });
             }
         }
+    }
+
+    /// Whether every live member is protected (`excludes`, `excludeCommands`).
+    fn all_protected(&self) -> bool {
+        self.row.members.iter().all(|p| self.e.protected.contains(&p.id))
     }
 
     /// Whether a live member is still undecided (its session then waits for the next step).

@@ -438,3 +438,33 @@ fn the_status_lists_sessions_their_stage_and_counts() {
     assert_eq!(s.pending_leftovers, 1);
     let _ = Duration::ZERO;
 }
+
+#[test]
+fn leftovers_gone_before_their_command_line_was_read_still_start_the_rounds() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let decide = |v: &SessionsView, verdicts: HashMap<ProcId, CmdVerdict>, book: &SessionBook, now: f64| {
+        decide_sessions(&SessionsInput {
+            view: v,
+            config: &cfg,
+            sessions: cfg.sessions.as_ref().unwrap(),
+            now: Now::same(now),
+            dry_run: false,
+            ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
+            roots: &RootsRead::default(),
+            verdicts: &verdicts,
+            book,
+            limits: LIMITS,
+        })
+    };
+    // At the grace the one leftover had moved to a new pid before its command line was read.
+    let plan =
+        decide(&view(true, &[p(300, "hopper")]), HashMap::from([(p(300, "x").id, CmdVerdict::Gone)]), &book, 1100.0);
+    assert!(plan.lines.iter().all(|l| l.kind() != crate::log::Kind::Reaped), "{:?}", plan.lines);
+    assert!(plan.term.is_empty());
+    assert_eq!(plan.next_deadline, Some(1101.0), "the first SIGKILL round is a second away");
+    // A second later its successor is read alive: killed.
+    let v = view(true, &[p(301, "hopper")]);
+    let plan = decide(&v, HashMap::from([(p(301, "x").id, CmdVerdict::End)]), &plan.book, 1101.0);
+    assert_eq!(plan.kill.iter().map(|t| t.proc.id.pid).collect::<Vec<_>>(), [301]);
+}
