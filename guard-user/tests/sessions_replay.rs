@@ -2,6 +2,7 @@
 //! effects) on a paused tokio clock, from hand-made and recorded traces: the exact lines, the
 //! signals, the stream events and the status. Beside replay.rs (which is near its size bound),
 //! with the same harness in small.
+use guard_test::guard_test;
 use std::{path::PathBuf, time::Duration};
 
 use guard::status::Status;
@@ -127,7 +128,7 @@ fn replay_trace(trace: Trace, config: &str, secs: u64, dry_run: bool, interval: 
 const STOP: &str = r#"{"excludeCommands": ["--keep"],
     "sessions": {"roots": ["(^|/)agent-wrapper( |$)"], "leftovers": "stop", "grace": "10s"}}"#;
 
-#[test]
+#[guard_test]
 fn a_roots_leftovers_are_stopped_after_the_grace_and_reaped_in_one_line() {
     let r = replay("handmade-session.trace", STOP, 150, false, Duration::from_secs(60));
     assert_eq!(
@@ -190,7 +191,7 @@ fn rows(r: &Replayed) -> Vec<(u32, String, Vec<u32>)> {
         .collect()
 }
 
-#[test]
+#[guard_test]
 fn reported_leftovers_stay_listed_after_their_leftover_line_until_they_exit() {
     let config = STOP.replace(r#""stop""#, r#""report""#);
     // At 150: 201 and 203 exited at 80.5, 204 at 90.5; the excluded 205 and 206 run on.
@@ -208,7 +209,7 @@ fn reported_leftovers_stay_listed_after_their_leftover_line_until_they_exit() {
 
 /// A roots pattern that matches every command line (or the empty one) would make every orphan a
 /// leftover: the config is refused, named under its own key, and nothing is reported or ended.
-#[test]
+#[guard_test]
 fn a_roots_pattern_matching_everything_is_refused_and_sessions_stay_off() {
     for pattern in ["^", ".*", "a||b", "^$", "."] {
         let config =
@@ -234,7 +235,7 @@ fn a_roots_pattern_matching_everything_is_refused_and_sessions_stay_off() {
 /// `sg GROUP -c CMD` run by a member: the set-user-ID exec makes it root's (its real uid stays the
 /// account's, so the kernel reports its fork), its child comes back to the account's uid and runs
 /// the command; and a root that ends with `exec sg …` ended its session. Both leave leftovers.
-#[test]
+#[guard_test]
 fn members_that_visit_another_uid_stay_in_their_session_and_a_root_that_leaves_has_ended() {
     let mut t = Lines::default();
     t.spawn(5.0, 100, 200, 500, "agent-wrapper", "agent-wrapper --session a");
@@ -259,7 +260,7 @@ fn members_that_visit_another_uid_stay_in_their_session_and_a_root_that_leaves_h
 
 /// An excluded member that re-execs with an empty argv: its empty command line is no root once it
 /// was read empty twice, so what it forks afterwards is the session's again.
-#[test]
+#[guard_test]
 fn an_empty_argv_exec_does_not_hide_what_the_process_forks_afterwards() {
     let mut t = Lines::default();
     t.spawn(5.0, 100, 200, 500, "agent-wrapper", "agent-wrapper --session a");
@@ -282,7 +283,7 @@ fn an_empty_argv_exec_does_not_hide_what_the_process_forks_afterwards() {
 /// 4,100 execs with an empty argv (named like an excluded program, so uncounted), then a real
 /// root: each empty one costs one wait, the reading goes round-robin, and the root is recognised
 /// at the second tick after its exec.
-#[test]
+#[guard_test]
 fn four_thousand_empty_execs_do_not_stall_the_recognition_of_a_real_root() {
     let mut t = Lines::default();
     for i in 0..4100u32 {
@@ -302,7 +303,7 @@ fn four_thousand_empty_execs_do_not_stall_the_recognition_of_a_real_root() {
 
 /// 1,024 fake roots (`exec -a agent-wrapper sleep`) fill the cap on sessions: a later real root is
 /// refused, and that is said (once) and counted, never silent.
-#[test]
+#[guard_test]
 fn past_the_cap_on_sessions_a_refused_root_is_said_and_counted() {
     let mut t = Lines::default();
     for i in 0..1024u32 {
@@ -318,7 +319,7 @@ fn past_the_cap_on_sessions_a_refused_root_is_said_and_counted() {
     assert!(metrics.contains("guard_sessions_cap_reached_total{user=\"replay\",what=\"sessions\"} 1\n"), "{metrics}");
 }
 
-#[test]
+#[guard_test]
 fn the_live_session_shows_in_the_status_with_its_root_command_and_processes() {
     let r = replay("handmade-session.trace", STOP, 65, false, Duration::from_secs(60));
     let status = r.rec.status.0.lock().unwrap().last().cloned().unwrap();
@@ -331,7 +332,7 @@ fn the_live_session_shows_in_the_status_with_its_root_command_and_processes() {
     assert_eq!(pids, [201, 203, 204, 205, 206, 208]);
 }
 
-#[test]
+#[guard_test]
 fn report_logs_the_leftovers_and_ends_nothing() {
     let config = STOP.replace(r#""stop""#, r#""report""#);
     let r = replay("handmade-session.trace", &config, 150, false, Duration::from_secs(60));
@@ -340,7 +341,7 @@ fn report_logs_the_leftovers_and_ends_nothing() {
     assert!(r.terms().is_empty() && r.kills().is_empty());
 }
 
-#[test]
+#[guard_test]
 fn a_dry_run_logs_dry_run_for_each_leftover_it_would_stop_and_signals_nothing() {
     let r = replay("handmade-session.trace", STOP, 150, true, Duration::from_secs(60));
     assert_eq!(
@@ -358,7 +359,7 @@ fn a_dry_run_logs_dry_run_for_each_leftover_it_would_stop_and_signals_nothing() 
     assert_eq!(verified, [(true, vec![201, 203, 204])]);
 }
 
-#[test]
+#[guard_test]
 fn without_sessions_the_same_trace_logs_nothing_of_them() {
     let r = replay("handmade-session.trace", r#"{"excludeCommands": ["--keep"]}"#, 150, false, Duration::from_secs(60));
     assert!(r.lines(&["LEFTOVER", "REAPED", "SKIPPED", "DRY_RUN"]).is_empty(), "{:#?}", r.log);
@@ -370,7 +371,7 @@ fn without_sessions_the_same_trace_logs_nothing_of_them() {
 /// execs, a double-forked grandchild, an excluded name and a renamed child are all the root's
 /// leftovers; the trace ends with them alive (nothing exits after its SIGTERM), so the SIGKILL
 /// rounds run and the session closes with them as survivors.
-#[test]
+#[guard_test]
 fn a_session_recorded_from_the_kernel_replays_to_its_leftovers() {
     let config = r#"{"excludes": ["claude"],
         "sessions": {"roots": ["(^|/)agent-wrapper session "], "leftovers": "stop", "grace": "1s"}}"#;
@@ -398,7 +399,7 @@ fn a_session_recorded_from_the_kernel_replays_to_its_leftovers() {
 /// Processes older than the daemon: their lineage comes from the start-up scan's parent links. A
 /// root among them is recognised by its command line; its child that only forked (the same
 /// command line) is a member, not a root of its own; an orphan outside is nobody's leftover.
-#[test]
+#[guard_test]
 fn a_root_older_than_the_daemon_is_recognised_and_its_forks_are_its_session() {
     let r = replay("handmade-session-startup.trace", STOP, 60, false, Duration::from_secs(10));
     assert_eq!(
@@ -418,7 +419,7 @@ fn a_root_older_than_the_daemon_is_recognised_and_its_forks_are_its_session() {
 /// A leftover that keeps forking to new pids (every half second here, each generation exiting
 /// right after its fork): the SIGKILL rounds go on while each finds a member no round signalled
 /// yet, not three and done; the one still alive at the end is listed under its ended root.
-#[test]
+#[guard_test]
 fn the_kill_rounds_go_on_while_a_leftover_keeps_moving_to_new_pids() {
     let mut t = Lines::default();
     t.spawn(5.0, 100, 200, 500, "agent-wrapper", "agent-wrapper --session a");
@@ -443,3 +444,5 @@ fn the_kill_rounds_go_on_while_a_leftover_keeps_moving_to_new_pids() {
     // The last generation (360) never exits in the trace: listed, not forgotten.
     assert_eq!(rows(&r), [(200, "reported".to_string(), vec![360])]);
 }
+
+guard_test::main!();

@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use guard_test::guard_test;
 use integration_tests::*;
 
 const WAIT: Duration = Duration::from_secs(40);
@@ -168,12 +169,9 @@ fn leftover_pids(log: &str, root: u32) -> Vec<u32> {
     pids
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn tree_lists_reported_leftovers_from_roots_copy_until_they_exit() {
-    let Some(_g) = setup("sessions: tree lists reported leftovers") else { return };
-    if !ebpf_available("sessions: tree lists reported leftovers") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("report", "1s", ROOTS);
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -232,12 +230,9 @@ fn tree_lists_reported_leftovers_from_roots_copy_until_they_exit() {
     daemon.stop();
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn members_that_visit_another_uid_through_a_set_user_id_program_stay_in_their_session() {
-    let Some(_g) = setup("sessions: set-user-ID visits") else { return };
-    if !ebpf_available("sessions: set-user-ID visits") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("stop", "1s", ROOTS);
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -262,12 +257,9 @@ fn members_that_visit_another_uid_through_a_set_user_id_program_stay_in_their_se
     }
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_root_that_leaves_the_account_has_ended_and_what_it_starts_is_its_leftover() {
-    let Some(_g) = setup("sessions: a root leaves") else { return };
-    if !ebpf_available("sessions: a root leaves") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("report", "1s", ROOTS);
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -303,12 +295,9 @@ fn hopper_stopped(dir: &Path, within: Duration) -> bool {
     }
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_leftover_that_keeps_forking_to_new_pids_cannot_outrun_the_stop() {
-    let Some(_g) = setup("sessions: a leftover hopping pids") else { return };
-    if !ebpf_available("sessions: a leftover hopping pids") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("stop", "1s", ROOTS);
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -341,12 +330,9 @@ fn many(dir: &Path, n: usize, exe: &str, argv: &[&str]) -> Probe {
     p
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn four_thousand_empty_argv_execs_do_not_stall_the_recognition_of_a_real_root() {
-    let Some(_g) = setup("sessions: 4,100 empty argvs") else { return };
-    if !ebpf_available("sessions: 4,100 empty argvs") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("report", "1s", ROOTS);
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -365,12 +351,9 @@ fn four_thousand_empty_argv_execs_do_not_stall_the_recognition_of_a_real_root() 
     assert!(recognised, "the root was never recognised behind {n} empty execs\n{}", lines(&log, "WARN").join("\n"));
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn fake_roots_that_fill_the_cap_on_sessions_are_said_and_counted() {
-    let Some(_g) = setup("sessions: 1,024 fake roots") else { return };
-    if !ebpf_available("sessions: 1,024 fake roots") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("report", "1s", r#"["(^|/)agent-wrapper( |$)"]"#);
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -401,3 +384,5 @@ fn fake_roots_that_fill_the_cap_on_sessions_are_said_and_counted() {
     assert_eq!(lines(&log, "WARN").iter().filter(|l| l.contains("sessions_cap what=sessions")).count(), 1, "{log}");
     assert!(s.caps.sessions >= 1 && s.roots_refused_total >= 1, "{s:#?}");
 }
+
+guard_test::main!();

@@ -1,5 +1,6 @@
 //! The tick's side of sessions (docs/configuration.md `sessions`): gather (the command lines of
-//! pending execs, read within a byte budget and matched against `sessions.roots` in their own
+//! pending execs, read through the tick's command-line reader, within its reading time and the
+//! pool of bytes it holds for matchers, and matched against `sessions.roots` in their own
 //! sandboxed matcher), decide ([`decide_sessions`] and the rules of `policy::roots`, pure), apply
 //! (the lineage's answers to the pump, the lines, the signals the plan names through the
 //! enforcer's pidfd and identity check, never a wait, then the chase of what the signalled
@@ -15,12 +16,14 @@ use std::{
 };
 
 use super::{
+    cmdlines::{CmdlineReader, Read},
     effects::Effects,
     keeper::{LineageMode, MAX_CANDIDATES_PER_TICK},
     match_all::RootsWatch,
     pump::PumpHandle,
 };
 use crate::{
+    budget::{Held, Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
     event::{clock_ticks_per_sec, ProcId, ProcState},
     lineage::{Caps, LineageCmd, SessionsView},
@@ -44,13 +47,6 @@ pub fn mode(config: &Config, uid: u32) -> LineageMode {
         Some(s) if !s.roots.is_empty() => LineageMode::On { uid },
         _ => LineageMode::Off,
     }
-}
-
-/// The bytes of candidates' command lines one tick may hold (docs/architecture.md "Bounds"):
-/// 4 MiB, and always at least one whole command line the matcher takes. One function, so the
-/// tick-wide budget for command lines can take it over.
-pub fn roots_cmdline_budget(max_text: usize) -> usize {
-    (4 << 20).max(max_text + 1)
 }
 
 /// The matching round for roots: at most 2 s, and a quarter of the tick's deadline.
@@ -129,14 +125,14 @@ impl SessionsTick {
 
     /// Reads, decides and applies (see the module doc).
     pub fn run(&mut self, ctx: Ctx) -> Done {
-        let Ctx { fx, pump, view, config, verdicts, now, dry_run, deadline } = ctx;
+        let Ctx { fx, pump, view, config, verdicts, now, dry_run, deadline, pool } = ctx;
         let (Some(view), Some(sessions)) = (view, config.sessions.as_ref()) else { return Done::default() };
-        let roots = if self.roots_ok { read_roots(fx, view, deadline) } else { RootsRead::default() };
+        let roots = if self.roots_ok { read_roots(fx, pool, view, deadline) } else { RootsRead::default() };
         let ages = Ages { boot_unix: fx.procs.boot_unix(), ticks_per_sec: clock_ticks_per_sec() };
         let limits = SessionLimits {
             caps: Caps::DAEMON,
             candidates: MAX_CANDIDATES_PER_TICK,
-            command_bytes: roots_cmdline_budget(fx.roots.max_text_bytes()),
+            command_bytes: HELD_CMDLINE_BYTES,
         };
         let input = SessionsInput {
             view,
@@ -223,26 +219,54 @@ pub struct Ctx<'a> {
     pub dry_run: bool,
     /// The tick's deadline; the roots round takes a share of what is left.
     pub deadline: Duration,
+    /// The tick's pool of command-line bytes held for a matcher.
+    pub pool: &'a Pool,
 }
 
-/// The candidates' command lines, read round-robin within [`roots_cmdline_budget`] and judged by
-/// `policy::roots`, the texts it asks about matched in one bounded round and dropped after it.
-fn read_roots(fx: &mut Effects, view: &SessionsView, deadline: Duration) -> RootsRead {
+/// [`roots::CandidateReader`] over the tick's [`CmdlineReader`]: a text waiting for the roots'
+/// round is held in the tick's pool; one the pool has no room for, or that is not read in time,
+/// waits for the next tick.
+struct Candidates<'r, 'p> {
+    reader: &'r mut CmdlineReader<'p>,
+    max: usize,
+}
+
+impl roots::CandidateReader for Candidates<'_, '_> {
+    type Held = Held;
+
+    fn read(&mut self, pid: u32) -> roots::Got<Held> {
+        match self.reader.read(pid, self.max) {
+            Read::Text if self.reader.text().len() > self.max => roots::Got::TooLong,
+            Read::Text => match self.reader.hold(self.reader.text()) {
+                Some(held) => roots::Got::Text(held),
+                None => roots::Got::Later,
+            },
+            Read::Gone => roots::Got::Gone,
+            Read::Deferred(_) => roots::Got::Later,
+        }
+    }
+
+    fn reads_as(&mut self, pid: u32, text: &[u8]) -> bool {
+        self.reader.read(pid, self.max) == Read::Text && self.reader.text() == text
+    }
+}
+
+/// The candidates' command lines, read round-robin through the tick's reader and judged by
+/// `policy::roots`; the texts it asks about are matched in one bounded round and dropped after it.
+fn read_roots(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration) -> RootsRead {
     let max = fx.roots.max_text_bytes();
-    let procs = &mut fx.procs;
-    let reading = roots::read_candidates(
-        &view.candidates,
-        &mut |pid, limit| procs.cmdline(pid, limit),
-        max,
-        roots_cmdline_budget(max),
-    );
+    let now = Instant::now();
+    let ends = now + round_budget(deadline);
+    let mut reader = CmdlineReader::for_phase(&mut *fx.procs, pool.clone(), now, ends);
+    let reading = roots::read_candidates(&view.candidates, &mut Candidates { reader: &mut reader, max });
+    drop(reader);
     let (read_after, capped) = (reading.read_after, reading.capped);
     let progress = if reading.asked.is_empty() {
         Vec::new()
     } else {
-        let texts: Vec<&[u8]> = reading.asked.iter().map(|(_, t)| t.as_slice()).collect();
+        let texts: Vec<&[u8]> = reading.asked.iter().map(|(_, t)| &**t).collect();
         let from = vec![Resume::default(); texts.len()];
-        fx.roots.classify_from(&texts, &from, Instant::now() + round_budget(deadline))
+        fx.roots.classify_from(&texts, &from, ends)
     };
     RootsRead { verdicts: roots::verdicts(reading, &progress).into_iter().collect(), read_after, capped }
 }
