@@ -5,7 +5,7 @@
 //!
 //! | program | attach point | emits |
 //! |---|---|---|
-//! | `sched_process_fork` | tp_btf `sched_process_fork(parent, child)` | FORK for a new process, never a thread |
+//! | `sched_process_fork` | tp_btf `sched_process_fork(parent, child)` | FORK for a new process, never a thread (of the account, or of its real uid: see below) |
 //! | `sched_process_exec` | tp_btf `sched_process_exec(p, old_pid, bprm)` | EXEC (new comm, new euid) |
 //! | `sched_process_exit_gd` | tp_btf `sched_process_exit(p, group_dead)` (Linux ≥ 6.16) | EXIT once the last thread is gone |
 //! | `sched_process_exit_live` | tp_btf `sched_process_exit(p)` (older kernels) | EXIT when `signal->live` reached 0 (two threads exiting at once may both see 0: a duplicate EXIT, which the table ignores) |
@@ -24,12 +24,18 @@
 //! group leader's effective uid in `real_cred` (what /proc/PID/status and `ps -u` show).
 //! Which credentials each event tests, so that nothing entering or leaving the account is
 //! missed:
-//! - fork: the child's `real_cred` (copy_creds() gave it the forking thread's credentials);
+//! - fork: the child's `real_cred` (copy_creds() gave it the forking thread's credentials): its
+//!   euid, or its real uid. A set-user-ID program the account runs (`sg`, `newgrp`, `sudo`'s
+//!   front end) keeps the account's real uid while its euid is another's: its forks and its exit
+//!   are reported, so the session lineage keeps what it starts when that comes back to the
+//!   account's uid (the table still holds only the account's euid). Only programs installed
+//!   set-user-ID do this, so it adds a handful of records, never a flood the account controls;
 //! - exec: the new `real_cred` (committed before the tracepoint): its euid, or its real uid (a
 //!   set-user-ID binary run by the account keeps the real uid: the process leaves; reported
 //!   here too in case the credential hook is missing), or any exec by a thread other than the
 //!   leader (it becomes the leader, with its own credentials, without a credential commit);
-//! - exit: the leader's `real_cred` (a zombie leader keeps its credentials until it is released);
+//! - exit: the leader's `real_cred`, euid or real uid as for fork (a zombie leader keeps its
+//!   credentials until it is released);
 //! - rename: the renamed leader's `real_cred`;
 //! - a credential change (`commit_creds`, which every setuid-family call and exec's credential
 //!   install go through, and the only writer of `real_cred` after fork): the leader's old euid
@@ -297,12 +303,18 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     finish(try_fork(ctx.as_ptr()))
 }
 
+/// The euid in a task's `real_cred` when the task is the account's or visits another uid with
+/// the account's real uid (see the crate doc), else `None`.
+#[inline(always)]
+fn account_euid(task: Kptr) -> Option<u32> {
+    let cred = task.ptr(off!(task_cred))?;
+    let euid: u32 = cred.get(off!(cred_euid));
+    (watched(euid) || watched(cred.get(off!(cred_uid)))).then_some(euid)
+}
+
 fn try_fork(ctx: *mut c_void) -> Res {
     let Some(child) = arg_ptr(ctx, 1) else { return Ok(()) };
-    let Some(euid) = euid_of(child) else { return Ok(()) };
-    if !watched(euid) {
-        return Ok(());
-    }
+    let Some(euid) = account_euid(child) else { return Ok(()) };
     if child.get::<u32>(off!(task_pid)) != child.get::<u32>(off!(task_tgid)) {
         return Ok(()); // a thread: the process already counts once
     }
@@ -358,10 +370,7 @@ fn try_exit(ctx: *mut c_void, has_group_dead: bool) -> Res {
         return Ok(());
     }
     let Some(leader) = task.ptr(off!(task_group_leader)) else { return Ok(()) };
-    let Some(euid) = euid_of(leader) else { return Ok(()) };
-    if !watched(euid) {
-        return Ok(());
-    }
+    let Some(euid) = account_euid(leader) else { return Ok(()) };
     if task.get::<u32>(off!(task_flags)) & PF_KTHREAD != 0 {
         return Ok(());
     }

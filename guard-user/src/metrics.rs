@@ -137,12 +137,12 @@ fn bool01(b: bool) -> f64 {
 /// `guard_name_processes{name}` (the [`TOP_NAMES`] largest, most first), `guard_flagged_names`,
 /// `guard_warned_names`, `guard_repeat_offenders`, `guard_pegged_processes`,
 /// `guard_flagged_age_seconds{name}`, `guard_flagged_time_left_seconds{name}`,
-/// `guard_kills_total`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
+/// `guard_kills_total{reason}`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
 /// `guard_lost_events_total`, `guard_resyncs_total`, `guard_cmdlines_unread_total`,
-/// `guard_mirror_dropped_total`; while sessions
-/// are on, `guard_sessions{stage}`, `guard_session_leftovers`, `guard_lineage_processes`,
+/// `guard_mirror_dropped_total`; while sessions are on, `guard_sessions{stage}`,
+/// `guard_session_leftovers`, `guard_session_reported_leftovers`, `guard_lineage_processes`,
 /// `guard_leftovers_total`, `guard_reaped_total`, `guard_leftovers_stopped_total`,
-/// `guard_lineage_untracked_total`.
+/// `guard_lineage_untracked_total`, `guard_sessions_cap_reached_total{what}`.
 pub fn render(s: &Status, m: &MetricsInput) -> String {
     use Kind::{Counter, Gauge};
     let mut w = Writer { out: String::new(), user: label_value(&escape_for_terminal(s.user.as_bytes())) };
@@ -244,7 +244,14 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         w.sample("guard_flagged_time_left_seconds", &[("name", &escape_for_terminal(name))], f.time_left_secs);
     }
 
-    w.one("guard_kills_total", Counter, "Processes ended (KILLED lines).", s.kills as f64);
+    w.family(
+        "guard_kills_total",
+        Counter,
+        "Processes ended, by reason: ghost_detected (KILLED lines), leftover (leftovers of ended sessions).",
+    );
+    for (reason, n) in s.kills_by_reason.each() {
+        w.sample("guard_kills_total", &[("reason", reason)], n as f64);
+    }
     w.one("guard_dry_runs_total", Counter, "Processes a dry run would have ended (DRY_RUN lines).", m.dry_runs as f64);
     w.one("guard_skipped_total", Counter, "Processes left alone at enforcement (SKIPPED lines).", m.skipped as f64);
     w.one("guard_events_total", Counter, "Process events applied to the live table.", s.events as f64);
@@ -278,11 +285,18 @@ fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {
     w.family("guard_sessions", Gauge, "Session roots: live, or ended with their leftovers still to deal with.");
     w.sample("guard_sessions", &[("stage", "live")], s.live as f64);
     w.sample("guard_sessions", &[("stage", "ended")], s.ended as f64);
+    w.sample("guard_sessions", &[("stage", "reported")], s.reported as f64);
     w.one(
         "guard_session_leftovers",
         Gauge,
         "Live processes of ended sessions (leftovers in their grace or being stopped).",
         s.pending_leftovers as f64,
+    );
+    w.one(
+        "guard_session_reported_leftovers",
+        Gauge,
+        "Leftovers of settled sessions that were reported (LEFTOVER) or left alive by the stop, still running.",
+        s.reported_leftovers as f64,
     );
     w.one(
         "guard_lineage_processes",
@@ -309,4 +323,12 @@ fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {
         "Processes left without lineage at a cap (never reaped), and execs left unclassified at a cap.",
         (s.untracked_total + s.unclassified_total) as f64,
     );
+    w.family(
+        "guard_sessions_cap_reached_total",
+        Counter,
+        "Times each cap of the sessions was reached (WARN sessions_cap says each once); what it refused is never reaped.",
+    );
+    for (what, n) in s.caps.each() {
+        w.sample("guard_sessions_cap_reached_total", &[("what", what)], n as f64);
+    }
 }

@@ -38,6 +38,7 @@ fn helper_main(mode: &str) {
     match mode {
         "workload" => helper_workload(),
         "enter_leave" => helper_enter_leave(),
+        "visit" => helper_visit(),
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);
@@ -93,6 +94,25 @@ fn helper_enter_leave() {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::syscall(libc::SYS_setresuid, -1, 0, -1) }, 0);
     say("left");
+    next_line();
+}
+
+/// Root, made what a set-user-ID program run by the account is (`sg`, `newgrp`): real uid
+/// [`ACCOUNT`], effective uid root. At a line from the test it forks a child that exits at once,
+/// and says the child's pid.
+fn helper_visit() {
+    // SAFETY: plain syscall on the only thread; root may set any ids.
+    assert_eq!(unsafe { libc::syscall(libc::SYS_setresuid, ACCOUNT, 0, 0) }, 0);
+    say("ready");
+    next_line();
+    // SAFETY: the child only calls _exit.
+    let child = match unsafe { libc::fork() } {
+        0 => unsafe { libc::_exit(0) },
+        pid => pid,
+    };
+    // SAFETY: reaps our child.
+    unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    say(&child.to_string());
     next_line();
 }
 
@@ -212,6 +232,41 @@ fn a_root_process_that_setuids_into_the_account_is_tracked_at_once_and_dropped_w
 #[guard_test(needs = [root, ebpf])]
 fn without_the_hook_the_setuid_tracepoints_track_the_same() {
     setuid_enters_and_leaves_at_once("filter: setuid through the tracepoints", true);
+}
+
+/// A process of another euid whose real uid is the account's (a set-user-ID program the account
+/// ran) is followed: its forks and exits reach the ring, so the session lineage keeps what it
+/// starts when that comes back to the account (docs/architecture.md). The table takes nothing.
+#[guard_test(needs = [root, ebpf])]
+fn a_set_user_id_visit_outside_the_account_reports_its_forks_and_exits() {
+    let mut src = load(ACCOUNT, false);
+    let mut child = Child::helper("visit");
+    let pid = child.pid();
+    child.expect_line("ready");
+    drain(&mut src);
+    child.send_line();
+    let forked: u32 = child.read_line().trim().parse().unwrap();
+    let deadline = Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    let mut table = ProcessTable::new(Scope::account(ACCOUNT));
+    loop {
+        let got = drain(&mut src);
+        for e in &got {
+            table.apply(e);
+        }
+        seen.extend(got);
+        let fork = seen.iter().any(|e| matches!(e, Event::Fork { child, parent_pid } if child.id.pid == forked && *parent_pid == pid && child.euid == 0));
+        let exit = seen.iter().any(|e| matches!(e, Event::Exit(id) if id.pid == forked));
+        if (fork && exit) || Instant::now() >= deadline {
+            assert!(
+                fork && exit,
+                "the fork and exit of {forked} (real uid {ACCOUNT}, euid 0) did not reach the ring: {seen:?}"
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(table.is_empty(), "euid 0 is not the account's: {:?}", table.processes());
 }
 
 #[guard_test(needs = [root, ebpf])]

@@ -238,6 +238,35 @@ fn explain_json_has_exactly_the_documented_fields() {
     check("explain NAME --json", &outputs);
 }
 
+/// The status where `tree` reads it: the daemon's own copy (beside its instance lock in
+/// /run/guard-user/, both removed on drop) when this test runs as root, else the file in the home.
+struct TrustedCopy(Option<guard::status::TrustedCopy>);
+
+impl TrustedCopy {
+    fn write(uid: u32, home: &Path, s: &guard::status::Status) -> TrustedCopy {
+        let bytes = serde_json::to_vec(s).unwrap();
+        let Some(copy) = guard::daemon::instance::trusted_status(uid, home) else {
+            std::fs::write(home.join("guard-status.json"), bytes).unwrap();
+            return TrustedCopy(None);
+        };
+        std::fs::create_dir_all(copy.lock.parent().unwrap()).unwrap();
+        std::fs::write(&copy.lock, format!("{}\n{}\n", s.pid, home.display())).unwrap();
+        std::fs::write(&copy.status, bytes).unwrap();
+        // What the account writes in its home is never read by root's tree.
+        std::fs::write(home.join("guard-status.json"), b"{}").unwrap();
+        TrustedCopy(Some(copy))
+    }
+}
+
+impl Drop for TrustedCopy {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            let _ = std::fs::remove_file(&c.status);
+            let _ = std::fs::remove_file(&c.lock);
+        }
+    }
+}
+
 #[guard_test]
 fn tree_json_has_exactly_the_documented_fields() {
     let (_, statuses) = status_outputs();
@@ -258,9 +287,11 @@ fn tree_json_has_exactly_the_documented_fields() {
         for p in &mut row.processes {
             (p.pid, p.start) = (kid, start_ticks(kid));
         }
-        (s.uid, s.last_tick) = (uid, now);
+        (s.uid, s.last_tick, s.pid) = (uid, now, std::process::id());
         let home = home("{}");
-        std::fs::write(home.path().join("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+        // Run as root, tree reads the daemon's own copy only: written where a root daemon writes
+        // it for this home (and removed after); otherwise the file in the home.
+        let _copy = TrustedCopy::write(uid, home.path(), &s);
         outputs.push(run(&["tree", "--json"], home.path()));
     }
     assert!(stages.contains("live") && stages.contains("grace"), "{stages:?}");

@@ -267,6 +267,7 @@ fn one_of_each(name: Comm) -> Vec<LogLine> {
         LogLine::Resync { reason: ResyncReason::LostEvents, lost: 3 },
         LogLine::TickComplete { flagged: 1, kills: 1, errors: 0 },
         LogLine::Warn(Notice::new("redis_unreachable").with("endpoint", "redis://h:6379/0")),
+        LogLine::Warn(Notice::new("sessions_cap").with("what", "sessions").with("limit", 1024usize)),
         LogLine::Error(Notice::new("state_unwritable").with("path", "/home/u/my state.json")),
     ]
 }
@@ -276,7 +277,7 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
     let name = Comm::new(b"x KILLED pid=1\n");
     let lines = one_of_each(name);
     let parsed = written(&lines);
-    let expect: [(&str, &[&str]); 20] = [
+    let expect: [(&str, &[&str]); 21] = [
         ("FLAGGED", &["name", "count", "first_flagged"]),
         ("FLAGGED", &["name", "count", "first_flagged"]),
         ("UNFLAGGED", &["name", "count", "flagged_for", "reason"]),
@@ -296,6 +297,7 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
         ("RESYNC", &["reason", "lost"]),
         ("TICK_COMPLETE", &["flagged", "kills", "errors"]),
         ("WARN redis_unreachable", &["endpoint"]),
+        ("WARN sessions_cap", &["what", "limit"]),
         ("ERROR state_unwritable", &["path"]),
     ];
     for ((line, p), (typed, (event, keys))) in parsed.iter().zip(lines.iter().zip(expect)) {
@@ -314,7 +316,8 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
     assert_eq!(bodies[4], r#"KILLED pid=9 name="x KILLED pid=1\n" reason=ghost_detected count=4 elapsed=0.0h"#);
     assert_eq!(bodies[9], r#"PEGGED pid=9 name="x KILLED pid=1\n" cpu=1.00 for=300s"#);
     assert_eq!(bodies[13], r#"STARTED version=0.1.0 backend=ebpf user="a b=c" dry_run=1 pid=1"#);
-    assert_eq!(bodies[19], r#"ERROR state_unwritable path="/home/u/my state.json""#);
+    assert_eq!(bodies[19], "WARN sessions_cap what=sessions limit=1024");
+    assert_eq!(bodies[20], r#"ERROR state_unwritable path="/home/u/my state.json""#);
 }
 
 #[guard_test]
@@ -324,6 +327,8 @@ fn docs_log_md_names_every_kind_of_line() {
         let word = line.kind().word();
         assert!(doc.contains(&format!("{word} ")), "docs/log.md never shows a {word} line");
     }
+    // Each WARN has its own heading, with its keys.
+    assert!(doc.contains("#### `WARN sessions_cap what=<cap> limit=<n>`"), "docs/log.md has no WARN sessions_cap");
 }
 
 #[guard_test]

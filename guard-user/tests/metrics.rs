@@ -52,7 +52,8 @@ fn tick() -> Tick {
             names: vec![NameStatus { warned: true, ..flagged(b"sleep", last_tick, 120.0, 3480.0) }],
             config_error: None,
             ticks: 61,
-            kills: 3,
+            kills: 5,
+            kills_by_reason: guard::status::KillsByReason { ghost_detected: 3, leftover: 2 },
             lost_events: 0,
             resyncs: 1,
             events: 98_765,
@@ -141,9 +142,10 @@ guard_flagged_age_seconds{user="alice",name="sleep"} 120
 # HELP guard_flagged_time_left_seconds Seconds before the flagged name's processes are ended.
 # TYPE guard_flagged_time_left_seconds gauge
 guard_flagged_time_left_seconds{user="alice",name="sleep"} 3480
-# HELP guard_kills_total Processes ended (KILLED lines).
+# HELP guard_kills_total Processes ended, by reason: ghost_detected (KILLED lines), leftover (leftovers of ended sessions).
 # TYPE guard_kills_total counter
-guard_kills_total{user="alice"} 3
+guard_kills_total{user="alice",reason="ghost_detected"} 3
+guard_kills_total{user="alice",reason="leftover"} 2
 # HELP guard_dry_runs_total Processes a dry run would have ended (DRY_RUN lines).
 # TYPE guard_dry_runs_total counter
 guard_dry_runs_total{user="alice"} 0

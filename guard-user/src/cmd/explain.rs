@@ -302,7 +302,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let procs = gathered.snapshot.view.members.get(&name).cloned().unwrap_or_default();
     let was_flagged = memory.clocks().contains_key(&name);
     let now = Clock::now(&clock);
-    let input = Input { view: &gathered.snapshot.view, config: &config, now, verdicts };
+    let input = Input { view: &gathered.snapshot.view, config: &config, now, verdicts, dry_run: false };
     let plan = memory.begin(input);
     let plan = plan.decided();
     let excluded = config.is_excluded(&name);

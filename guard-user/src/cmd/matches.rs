@@ -22,7 +22,7 @@ use crate::{
         effects::Procfs,
     },
     escape::ShownCmdline,
-    pattern::{Limits, MatchOutcome, Matcher},
+    pattern::{match_all, Limits, MatchOutcome, Matcher},
     procfs,
 };
 
@@ -41,10 +41,20 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     let limits = Limits::default();
     let mut matcher = Matcher::new(PathBuf::from("/proc/self/exe"), limits.clone());
     if let Err(e) = matcher.set_patterns(std::slice::from_ref(&args.pattern)) {
-        eprintln!("guard-user match: {e}");
+        // Named as what it is here, the --pattern argument, whichever list it is meant for.
+        eprintln!("guard-user match: {}", e.in_list(crate::pattern::Source::ARGUMENT));
         return Ok(ExitCode::from(2));
     }
     let deadline = Instant::now() + OVERALL;
+    if args.roots {
+        let probes = matcher.classify(match_all::PROBES, deadline);
+        if match_all::too_broad_for_roots(&probes) {
+            // The daemon's and validate's words for it, about --pattern.
+            let p = crate::config::too_broad_root(Some(0), &args.pattern);
+            eprintln!("guard-user match: sessions.roots: --pattern {}; {}", p.what, p.fix);
+            return Ok(ExitCode::from(2));
+        }
+    }
     let mut out = std::io::stdout().lock();
     if !args.cmdline.is_empty() {
         let texts: Vec<&[u8]> = args.cmdline.iter().map(|t| t.as_bytes()).collect();

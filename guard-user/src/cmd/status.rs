@@ -92,7 +92,7 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         ("events", s.events.to_string()),
         ("lost events", s.lost_events.to_string()),
         ("resyncs", s.resyncs.to_string()),
-        ("kills", s.kills.to_string()),
+        ("kills", kills(s)),
         ("tracked", tracked(s)),
     ];
     if let Some(e) = &s.config_error {
@@ -119,10 +119,18 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         rows.push((
             "sessions",
             format!(
-                "{} live, {} ended with {} leftovers pending; {} leftovers, {} reaped since start (guard-user tree lists them)",
-                x.live, x.ended, x.pending_leftovers, x.leftovers_total, x.reaped_total
+                "{} live, {} ended with {} leftovers pending, {} reported leftovers still running; {} leftovers, {} \
+                 reaped since start (guard-user tree lists them)",
+                x.live, x.ended, x.pending_leftovers, x.reported_leftovers, x.leftovers_total, x.reaped_total
             ),
         ));
+        let reached: Vec<String> =
+            x.caps.each().iter().filter(|(_, n)| *n > 0).map(|(what, n)| format!("{what} {n}")).collect();
+        if !reached.is_empty() {
+            // Each is also one `WARN sessions_cap` line: what was reached fails safe (untracked,
+            // unclassified or refused, never reaped), and is said here until the daemon restarts.
+            rows.push(("caps", format!("sessions caps reached (times): {}", reached.join(", "))));
+        }
     }
     if let Some(v) = s.vitals.as_ref().map(vitals).filter(|v| !v.is_empty()) {
         rows.push(("daemon", v));
@@ -154,6 +162,15 @@ fn warning(n: &status::NameStatus) -> String {
     let due = crate::policy::incidents::minutes_up(n.time_left_secs.unwrap_or(0.0));
     let (end, skip) = (n.would_end.unwrap_or(0), n.would_skip.unwrap_or(0));
     format!("{}: enforcement due in {due}m: ends {end}, skips {skip}", text(&n.name))
+}
+
+/// Every process ended, and by which rule when any was (older status files: `KILLED` lines only).
+fn kills(s: &Status) -> String {
+    let by = s.kills_by_reason;
+    if by.total() == 0 {
+        return s.kills.to_string();
+    }
+    format!("{} ({} ghost_detected, {} leftover)", s.kills, by.ghost_detected, by.leftover)
 }
 
 /// The account's processes, and the machine's when the daemon reported them (older status files

@@ -29,11 +29,11 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             };
             if !problems.iter().any(|p| p.key.starts_with("excludeCommands")) {
                 let patterns = list(doc.as_ref().and_then(|v| v.get("excludeCommands")));
-                problems.extend(pattern_problems(&patterns, Problem::refused_pattern));
+                problems.extend(pattern_problems(&patterns, &EXCLUDE_COMMANDS));
             }
             if !problems.iter().any(|p| p.key.starts_with("sessions")) {
                 let roots = list(doc.as_ref().and_then(|v| v.get("sessions")?.get("roots")));
-                problems.extend(pattern_problems(&roots, Problem::refused_root));
+                problems.extend(pattern_problems(&roots, &SESSIONS_ROOTS));
             }
             problems
         }
@@ -62,17 +62,44 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What a list's patterns are checked for beyond compiling.
+struct ListRules {
+    /// A pattern the matcher refused.
+    refused: fn(usize, &str, &PatternSetError) -> Problem,
+    /// Whether a pattern's (or the list's) outcomes on the probes make it too broad.
+    broad: fn(&[crate::pattern::MatchOutcome]) -> bool,
+    /// The problem of a pattern (or, with `None`, the list) that is.
+    too_broad: fn(Option<usize>, &str) -> Problem,
+}
+
+/// `excludeCommands`: a pattern that matches every command line protects every process.
+const EXCLUDE_COMMANDS: ListRules = ListRules {
+    refused: Problem::refused_pattern,
+    broad: match_all::matches_every_probe,
+    too_broad: matches_everything,
+};
+
+/// `sessions.roots`: one that matches the empty command line or every other one makes every
+/// process a root (refused by the daemon too: `ERROR config_malformed sessions.roots`).
+const SESSIONS_ROOTS: ListRules = ListRules {
+    refused: Problem::refused_root,
+    broad: match_all::too_broad_for_roots,
+    too_broad: config::too_broad_root,
+};
+
 /// Patterns the sandboxed matcher refuses to compile (invalid, or too costly for its bounds),
-/// each compiled alone so every one is reported. A matcher that cannot run is one problem.
-fn pattern_problems(patterns: &[String], refused: fn(usize, &str, &PatternSetError) -> Problem) -> Vec<Problem> {
+/// each compiled alone so every one is reported, and those too broad for their list. A matcher
+/// that cannot run is one problem.
+fn pattern_problems(patterns: &[String], rules: &ListRules) -> Vec<Problem> {
+    let ListRules { refused, broad, too_broad } = *rules;
     let mut matcher = crate::daemon::effects::sandboxed_matcher();
     let mut out = Vec::new();
     let probes_until = || std::time::Instant::now() + std::time::Duration::from_secs(5);
     for (i, p) in patterns.iter().enumerate() {
         match matcher.set_patterns(std::slice::from_ref(p)) {
             Ok(()) => {
-                if match_all::matches_every_probe(&matcher.classify(match_all::PROBES, probes_until())) {
-                    out.push(matches_everything(Some(i), p));
+                if broad(&matcher.classify(match_all::PROBES, probes_until())) {
+                    out.push(too_broad(Some(i), p));
                 }
             }
             Err(e) => {
@@ -87,9 +114,9 @@ fn pattern_problems(patterns: &[String], refused: fn(usize, &str, &PatternSetErr
     if out.is_empty()
         && patterns.len() > 1
         && matcher.set_patterns(patterns).is_ok()
-        && match_all::covers_every_probe(&matcher.classify(match_all::PROBES, probes_until()))
+        && broad(&matcher.classify(match_all::PROBES, probes_until()))
     {
-        out.push(matches_everything(None, &patterns.join(" ")));
+        out.push(too_broad(None, &patterns.join(" ")));
     }
     out
 }

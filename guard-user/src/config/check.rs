@@ -9,6 +9,7 @@ use super::*;
 
 #[path = "sessions.rs"]
 mod sessions;
+pub use sessions::too_broad_root;
 
 use crate::{
     duration::{parse_duration_max, DurationError},
@@ -59,6 +60,11 @@ impl Problem {
         self.error.as_ref()
     }
 
+    /// The daemon's error for this problem (`None` for what only `validate` reports).
+    pub fn into_error(self) -> Option<ConfigError> {
+        self.error
+    }
+
     /// A problem that stopped the document from being read at all (missing, unreadable).
     pub fn from_error(error: ConfigError) -> Problem {
         let (key, what) = match &error {
@@ -99,7 +105,7 @@ fn refused_problem(list: PatternList, index: Option<usize>, pattern: &str, e: &P
             pattern_problem(list, index, pattern, &format!("too costly to match safely ({why})"))
         }
         PatternSetError::Worker(_) => pattern_problem(list, index, pattern, &format!("could not be checked: {e}")),
-        other => pattern_problem(list, index, pattern, &other.to_string()),
+        other => pattern_problem(list, index, pattern, &other.in_list(list.source()).to_string()),
     }
 }
 

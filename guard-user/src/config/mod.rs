@@ -30,7 +30,7 @@ mod doc;
 #[cfg(test)]
 mod tests;
 
-pub use check::{problems, refused_patterns, refused_patterns_of, Problem};
+pub use check::{problems, refused_patterns, refused_patterns_of, too_broad_root, Problem};
 
 /// Configs beyond this size are refused without being read (a config is a few hundred bytes).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -217,6 +217,14 @@ impl PatternList {
         match self {
             PatternList::ExcludeCommands => "excludeCommands",
             PatternList::SessionsRoots => "sessions.roots",
+        }
+    }
+
+    /// How the matcher's errors name a pattern of this list.
+    pub fn source(self) -> crate::pattern::Source {
+        match self {
+            PatternList::ExcludeCommands => crate::pattern::Source::EXCLUDE_COMMANDS,
+            PatternList::SessionsRoots => crate::pattern::Source::SESSIONS_ROOTS,
         }
     }
 }

@@ -196,6 +196,11 @@ impl<S: EventSource> Pump<S> {
                             }
                         }
                         Request::Lineage { cmds, reply } => {
+                            // What happened up to now counts: a stop's chase looks at forks
+                            // made since its signals.
+                            if !rescans {
+                                self.drain_all();
+                            }
                             self.keeper.command(&cmds);
                             let _ = reply.send(self.keeper.view(&self.table));
                         }

@@ -18,7 +18,8 @@ use crate::{
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Totals {
     pub ticks: u64,
-    pub kills: u64,
+    /// Processes ended, by reason.
+    pub kills: crate::status::KillsByReason,
     pub dry_runs: u64,
     pub skipped: u64,
     pub config_errors: u64,
@@ -83,7 +84,8 @@ impl TickFigures<'_> {
             events: self.stats.events,
             lost_events: self.stats.lost,
             resyncs: self.stats.resyncs,
-            kills: self.totals.kills,
+            kills: self.totals.kills.total(),
+            kills_by_reason: self.totals.kills,
             tracked_processes: self.view.tracked_account(),
             machine_processes: self.machine,
             config_error: self.config_error,
@@ -115,6 +117,7 @@ pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
         flagged: flagged.iter().take(HEARTBEAT_FLAGGED).map(|n| n.name.clone()).collect(),
         flagged_omitted: flagged.len().saturating_sub(HEARTBEAT_FLAGGED) as u64,
         kills: s.kills,
+        kills_by_reason: s.kills_by_reason,
         lost_events: s.lost_events,
         resyncs: s.resyncs,
         // Whole seconds, at least one, as before the status carried it.

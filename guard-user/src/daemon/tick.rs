@@ -131,7 +131,7 @@ impl Ticker {
             }
             self.fx.log.write(&line);
         }
-        if let Err(e) = self.sessions.set_roots(&mut self.fx, &config) {
+        if let Err(e) = self.sessions.set_roots(&mut self.fx, &config, began + self.deadline / 4) {
             return self.config_error(&e, began);
         }
         self.fx.log.set_max_bytes(config.log_max_bytes);
@@ -175,24 +175,21 @@ impl Ticker {
         let snap = &gathered.snapshot;
         let now = self.fx.clock.now();
         // Decide.
-        let plan = self.memory.begin(Input { view: &snap.view, config: &config, now, verdicts: &gathered.verdicts });
+        let input =
+            Input { view: &snap.view, config: &config, now, verdicts: &gathered.verdicts, dry_run: self.opts.dry_run };
+        let plan = self.memory.begin(input);
         // Apply.
         for line in &plan.decided().lines {
             self.fx.emit(line, now.wall);
         }
         self.totals.skipped += count(&plan.decided().lines, Kind::Skipped);
-        let procs = plan.targets();
-        let outcomes = match (procs.is_empty(), self.opts.dry_run) {
-            (true, _) => Vec::new(),
-            (false, true) => self.fx.signals.verify_all(&procs),
-            (false, false) => self.fx.signals.end_all(&procs),
-        };
+        let outcomes = self.fx.signals.send(plan.signal(), &plan.targets());
         let done = plan.finish(&outcomes);
         let lines = &done.lines;
         for line in lines {
             self.fx.emit(line, now.wall);
         }
-        self.totals.kills += done.counts.kills;
+        self.totals.kills.ghost_detected += done.counts.kills;
         self.totals.dry_runs += count(lines, Kind::DryRun);
         self.totals.skipped += count(lines, Kind::Skipped);
         if let Some(save) = &done.save {
@@ -218,8 +215,11 @@ impl Ticker {
         });
         self.totals.skipped += sessions.skipped;
         self.totals.dry_runs += sessions.dry_runs;
+        self.totals.kills.leftover += sessions.ended;
         self.watch_stalls(&config, now);
-        let complete = self.memory.complete(done.counts);
+        // Every process ended at this tick counts: KILLED lines and leftovers REAPED counted.
+        let counts = crate::policy::memory::Counts { kills: done.counts.kills + sessions.ended, ..done.counts };
+        let complete = self.memory.complete(counts);
         self.fx.log.write(&complete);
         let took = began.elapsed().as_secs_f64();
         self.report(Done {

@@ -59,8 +59,11 @@ pub struct Heartbeat {
     pub flagged: Vec<String>,
     /// Flagged names beyond those listed.
     pub flagged_omitted: u64,
-    /// KILLED lines since the daemon started.
+    /// Processes ended since the daemon started, for every reason (`kills_by_reason` splits them).
     pub kills: u64,
+    /// `kills` by reason: `ghost_detected` (`KILLED` lines), `leftover` (leftovers of ended
+    /// sessions, the sum of `REAPED`'s `count=`).
+    pub kills_by_reason: crate::status::KillsByReason,
     pub lost_events: u64,
     pub resyncs: u64,
     /// The tick interval, so a reader can judge how stale `last_tick` is.

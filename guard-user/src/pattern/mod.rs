@@ -68,7 +68,7 @@ mod round;
 mod sandbox;
 pub mod worker;
 
-pub use limits::{check_static, CostReason, Limits, PatternSetError};
+pub use limits::{check_static, CostReason, InList, Limits, PatternSetError, Source};
 pub use matcher::{
     MatchOutcome, Matcher, MatcherStats, ProbeOutcome, Progress, Resume, Round, SandboxState, WorkerMemory,
 };

@@ -67,8 +67,8 @@ pub struct Memory {
     warned_keys: BTreeSet<String>,
     /// The line saying unknown keys are no longer reported one by one was written.
     unknown_keys_capped: bool,
-    /// The sandboxed matcher could not run at the last tick (warned once per outage).
-    matcher_down: bool,
+    /// The sandboxed matcher's outage (warned once per outage).
+    matcher: super::outage::Outage,
     /// A tick left a command line unread for lack of time (warned once per run).
     cmdlines_unread: bool,
     /// `ERROR` lines said since the last `TICK_COMPLETE` (its `errors=`).
@@ -83,6 +83,8 @@ pub struct Input<'a> {
     pub now: Now,
     /// A verdict for the command line of every process that could be ended.
     pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
+    /// `--dry-run`: the plan says to verify its targets, never to signal them.
+    pub dry_run: bool,
 }
 
 /// One tick's decision, holding the memory until its outcomes are known.
@@ -157,9 +159,7 @@ impl Memory {
     /// command line it would have been asked about is protected ([`super::cmdline::route`]);
     /// the outage is said once, when it starts: `WARN pattern_matcher_down reason=worker`.
     pub fn matcher(&mut self, up: bool) -> Option<Line> {
-        let starts = !up && !self.matcher_down;
-        self.matcher_down = !up;
-        starts.then(|| Line::Warn(Notice::new("pattern_matcher_down").with("reason", "worker")))
+        self.matcher.observe(up, "worker")
     }
 
     /// Command lines this tick could not read in time (`unread`; `slow` of them because their
@@ -203,10 +203,10 @@ impl Memory {
 
     /// Decides the tick ([`decide`]) on the clocks and incidents held.
     pub fn begin<'a>(&'a mut self, input: Input<'a>) -> Plan<'a> {
-        let Input { view, config, now, verdicts } = input;
+        let Input { view, config, now, verdicts, dry_run } = input;
         let held = self.held.get_or_insert_default();
-        let decided =
-            decide(&TickInput { view, config, clocks: &held.clocks, now, verdicts, incidents: &held.incidents });
+        let clocks = &held.clocks;
+        let decided = decide(&TickInput { view, config, clocks, now, verdicts, incidents: &held.incidents, dry_run });
         Plan { memory: self, config, now, decided }
     }
 
@@ -275,6 +275,11 @@ impl<'a> Plan<'a> {
     /// Every process to end (or, in dry run, to verify), across every due name, in one batch.
     pub fn targets(&self) -> Vec<ProcState> {
         self.decided.targets.iter().map(|t| t.proc).collect()
+    }
+
+    /// How [`Plan::targets`] are signalled (a dry run verifies them only).
+    pub fn signal(&self) -> super::Signal {
+        self.decided.signal
     }
 
     /// The signals' outcomes (`outcomes[i]` belongs to target `i`) → their lines, the

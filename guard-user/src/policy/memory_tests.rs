@@ -19,7 +19,7 @@ fn pile(n: u32) -> (AccountView, HashMap<ProcId, CmdVerdict>) {
 /// One tick of `memory` on `n` processes named `pile`, every signal `outcome`.
 fn tick(memory: &mut Memory, config: &Config, n: u32, now: Now, outcome: Outcome) -> Finished {
     let (view, verdicts) = pile(n);
-    let plan = memory.begin(Input { view: &view, config, now, verdicts: &verdicts });
+    let plan = memory.begin(Input { view: &view, config, now, verdicts: &verdicts, dry_run: false });
     let outcomes = vec![outcome; plan.targets().len()];
     plan.finish(&outcomes)
 }

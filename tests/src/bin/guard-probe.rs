@@ -17,8 +17,9 @@
 //! reading its command line (which takes its memory-map lock page by page) is slow, and `pad X`
 //! pairs only lengthen its command line.
 //!
-//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
-//! roots of the sessions tests (see `guard-probe/session.rs`); `chdir`, `chroot`, `open`, `map`,
+//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …`, `bomb …`, `visitor …`,
+//! `leaver …` and `hopper …` are the session roots of the sessions tests, `visit`, `hop` and
+//! `many` what they start (see `guard-probe/session.rs`); `chdir`, `chroot`, `open`, `map`,
 //! `thread-chdir` and the other ways of holding a path are the holders tests'
 //! (`guard-probe/hold.rs`).
 //!
@@ -197,6 +198,12 @@ fn main() {
         Some("session") => session::root(&args[2..]),
         Some("session-after-reexec") => session::after_reexec(&args[2..]),
         Some("bomb") => session::bomb(&args[2..]),
+        Some("visitor") => session::visitor(&args[2..]),
+        Some("leaver") => session::leaver(&args[2..]),
+        Some("hopper") => session::hopper(&args[2..]),
+        Some("visit") => session::visit(&args[2..]),
+        Some("hop") => session::hop(&args[2..]),
+        Some("many") => session::many(&args[2..]),
         _ => {}
     }
     let mut threads = 0;

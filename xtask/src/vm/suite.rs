@@ -109,6 +109,20 @@ pub const SUITE: &[(&str, Place)] = &[
             only: &[],
         },
     ),
+    (
+        "integration-tests.sessions_lineage",
+        Place::Guests {
+            why: "the lineage through each kernel's credential events: members visiting another uid through a \
+                  real set-user-ID program, a root leaving the account, tree from root's copy (the 4,100 and \
+                  1,024 crowds test the tick's bounds, and the pid hopper is a race a TCG guest's speed decides: \
+                  host only)",
+            only: &[
+                "members_that_visit_another_uid_through_a_set_user_id_program_stay_in_their_session",
+                "a_root_that_leaves_the_account_has_ended_and_what_it_starts_is_its_leftover",
+                "tree_lists_reported_leftovers_from_roots_copy_until_they_exit",
+            ],
+        },
+    ),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
     ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
