@@ -113,7 +113,9 @@ fn status_without_a_status_file_says_what_operations_md_quotes() {
         .and_then(|rest| rest.split('`').next())
         .expect("docs/operations.md quotes status' message without a status file");
     let dir = tempfile::tempdir().unwrap();
-    let o = guard().args(["status", "--home"]).arg(dir.path()).output().unwrap();
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() }.to_string();
+    let o = guard().args(["status", "--user", &me, "--home"]).arg(dir.path()).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     let path = dir.path().join("guard-status.json");
     let want = quoted.replace("\n", " ").replace("<path>", &path.display().to_string());
@@ -150,7 +152,7 @@ fn a_bare_run_as_root_asks_for_an_account_instead_of_guarding_root() {
         let o = guard().args(args).arg("--home").arg(dir.path()).env_remove("SUDO_USER").output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
         let err = text(&o.stderr);
-        assert!(err.contains("no account to guard") && err.contains("--user"), "{args:?}: {err}");
+        assert!(err.contains("no account named") && err.contains("--user"), "{args:?}: {err}");
         assert!(!dir.path().join("guard-daemon.log").exists(), "{args:?}: the daemon started");
         // sudo by root (SUDO_USER=root) is root too.
         let o = guard().args(args).arg("--home").arg(dir.path()).env("SUDO_USER", "root").output().unwrap();

@@ -52,7 +52,8 @@ fn row(h: &Holder, outcome: Option<Stopped>) -> Row {
 }
 
 pub fn main(args: HoldersArgs) -> anyhow::Result<ExitCode> {
-    let (account, _, _) = super::run::resolve_account(&args.account)?;
+    let purpose = if args.stop { crate::account::Purpose::Acts } else { crate::account::Purpose::Reads };
+    let (account, _, _) = super::account(&args.account, "holders", purpose)?;
     let shown_dir = escape::text(args.dir.as_os_str().as_encoded_bytes());
     let dir = args.dir.canonicalize().with_context(|| format!("{shown_dir}: cannot resolve the directory"))?;
     let found = holders::find(&dir, account.uid).context("reading /proc")?;

@@ -38,7 +38,7 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let (account, _, _) = super::run::resolve_account(&args.account)?;
+    let (account, _, _) = super::account(&args.account, "match", crate::account::Purpose::ShowsCommandLines)?;
     let mut procs: Vec<_> = procfs::snapshot()?.into_iter().filter(|p| p.euid == account.uid).collect();
     procs.sort_by_key(|p| p.id.pid);
     let listed: Vec<(u32, Vec<u8>)> = procs

@@ -7,6 +7,7 @@ use std::{os::unix::ffi::OsStrExt, process::ExitCode};
 
 use super::ValidateArgs;
 use crate::{
+    account::Purpose,
     config::{self, Problem},
     escape,
     pattern::{match_all, PatternSetError},
@@ -14,7 +15,7 @@ use crate::{
 };
 
 pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) = super::account(&args.account, "validate", Purpose::Reads)?;
     let path = args.file.clone().unwrap_or(config_path);
     // Read with the account's rights, as the daemon does: a file the guard could not read is
     // not valid for it, whoever runs validate.

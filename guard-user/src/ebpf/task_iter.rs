@@ -177,7 +177,7 @@ pub fn snapshot_states(iter: Option<&TaskIter>) -> io::Result<Vec<ProcState>> {
     if let Some(it) = iter {
         match it.proc_states() {
             Ok(v) => return Ok(v),
-            Err(e) => eprintln!("guard-user: task iterator snapshot failed, reading /proc instead: {e}"),
+            Err(e) => tracing::warn!("task iterator snapshot failed, reading /proc instead: {e}"),
         }
     }
     procfs::snapshot()

@@ -86,7 +86,7 @@ mod tests;
 
 pub use apply::{install, links_to, relink, retire_legacy, uninstall, Changes, Outcome};
 pub use check::{check, Report};
-pub use layout::{default_source, Layout, Provider, Request};
+pub use layout::{default_source, installed_accounts, Layout, Provider, Request};
 pub use systemctl::{systemd_running, Systemctl};
 pub use unit::{instance_name, unit_text, DropIn, UNIT_NAME};
 
