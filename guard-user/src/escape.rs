@@ -191,6 +191,12 @@ pub fn log_value_capped(bytes: &[u8], max: usize) -> String {
     out
 }
 
+/// [`log_value_capped`], quoted whatever it holds: the text of a string shown where another
+/// type belongs (`value="30"` is the string "30"; the number is `value=30`).
+pub fn log_string_capped(bytes: &[u8], max: usize) -> String {
+    format!("\"{}\"", text_capped(bytes, max).replace('"', "\\\""))
+}
+
 /// Displays bytes in their escaped form, e.g. `format!("{}", Escaped(path.as_os_str().as_bytes()))`.
 pub struct Escaped<'a>(pub &'a [u8]);
 

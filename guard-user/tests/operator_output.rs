@@ -272,3 +272,64 @@ fn every_line_on_the_journal_stream_carries_a_priority() {
     assert!(lines.iter().all(|l| priority(l)), "{lines:#?}");
     assert!(lines.iter().all(|l| !l.contains("needs root")), "{lines:#?}");
 }
+
+/// What the daemon would take silently, `validate` names: a key written twice (with both
+/// lines: the daemon uses the last), another regex dialect's syntax (what bash reads instead),
+/// a stateFile the unit cannot write; and a costly pattern hides no invalid one behind it.
+#[test]
+fn validate_names_what_the_daemon_would_take_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = validate(dir.path(), "{\n  \"threshold\": 5,\n  \"timeout\": \"1h\",\n  \"threshold\": 50\n}\n");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert_eq!(
+        stdout_lines(&o)[0],
+        "threshold: is written 2 times (lines 2 and 4); the daemon uses the last one; keep only the one you mean"
+    );
+
+    let json =
+        r#"{"excludeCommands": ["((a{1,255}){1,255}){1,255}", "(a", "\\d+ --port \\d", "[\\w-]+", "x.*?y", "ok"]}"#;
+    let o = validate(dir.path(), json);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let lines = stdout_lines(&o);
+    let at = |key: &str| lines.iter().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("{key}: {lines:#?}"));
+    assert!(at("excludeCommands[0]: is too costly").contains("regex nodes"));
+    assert!(at("excludeCommands[1]: ").contains("is not a valid bash extended regex"), "hidden behind [0]");
+    assert!(at("excludeCommands[2]: ").contains("bash reads `\\d` as the letter d (write [0-9] for a digit)"));
+    assert!(at("excludeCommands[3]: ").contains("bash reads `[\\w-]` as two characters"));
+    // Lazy `*?` matches the same command lines in bash: a warning only.
+    assert!(at("warning: excludeCommands[4]: ").contains("bash reads `*?` as a repetition made optional"));
+    assert!(!lines.iter().any(|l| l.contains("excludeCommands[5]")), "{lines:#?}");
+    assert!(lines.last().unwrap().ends_with("c.json is invalid: 4 problems"), "{lines:#?}");
+
+    let o = validate(dir.path(), r#"{"excludeCommands": ["(?i)claude"]}"#);
+    assert!(stdout_lines(&o)[0].contains("for (?i) write each letter as [Aa]"), "{o:?}");
+
+    for (state, outside) in [
+        ("/var/lib/guard/state.json", true),
+        ("~/../other/state.json", true),
+        ("~/s/state.json", false),
+        ("state.json", false),
+    ] {
+        let o = validate(dir.path(), &format!(r#"{{"stateFile": {state:?}}}"#));
+        let lines = stdout_lines(&o);
+        assert_eq!(o.status.code(), Some(if outside { 1 } else { 0 }), "{state}: {lines:?}");
+        assert_eq!(lines[0].starts_with("stateFile: ") && lines[0].contains("state_unwritable"), outside, "{lines:?}");
+    }
+}
+
+/// `match --pattern` speaks of the pattern it was given, not of a config list it never read.
+#[test]
+fn match_names_its_own_pattern_and_what_bash_reads() {
+    let o = guard().args(["match", "--pattern", "(?i)claude", "--cmdline", "claude"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(err.starts_with("guard-user match: --pattern \"(?i)claude\" is not a valid bash extended regex"), "{err}");
+    assert!(!err.contains("excludeCommands"), "{err}");
+    let o = guard().args(["match", "--pattern", "((a{1,255}){1,255}){1,255}", "--cmdline", "a"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("excludeCommands"), "{o:?}");
+    // Valid but another dialect's: answered as bash reads it, with a note on stderr.
+    let o = guard().args(["match", "--pattern", "^\\d$", "--cmdline", "d", "--cmdline", "5"]).output().unwrap();
+    assert_eq!((o.status.code(), stdout_lines(&o)), (Some(0), vec!["match".to_string(), "other".into()]));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bash reads `\\d` as the letter d"), "{o:?}");
+}

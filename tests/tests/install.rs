@@ -214,7 +214,7 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     assert!(
         out.stdout.lines().any(|l| l
             == format!(
-                r#"{home}/guard-config.json is invalid: config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#
+                r#"{home}/guard-config.json is invalid: config_malformed threshold value="30" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#
             )),
         "{}",
         out.stdout

@@ -10,7 +10,7 @@ use std::{
 
 use super::MatchArgs;
 use crate::{
-    pattern::{Limits, MatchOutcome, Matcher},
+    pattern::{habits, Limits, MatchOutcome, Matcher, PatternSetError},
     procfs,
 };
 
@@ -21,8 +21,16 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     let limits = Limits::default();
     let mut matcher = Matcher::new(PathBuf::from("/proc/self/exe"), limits.clone());
     if let Err(e) = matcher.set_patterns(std::slice::from_ref(&args.pattern)) {
-        eprintln!("guard-user match: {e}");
+        eprintln!("guard-user match: {}", refused(&args.pattern, &e));
         return Ok(ExitCode::from(2));
+    }
+    let habits = habits::habits(&args.pattern);
+    if !habits.is_empty() {
+        // Valid, and answered as bash reads it; said first, since it may not be what was meant.
+        eprintln!(
+            "guard-user match: note: --pattern is written in another regex dialect: {}",
+            habits::describe(&habits)
+        );
     }
     let deadline = Instant::now() + OVERALL;
     let word = |o: MatchOutcome| match o {
@@ -52,6 +60,32 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         writeln!(out, "{} {pid} {}", word(outcome), escape(cmdline))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why `--pattern` was refused, about the pattern itself (the list the error type speaks of is
+/// the config's, which `match` does not read), with what bash has instead of another dialect's
+/// syntax.
+fn refused(pattern: &str, e: &PatternSetError) -> String {
+    let shown = crate::escape::text_capped(pattern.as_bytes(), 200);
+    let hint = || {
+        let h = habits::habits(pattern);
+        if h.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", habits::describe(&h))
+        }
+    };
+    match e {
+        PatternSetError::Invalid { reason, .. } => {
+            format!("--pattern \"{shown}\" is not a valid bash extended regex: {reason}{}", hint())
+        }
+        PatternSetError::TooCostly { why, .. } => format!("--pattern \"{shown}\" is too costly to match safely: {why}"),
+        PatternSetError::TooLong { len, max, .. } => {
+            format!("--pattern is {len} bytes long, more than {max}; match a distinctive part of the command line")
+        }
+        PatternSetError::Nul { .. } => "--pattern contains a NUL byte, which bash cannot hold".to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// `/proc/PID/cmdline` as the daemon matches it (arguments joined by single spaces, no trailing

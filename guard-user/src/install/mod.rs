@@ -108,7 +108,7 @@ pub enum InstallError {
     #[error("{}: {source}", shown(path))]
     Io { path: PathBuf, source: io::Error },
     #[error("the config source {} is invalid: {}; fix it or pass --config-source FILE", quoted(path), reason.log_reason())]
-    InvalidSource { path: PathBuf, reason: ConfigError },
+    InvalidSource { path: PathBuf, reason: Box<ConfigError> },
     #[error("the config source {} does not exist ({source}); pass --config-source FILE", quoted(path))]
     NoSource { path: PathBuf, source: io::Error },
     #[error(transparent)]

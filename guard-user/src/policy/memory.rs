@@ -67,6 +67,9 @@ pub struct Memory {
     warned_keys: BTreeSet<String>,
     /// The line saying unknown keys are no longer reported one by one was written.
     unknown_keys_capped: bool,
+    /// Keys written more than once already warned about (once per key per run). Only keys guard
+    /// knows are tracked ([`config::RepeatedKey`]), so this holds at most one per known key.
+    warned_repeats: BTreeSet<String>,
     /// The sandboxed matcher could not run at the last tick (warned once per outage).
     matcher_down: bool,
     /// `ERROR` lines said since the last `TICK_COMPLETE` (its `errors=`).
@@ -184,6 +187,26 @@ impl Memory {
                     .with("limit", config::MAX_UNKNOWN_KEYS)
                     .with("path", path),
             ));
+        }
+        lines
+    }
+
+    /// `WARN config_repeated_key key=<k> count=<n> lines=<l,…> path=<config>` once per key per
+    /// run: the daemon uses the last occurrence (as every JSON reader does), which the operator
+    /// reading the first one may not expect; `validate` refuses the file.
+    pub fn repeated_keys(&mut self, config: &Config, path: &[u8]) -> Vec<Line> {
+        let mut lines = Vec::new();
+        for r in &config.repeated_keys {
+            if self.warned_repeats.insert(r.key.clone()) {
+                let at: Vec<String> = r.lines.iter().map(|l| l.to_string()).collect();
+                lines.push(Line::Warn(
+                    Notice::new("config_repeated_key")
+                        .with("key", r.key.as_str())
+                        .with("count", r.count)
+                        .with("lines", at.join(",").as_str())
+                        .with("path", path),
+                ));
+            }
         }
         lines
     }
