@@ -61,6 +61,8 @@ pub enum Command {
     /// Stop and remove what install added (keeps the config link and the log).
     Uninstall(InstallArgs),
     /// Record one account's process events from the kernel into a trace file (for replay tests).
+    // A developer's tool (the replay fixtures): hidden from --help, the man pages and completions.
+    #[command(hide = true)]
     Record(RecordArgs),
     /// Check a config file and print every problem with its fix (exit 1 when invalid).
     #[command(long_about = "Check a config file and print every problem with its fix, one line each \

@@ -75,6 +75,10 @@ fn check_one(args: &InstallArgs, account: &Account) -> anyhow::Result<ExitCode> 
     if unsafe { libc::geteuid() } != 0 && !report.skipped.is_empty() {
         println!("not root, so these checks were skipped:");
     }
+    // After the verdict: what the service runs with beyond its drop-in.
+    if let Some(flags) = &report.flags {
+        println!("{flags}");
+    }
     for s in &report.skipped {
         println!("  skipped: {s}");
     }

@@ -6,8 +6,11 @@ use anyhow::Context;
 use super::RunArgs;
 use crate::{
     account::Purpose,
-    daemon::{self, instance, Backend, DaemonOptions},
-    duration::parse_duration,
+    daemon::{
+        self,
+        flags::{run_flags, RunFlags},
+        instance, DaemonOptions,
+    },
 };
 
 pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
@@ -24,12 +27,7 @@ pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
         account.name,
         account.uid
     );
-    let metrics_file = args.metrics_file.as_deref().map(metrics_file).transpose()?;
-    let interval = parse_duration(&args.interval).context("--interval")?;
-    anyhow::ensure!(!interval.is_zero(), "--interval must be longer than 0s");
-    let audit_interval = parse_duration(&args.audit_interval).context("--audit-interval")?;
-    anyhow::ensure!(!audit_interval.is_zero(), "--audit-interval must be longer than 0s");
-    let backend: Backend = args.backend.parse().map_err(anyhow::Error::msg)?;
+    let RunFlags { interval, audit_interval, backend, metrics_file } = run_flags(args, &account.name)?;
     if args.account.home.is_some() {
         anyhow::ensure!(home.is_dir(), "--home {}: not a directory", crate::escape::text(home.as_os_str().as_bytes()));
     } else {
@@ -55,19 +53,6 @@ pub fn options(args: &RunArgs) -> anyhow::Result<DaemonOptions> {
         deadline_timer: !args.no_deadline_timer,
         metrics_file,
     })
-}
-
-/// `--metrics-file PATH`: node_exporter's textfile collector reads only `*.prom`, so any other
-/// name would be written every tick and never collected. Refused before anything starts.
-fn metrics_file(path: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
-    let name = path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default();
-    anyhow::ensure!(
-        name.len() > ".prom".len() && name.ends_with(b".prom"),
-        "--metrics-file {}: node_exporter's textfile collector reads only files whose name ends in .prom, \
-         so it would never read this one; name it e.g. guard-<account>.prom",
-        crate::escape::text(path.as_os_str().as_encoded_bytes())
-    );
-    Ok(path.to_path_buf())
 }
 
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {

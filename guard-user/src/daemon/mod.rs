@@ -32,6 +32,7 @@ use crate::{
 
 pub mod effects;
 pub mod fault;
+pub mod flags;
 pub mod gather;
 pub mod instance;
 pub mod keeper;

@@ -99,6 +99,9 @@ pub struct Layout {
     pub provider: Provider,
     /// The running binary (what a source install copies).
     pub exe: PathBuf,
+    /// Where `/etc/default/guard-user` is looked for: `/` on a host (`GUARD_PACKAGED_ROOT` in
+    /// tests; the file is a conffile of the package).
+    pub defaults_root: PathBuf,
 }
 
 impl Layout {
@@ -180,6 +183,7 @@ impl Layout {
             unit_dir: req.unit_dir.clone(),
             provider: Provider::detect(req),
             exe: req.exe.clone(),
+            defaults_root: req.packaged_root.clone(),
         }
     }
 

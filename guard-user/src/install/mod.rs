@@ -11,6 +11,7 @@
 //!   the default config source.
 //! - [`apply`]: `install` and `uninstall` (the only writers).
 //! - [`check`]: `check` (reads only).
+//! - [`defaults`]: `/etc/default/guard-user`, the flags the unit adds to `run` (`GUARD_ARGS`).
 //! - [`leaked`]: `guard-user run` processes outside the unit.
 //! - [`systemctl`]: talking to systemd.
 //!
@@ -72,6 +73,7 @@ use std::{
 
 pub mod apply;
 pub mod check;
+pub mod defaults;
 pub mod escape;
 pub mod hidden;
 pub mod home;

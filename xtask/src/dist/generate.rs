@@ -239,6 +239,11 @@ fn sub_see_also(name: &str) -> String {
 pub fn completion(shell: Shell) -> Vec<u8> {
     let mut cmd = visible_tree(&Cli::command());
     let mut out = Vec::new();
+    if shell == Shell::Fish {
+        clap_complete::generate(shell, &mut cmd, BIN, &mut out);
+        let text = String::from_utf8(out).expect("clap_complete writes UTF-8");
+        return fish_extras(&text).expect("clap_complete's fish script has the shape fish_extras expects").into_bytes();
+    }
     if shell != Shell::Bash {
         clap_complete::generate(shell, &mut cmd, BIN, &mut out);
         return out;
@@ -257,6 +262,19 @@ pub fn completion(shell: Shell) -> Vec<u8> {
         }
     }
     bash_extras(&fixed, &cmd).expect("clap_complete's bash script has the shape bash_extras expects").into_bytes()
+}
+
+/// fish: clap_complete's `__fish_guard_user_needs_command` runs `argparse` over the words typed
+/// so far and gives up when it fails, which it does while an option of bare `guard-user` waits
+/// for its value (`guard-user --backend `): then no completion of the top level applies and fish
+/// offers file names instead of `auto ebpf procfs`. A failed parse means no subcommand has been
+/// typed yet, so it answers that. `None` when the script does not have the expected shape (a
+/// clap_complete upgrade then fails the package build instead of silently dropping the fix).
+fn fish_extras(script: &str) -> Option<String> {
+    let before = "    argparse -s (__fish_guard_user_global_optspecs) -- $cmd 2>/dev/null\n    or return\n";
+    let after = "    argparse -s (__fish_guard_user_global_optspecs) -- $cmd 2>/dev/null\n    \
+                 # An option still waiting for its value fails the parse: no subcommand yet.\n    or return 0\n";
+    script.contains(before).then(|| script.replacen(before, after, 1))
 }
 
 /// The name bash's script is generated under (see [`completion`]).
