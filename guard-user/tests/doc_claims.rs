@@ -194,7 +194,7 @@ fn the_packaged_unit_is_what_the_binary_prints_and_names_the_man_pages() {
     let exe = install::escape::Executable::new(Path::new("/usr/bin/guard-user")).unwrap();
     assert_eq!(text(&o.stdout), install::unit_text(&exe));
     assert!(text(&o.stdout).contains("\nDocumentation=man:guard-user(8) man:guard-config.json(5)\n"));
-    assert!(text(&o.stdout).contains("\nExecStart=/usr/bin/guard-user run --user %i\n"));
+    assert!(text(&o.stdout).contains("\nExecStart=/usr/bin/guard-user run --user %i $GUARD_ARGS\n"));
     // A source install has no man page to point at (systemd-analyze verify would fail on it).
     let o = guard().args(["__unit", "--bin-dir", "/opt/bin"]).output().unwrap();
     assert!(!text(&o.stdout).contains("man:"), "{}", text(&o.stdout));

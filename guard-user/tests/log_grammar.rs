@@ -481,3 +481,43 @@ fn a_bad_list_element_and_a_bad_pattern_name_their_index() {
     assert_eq!(field(&lines[1], "index"), b"1");
     assert_eq!(field(&lines[1], "reason"), b"is 1100 bytes long, more than 1024");
 }
+
+/// docs/log.md's journal table says which `<N>` each line gets; every kind of line the daemon
+/// writes (every `STOPPED` and `RESYNC` reason too) is in the row of the priority the daemon
+/// gives it (`Line::priority`), and the table names nothing the daemon does not write.
+#[test]
+fn the_journal_priority_table_is_what_the_daemon_writes() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log.md")).unwrap();
+    let table = doc.split("## The journal").nth(1).expect("docs/log.md has a journal section");
+    // `| `<5>` notice | `KILLED`, `STOPPED reason=signal`, … |` → (5, ["KILLED", "STOPPED reason=signal", …])
+    let rows: Vec<(u8, Vec<String>)> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("| priority"))
+        .skip(2)
+        .take_while(|l| l.starts_with("| `<"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let n = cells[1].trim_start_matches("`<").chars().next().unwrap().to_digit(10).unwrap() as u8;
+            (n, cells[2].split(", ").map(|i| i.trim_matches('`').to_string()).collect())
+        })
+        .collect();
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [3, 4, 5, 6], "{rows:?}");
+    let mut lines = one_of_each(Comm::new(b"x"));
+    lines.extend([StopReason::Signal, StopReason::Error].map(LogLine::Stopped));
+    lines.extend([ResyncReason::Startup, ResyncReason::Drift].map(|reason| LogLine::Resync { reason, lost: 0 }));
+    let mut used = std::collections::BTreeSet::new();
+    for line in &lines {
+        let body = line.body();
+        // The most specific item this line starts with: `STOPPED reason=hang` before `STOPPED`.
+        let item = rows
+            .iter()
+            .flat_map(|(n, items)| items.iter().map(move |i| (*n, i)))
+            .filter(|(_, i)| body == **i || body.starts_with(&format!("{i} ")))
+            .max_by_key(|(_, i)| i.len());
+        let (n, item) = item.unwrap_or_else(|| panic!("{body}: in no row of docs/log.md's journal table"));
+        assert_eq!(n, line.priority(), "{body}: docs/log.md puts {item} under <{n}>");
+        used.insert(item.clone());
+    }
+    let all: std::collections::BTreeSet<String> = rows.into_iter().flat_map(|(_, i)| i).collect();
+    assert_eq!(all, used, "items of the table no line of the daemon is");
+}
