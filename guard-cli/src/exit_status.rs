@@ -48,7 +48,7 @@ pub const EXIT_STATUSES: &[ExitStatus] = &[
         "bad arguments, a fatal error (guard-user: what, on standard error; for run also STOPPED reason=error), or \
          no --user where the default would be root and the command acts or shows command lines",
     ),
-    row("*", 141, "standard output was a pipe whose reader went away (guard-user explain NAME | head)"),
+    row("*", 141, "standard output was a pipe whose reader went away (guard-user explain NAME piped into head)"),
 ];
 
 /// The rows that concern `command` (its own, then those of every subcommand), by code.
