@@ -324,8 +324,18 @@ fn every_documented_exit_status_is_what_the_binary_returns() {
         ("check", 0, "tests/tests/install.rs", "fn check_reports_every_drift_and_install_brings_it_in_sync"),
         ("check", 1, "tests/tests/install.rs", "fn check_reports_every_drift_and_install_brings_it_in_sync"),
         ("install", 0, "tests/tests/install.rs", "fn check_reports_every_drift_and_install_brings_it_in_sync"),
-        ("install", 1, "tests/tests/install.rs", "fn install_without_systemd_links_and_says_the_guard_is_not_scheduled"),
-        ("uninstall", 0, "tests/tests/install.rs", "fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log"),
+        (
+            "install",
+            1,
+            "tests/tests/install.rs",
+            "fn install_without_systemd_links_and_says_the_guard_is_not_scheduled",
+        ),
+        (
+            "uninstall",
+            0,
+            "tests/tests/install.rs",
+            "fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log",
+        ),
         ("*", 141, "guard-user/tests/operator_output.rs", "fn a_reader_that_goes_away_ends_a_subcommand_quietly"),
     ];
     for row in guard_cli::EXIT_STATUSES {
@@ -414,4 +424,38 @@ fn a_tls_endpoint_is_refused_in_the_words_operations_md_quotes() {
     let doc = read("docs/operations.md").replace('\n', " ");
     let quoted = "is not usable: TLS (rediss://) is not supported; use redis:// on a trusted network or a unix socket";
     assert!(doc.contains(quoted) && err.contains(quoted), "{err}");
+}
+
+/// README's Usage block shows every subcommand an operator has (`--help`'s list, hidden ones
+/// left out), and none it lacks.
+#[test]
+fn the_readme_usage_shows_every_visible_subcommand() {
+    use clap::CommandFactory as _;
+    let readme = read("README.md");
+    let usage = readme.split("## Usage").nth(1).unwrap().split("```").nth(1).unwrap();
+    let shown: BTreeSet<&str> = usage
+        .lines()
+        .filter_map(|l| l.strip_prefix("guard-user "))
+        .flat_map(|rest| rest.split_whitespace().next())
+        .flat_map(|w| w.trim_matches(['[', ']']).split('|'))
+        .filter(|w| !w.starts_with('-'))
+        .collect();
+    let cli = guard_cli::Cli::command();
+    let visible: BTreeSet<&str> = cli.get_subcommands().filter(|s| !s.is_hide_set()).map(|s| s.get_name()).collect();
+    assert_eq!(shown, visible, "README's Usage against the subcommands of --help");
+}
+
+/// guard-config.json(5) names the keys the packaged config sets; the file sets exactly those.
+#[test]
+fn the_config_man_page_says_which_keys_the_packaged_config_sets() {
+    let page = read("packaging/man/guard-config.json.5");
+    let claim = page.split("The default configuration shipped by the package: ").nth(1).expect("the FILES entry");
+    let claim = claim.split(" at their defaults").next().unwrap().replace('\n', " ");
+    let named: BTreeSet<String> =
+        claim.split([',', ' ']).filter(|w| !w.is_empty() && *w != "and").map(String::from).collect();
+    let shipped: serde_json::Value = serde_json::from_str(&read("config/guard-config.json")).unwrap();
+    let keys: BTreeSet<String> = shipped.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(named, keys);
+    let c = config::parse(read("config/guard-config.json").as_bytes(), Path::new("/h")).unwrap();
+    assert_eq!(c, config::Config::defaults(Path::new("/h")), "the packaged config is the defaults");
 }

@@ -183,9 +183,11 @@ pub fn check(layout: &Layout, sc: &Systemctl, r: &mut Report) {
         ));
     }
     // Nothing in force is nothing to show (the packaged file sets GUARD_ARGS="").
-    let in_force = running.unwrap_or(flags.words);
+    let (in_force, origin) = match running {
+        Some(running) if running != flags.words => (running, "as the running instance was started".to_string()),
+        _ => (flags.words, from.map_or_else(|| "no defaults file".to_string(), |f| format!("GUARD_ARGS from {f}"))),
+    };
     if !in_force.is_empty() {
-        let origin = from.map_or_else(|| "no defaults file".to_string(), |f| format!("GUARD_ARGS from {f}"));
         r.flags = Some(format!("flags: {} ({origin})", shown_words(&in_force)));
     }
 }
