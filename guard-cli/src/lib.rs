@@ -127,7 +127,8 @@ pub struct RunArgs {
     #[arg(long, hide = true)]
     pub no_deadline_timer: bool,
     /// Write Prometheus metrics to PATH after every tick (atomically), for node_exporter's textfile
-    /// collector: PATH must end in .prom, the only files the collector reads.
+    /// collector: PATH must end in .prom, the only files the collector reads, or be a directory,
+    /// which gets guard-<account>.prom.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath)]
     pub metrics_file: Option<PathBuf>,
 }

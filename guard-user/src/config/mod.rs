@@ -120,7 +120,7 @@ pub struct Config {
     pub threshold: u32,
     /// How long a flagged name stays at/over the threshold before it is enforced.
     pub timeout: Duration,
-    /// Names never counted, compared ignoring ASCII case.
+    /// Names never flagged or ended (they are counted and shown), compared ignoring ASCII case.
     pub excludes: Vec<String>,
     /// Command lines matching any of these are never ended. Validated as text only (count,
     /// length, no NUL); the matcher compiles them.
