@@ -12,6 +12,8 @@ use std::{
     process::{Command, Output},
 };
 
+use guard_test::guard_test;
+
 fn guard() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_guard-user"));
     // Nothing of this test's own environment decides the account, and no Redis is asked.
@@ -21,9 +23,17 @@ fn guard() -> Command {
     c
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
+/// A test account (what `integration_tests::ensure_account` does for the kernel tests): created
+/// when missing, as the runs of `cargo xtask test` and the guests have it.
+fn test_account(name: &str, uid: u32) -> guard::account::Account {
+    if let Ok(a) = guard::account::Account::by_name(name) {
+        return a;
+    }
+    let uid = uid.to_string();
+    let _ = Command::new("useradd")
+        .args(["--uid", &uid, "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+        .status();
+    guard::account::Account::by_name(name).unwrap_or_else(|e| panic!("the test account {name}: {e}"))
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -34,12 +44,8 @@ fn run_in(dir: &Path, args: &[&str]) -> Output {
     guard().args(args).current_dir(dir).output().unwrap()
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn as_root_with_no_account_named_what_acts_or_shows_command_lines_refuses_and_asks_for_user() {
-    if !is_root() {
-        eprintln!("skipped: needs root (another user's default account is that user, as documented)");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().to_str().unwrap();
     let refused: &[&[&str]] = &[
@@ -74,12 +80,8 @@ fn as_root_with_no_account_named_what_acts_or_shows_command_lines_refuses_and_as
     assert!(text(&o.stdout).lines().count() > 0, "{o:?}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn as_root_with_no_account_named_what_only_reads_says_whom_it_read_on_its_first_line() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().to_str().unwrap();
     fs::write(dir.path().join("guard-config.json"), "{}").unwrap();
@@ -98,6 +100,7 @@ fn as_root_with_no_account_named_what_only_reads_says_whom_it_read_on_its_first_
         assert!(!text(&o.stdout).contains("account root"), "{args:?}: {o:?}");
     }
     // Named (by --user or by sudo), nothing is said: the reader chose.
+    test_account("guardtest1", 4201);
     for (user, sudo) in [(Some("root"), None), (None, Some("guardtest1"))] {
         let mut cmd = guard();
         cmd.args(["validate", "--home", home]);
@@ -112,16 +115,11 @@ fn as_root_with_no_account_named_what_only_reads_says_whom_it_read_on_its_first_
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn sudo_user_names_the_account_for_every_subcommand_when_root_runs_through_sudo() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    let Ok(account) = guard::account::Account::by_name("guardtest1") else {
-        eprintln!("skipped: no guardtest1 account (cargo xtask test creates it)");
-        return;
-    };
+    // Processes as a test account: one test at a time on the host.
+    let _serial = guard_test::serial::serial();
+    let account = test_account("guardtest1", 4201);
     // `match` lists the processes of the account $SUDO_USER names: this sleep, not root's.
     let mut sleeper = Command::new("sleep").arg("30").uid(account.uid).gid(account.gid).spawn().unwrap();
     let o = guard().env("SUDO_USER", "guardtest1").args(["match", "--pattern", "^sleep 30$"]).output().unwrap();
@@ -133,12 +131,8 @@ fn sudo_user_names_the_account_for_every_subcommand_when_root_runs_through_sudo(
     assert!(out.lines().all(|l| !l.contains("guard-user")), "root's own processes listed: {out}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_as_root_with_no_account_named_checks_the_installed_instances_never_root() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     let units = tempfile::tempdir().unwrap();
     let dir = units.path().to_str().unwrap();
     let o = guard().args(["check", "--unit-dir", dir, "--bin-dir", dir]).output().unwrap();
@@ -148,6 +142,7 @@ fn check_as_root_with_no_account_named_checks_the_installed_instances_never_root
     assert!(!out.contains("root"), "{out}");
 
     // One instance's drop-in (its content is check's to judge): checked under its name.
+    test_account("guardtest1", 4201);
     let dropin = units.path().join("guard-user@guardtest1.service.d");
     fs::create_dir(&dropin).unwrap();
     fs::write(dropin.join("home.conf"), "[Service]\n").unwrap();
@@ -167,16 +162,11 @@ fn check_as_root_with_no_account_named_checks_the_installed_instances_never_root
     assert_eq!(o.status.code(), Some(1), "an instance that differs is drift: {o:?}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_run_for_another_account_without_root_is_refused_before_it_starts() {
-    if !is_root() {
-        eprintln!("skipped: needs root (to start it as another user)");
-        return;
-    }
-    let Ok(me) = guard::account::Account::by_name("guardtest1") else {
-        eprintln!("skipped: no guardtest1 account (cargo xtask test creates it)");
-        return;
-    };
+    let _serial = guard_test::serial::serial();
+    let me = test_account("guardtest1", 4201);
+    test_account("guardtest2", 4202);
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::chown(dir.path(), Some(me.uid), Some(me.gid)).unwrap();
     let o = guard()
@@ -192,18 +182,11 @@ fn a_run_for_another_account_without_root_is_refused_before_it_starts() {
     assert!(!dir.path().join("guard-daemon.log").exists());
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_passwd_home_that_is_not_there_is_named_as_the_passwd_home_not_as_a_home_option() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     // Debian's nobody has /nonexistent as its home.
-    let Ok(nobody) = guard::account::Account::by_name("nobody") else { return };
-    if nobody.home.exists() {
-        eprintln!("skipped: nobody's home exists here");
-        return;
-    }
+    let nobody = guard::account::Account::by_name("nobody").expect("Debian's nobody");
+    assert!(!nobody.home.exists(), "nobody's home {} exists here", nobody.home.display());
     let o = guard().args(["run", "--user", "nobody", "--dry-run", "--backend", "procfs"]).output().unwrap();
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
@@ -211,3 +194,5 @@ fn a_passwd_home_that_is_not_there_is_named_as_the_passwd_home_not_as_a_home_opt
     assert!(err.contains(&expected) && err.contains("--home DIR"), "{err}");
     assert!(!err.contains("--home /"), "{err}");
 }
+
+guard_test::main!();

@@ -4,6 +4,7 @@
 //! metrics file name rule, whom a bare `run` guards, what the machine's process count counts, the
 //! packaged unit and its man pages, the config's man page, the demo config of the README, and
 //! the monitoring examples' metric names.
+use guard_test::guard_test;
 use std::{
     collections::BTreeSet,
     fs,
@@ -27,11 +28,6 @@ fn read(rel: &str) -> String {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// One `$ cat NAME` + file + `$ guard-user validate … NAME` + output transcript of a doc.
@@ -78,7 +74,7 @@ fn transcripts(doc: &str) -> Vec<Transcript> {
     out
 }
 
-#[test]
+#[guard_test]
 fn the_validate_transcripts_of_the_configuration_doc_are_what_validate_prints() {
     let doc = read("docs/configuration.md");
     let transcripts = transcripts(&doc);
@@ -104,7 +100,7 @@ fn the_validate_transcripts_of_the_configuration_doc_are_what_validate_prints() 
     }
 }
 
-#[test]
+#[guard_test]
 fn status_without_a_status_file_says_what_operations_md_quotes() {
     let doc = read("docs/operations.md");
     let quoted = doc
@@ -122,7 +118,7 @@ fn status_without_a_status_file_says_what_operations_md_quotes() {
     assert_eq!(text(&o.stderr).trim_end(), want);
 }
 
-#[test]
+#[guard_test]
 fn a_metrics_file_node_exporter_would_not_read_is_refused_before_the_daemon_starts() {
     let dir = tempfile::tempdir().unwrap();
     let me = unsafe { libc::getuid() }.to_string();
@@ -141,12 +137,8 @@ fn a_metrics_file_node_exporter_would_not_read_is_refused_before_the_daemon_star
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_bare_run_as_root_asks_for_an_account_instead_of_guarding_root() {
-    if !is_root() {
-        eprintln!("skipped: needs root (a bare run as another user guards that user, as documented)");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     for args in [&["run", "--dry-run"][..], &["--dry-run"][..], &[][..]] {
         let o = guard().args(args).arg("--home").arg(dir.path()).env_remove("SUDO_USER").output().unwrap();
@@ -166,7 +158,7 @@ fn listed_by_ps() -> u64 {
     fs::read_dir("/proc").unwrap().flatten().filter(numeric).count() as u64
 }
 
-#[test]
+#[guard_test]
 fn the_machine_process_count_is_what_ps_e_lists_as_metrics_md_says() {
     let doc = read("docs/metrics.md");
     assert!(
@@ -187,7 +179,7 @@ fn the_machine_process_count_is_what_ps_e_lists_as_metrics_md_says() {
     panic!("/proc never held still for two listings in a row");
 }
 
-#[test]
+#[guard_test]
 fn the_packaged_unit_is_what_the_binary_prints_and_names_the_man_pages() {
     let o = guard().args(["__unit", "--bin-dir", "/usr/bin"]).output().unwrap();
     assert!(o.status.success(), "{o:?}");
@@ -200,7 +192,7 @@ fn the_packaged_unit_is_what_the_binary_prints_and_names_the_man_pages() {
     assert!(!text(&o.stdout).contains("man:"), "{}", text(&o.stdout));
 }
 
-#[test]
+#[guard_test]
 fn the_config_man_page_and_doc_name_every_key_with_its_default() {
     let page = read("packaging/man/guard-config.json.5");
     let doc = read("docs/configuration.md");
@@ -223,7 +215,7 @@ fn the_config_man_page_and_doc_name_every_key_with_its_default() {
     assert!(page.contains(&format!("default \\fB[{}]\\fR", excludes.join(", "))), "the default excludes");
 }
 
-#[test]
+#[guard_test]
 fn the_readme_demo_config_is_valid_and_shows_a_pile_within_two_minutes() {
     let bytes = fs::read(repo("config/demo-config.json")).unwrap();
     let c = config::parse(&bytes, Path::new("/home/guard-demo")).unwrap();
@@ -238,7 +230,7 @@ fn the_readme_demo_config_is_valid_and_shows_a_pile_within_two_minutes() {
     assert!(readme.contains("for i in 1 2 3 4 5 6;"), "the README's pile");
 }
 
-#[test]
+#[guard_test]
 fn the_monitoring_examples_name_only_metrics_guard_writes() {
     let status = guard::status::Status {
         user: "alice".into(),
@@ -284,7 +276,7 @@ fn the_monitoring_examples_name_only_metrics_guard_writes() {
 /// The exit statuses the man pages render (guard-cli's table) are the binary's: each row is
 /// driven into being here where that is quick, or names the test that drives it (which must
 /// exist); docs/operations.md's table is the same table.
-#[test]
+#[guard_test]
 fn every_documented_exit_status_is_what_the_binary_returns() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().to_str().unwrap();
@@ -366,7 +358,7 @@ fn every_documented_exit_status_is_what_the_binary_returns() {
 
 /// guard-user(8)'s CONFIGURATION list (guard-cli's CONFIG_KEYS) is the parser's: the same keys
 /// in the same order, each with the parser's default.
-#[test]
+#[guard_test]
 fn the_main_man_page_lists_every_config_key_with_the_parsers_default() {
     let keys: Vec<&str> = guard_cli::CONFIG_KEYS.iter().map(|k| k.key).collect();
     assert_eq!(keys, config::KNOWN_KEYS);
@@ -392,7 +384,7 @@ fn the_main_man_page_lists_every_config_key_with_the_parsers_default() {
 
 /// `/etc/default/guard-user` as the package ships it: GUARD_ARGS empty, and every flag its
 /// comments suggest is one `run` starts with.
-#[test]
+#[guard_test]
 fn the_packaged_defaults_file_is_valid_and_its_examples_are_flags_run_takes() {
     use clap::Parser as _;
     let text = read("packaging/debian/default");
@@ -411,7 +403,7 @@ fn the_packaged_defaults_file_is_valid_and_its_examples_are_flags_run_takes() {
 
 /// What docs/operations.md says `status --fleet` answers for a `rediss://` endpoint is what it
 /// answers.
-#[test]
+#[guard_test]
 fn a_tls_endpoint_is_refused_in_the_words_operations_md_quotes() {
     let o = guard()
         .args(["status", "--fleet"])
@@ -428,7 +420,7 @@ fn a_tls_endpoint_is_refused_in_the_words_operations_md_quotes() {
 
 /// README's Usage block shows every subcommand an operator has (`--help`'s list, hidden ones
 /// left out), and none it lacks.
-#[test]
+#[guard_test]
 fn the_readme_usage_shows_every_visible_subcommand() {
     use clap::CommandFactory as _;
     let readme = read("README.md");
@@ -446,7 +438,7 @@ fn the_readme_usage_shows_every_visible_subcommand() {
 }
 
 /// guard-config.json(5) names the keys the packaged config sets; the file sets exactly those.
-#[test]
+#[guard_test]
 fn the_config_man_page_says_which_keys_the_packaged_config_sets() {
     let page = read("packaging/man/guard-config.json.5");
     let claim = page.split("The default configuration shipped by the package: ").nth(1).expect("the FILES entry");
@@ -459,3 +451,5 @@ fn the_config_man_page_says_which_keys_the_packaged_config_sets() {
     let c = config::parse(read("config/guard-config.json").as_bytes(), Path::new("/h")).unwrap();
     assert_eq!(c, config::Config::defaults(Path::new("/h")), "the packaged config is the defaults");
 }
+
+guard_test::main!();

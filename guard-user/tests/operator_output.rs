@@ -1,6 +1,7 @@
 //! What operators read from the real binary: `guard-user validate` on broken and valid configs,
 //! and the daemon's stdout under systemd (`JOURNAL_STREAM`) carrying syslog priorities while
 //! its log file does not.
+use guard_test::guard_test;
 use std::{
     fs,
     io::{BufRead, BufReader},
@@ -24,7 +25,7 @@ fn stdout_lines(o: &Output) -> Vec<String> {
     String::from_utf8(o.stdout.clone()).unwrap().lines().map(str::to_string).collect()
 }
 
-#[test]
+#[guard_test]
 fn validate_prints_every_problem_with_its_fix_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let o = validate(dir.path(), r#"{"threshold": "30", "timeout": "5124095576030431h", "excludeCommands": ["(a"]}"#);
@@ -49,7 +50,7 @@ fn validate_prints_every_problem_with_its_fix_and_exits_1() {
     assert!(lines[1].starts_with(r#"stallWatch.peggedFor: "1s" is shorter than 10s"#), "{lines:?}");
 }
 
-#[test]
+#[guard_test]
 fn validate_refuses_an_unknown_key_naming_the_one_it_resembles_and_refuses_a_fifo_at_once() {
     // An unknown key is an error for validate (the daemon only warns, and runs on the default:
     // a misspelt key would otherwise pass CI silently). It was a warning with exit 0 before.
@@ -79,7 +80,7 @@ fn validate_refuses_an_unknown_key_naming_the_one_it_resembles_and_refuses_a_fif
     );
 }
 
-#[test]
+#[guard_test]
 fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_match_much() {
     let dir = tempfile::tempdir().unwrap();
     for (pattern, index) in [("a||b", 1), (".*", 1), ("^", 1), ("$", 1), ("()", 1), ("x|(^|[ /])*", 1)] {
@@ -105,12 +106,8 @@ fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_
 /// The daemon under "systemd": stdout is a pipe that `JOURNAL_STREAM` names. Its echoed lines
 /// carry `<N>`; the log file's lines do not. Runs as root for the `nobody` account, in dry run
 /// with an unreachable threshold, so it ends nothing.
-#[test]
+#[guard_test(needs = [root])]
 fn the_journal_gets_syslog_priorities_and_the_log_file_does_not() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped the_journal_gets_syslog_priorities_and_the_log_file_does_not: the daemon needs root");
-        return;
-    }
     let home = tempfile::Builder::new().prefix("guard-journal-").tempdir_in("/tmp").unwrap();
     chown(home.path(), Some(65534), Some(65534)).unwrap();
     fs::write(home.path().join("guard-config.json"), r#"{"threshold": 0}"#).unwrap();
@@ -166,7 +163,7 @@ fn closed_pipe() -> std::io::PipeWriter {
 
 /// `guard-user explain X | head`: a reader that goes away ends a subcommand quietly, with the
 /// status a C tool killed by SIGPIPE has (141), never a panic (101) or `Broken pipe` on stderr.
-#[test]
+#[guard_test]
 fn a_reader_that_goes_away_ends_a_subcommand_quietly() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("guard-config.json"), "{}").unwrap();
@@ -191,12 +188,8 @@ fn a_reader_that_goes_away_ends_a_subcommand_quietly() {
 /// A daemon that cannot write its log (here: a home the account cannot write) with stderr a
 /// closed pipe keeps guarding and stops cleanly on SIGTERM: the complaint goes through the
 /// diagnostics, which never panic on a closed stream (it used to exit 101 on the first line).
-#[test]
+#[guard_test(needs = [root])]
 fn a_closed_stderr_never_ends_the_daemon() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped a_closed_stderr_never_ends_the_daemon: the daemon needs root");
-        return;
-    }
     // Root's 0700 directory: nobody can neither write its log there nor read its config.
     let home = tempfile::Builder::new().prefix("guard-closed-").tempdir_in("/tmp").unwrap();
     let (reader, writer) = std::io::pipe().unwrap();
@@ -228,12 +221,8 @@ fn a_closed_stderr_never_ends_the_daemon() {
 /// Under systemd stdout and stderr are one journal stream: every line the daemon writes there,
 /// log lines and diagnostics alike, starts with its `<N>` priority, so no entry is left without
 /// one (a BPF error used to span three lines), and nothing tells root it "needs root".
-#[test]
+#[guard_test(needs = [root])]
 fn every_line_on_the_journal_stream_carries_a_priority() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped every_line_on_the_journal_stream_carries_a_priority: the daemon needs root");
-        return;
-    }
     let home = tempfile::Builder::new().prefix("guard-journal-").tempdir_in("/tmp").unwrap();
     chown(home.path(), Some(65534), Some(65534)).unwrap();
     fs::write(home.path().join("guard-config.json"), r#"{"threshold": 4000000}"#).unwrap();
@@ -276,7 +265,7 @@ fn every_line_on_the_journal_stream_carries_a_priority() {
 /// What the daemon would take silently, `validate` names: a key written twice (with both
 /// lines: the daemon uses the last), another regex dialect's syntax (what bash reads instead),
 /// a stateFile the unit cannot write; and a costly pattern hides no invalid one behind it.
-#[test]
+#[guard_test]
 fn validate_names_what_the_daemon_would_take_silently() {
     let dir = tempfile::tempdir().unwrap();
     let o = validate(dir.path(), "{\n  \"threshold\": 5,\n  \"timeout\": \"1h\",\n  \"threshold\": 50\n}\n");
@@ -318,7 +307,7 @@ fn validate_names_what_the_daemon_would_take_silently() {
 }
 
 /// `match --pattern` speaks of the pattern it was given, not of a config list it never read.
-#[test]
+#[guard_test]
 fn match_names_its_own_pattern_and_what_bash_reads() {
     let o = guard().args(["match", "--pattern", "(?i)claude", "--cmdline", "claude"]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -333,3 +322,5 @@ fn match_names_its_own_pattern_and_what_bash_reads() {
     assert_eq!((o.status.code(), stdout_lines(&o)), (Some(0), vec!["match".to_string(), "other".into()]));
     assert!(String::from_utf8_lossy(&o.stderr).contains("bash reads `\\d` as the letter d"), "{o:?}");
 }
+
+guard_test::main!();

@@ -69,9 +69,9 @@ fn now_secs() -> f64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_reports_every_drift_and_install_brings_it_in_sync() {
-    let Some(_g) = setup("install drift") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     let home = host.home.path().display().to_string();
@@ -171,9 +171,9 @@ fn check_reports_every_drift_and_install_brings_it_in_sync() {
     assert_eq!(out.code, 0);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
-    let Some(_g) = setup("install invalid") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     let home = host.home.path().display().to_string();
@@ -248,9 +248,9 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     assert!(!out.stdout.contains("is not enabled"), "{}", out.stdout);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_after_install_with_a_config_source_compares_against_that_source() {
-    let Some(_g) = setup("install recorded source") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     let home = host.home.path().display().to_string();
@@ -292,9 +292,9 @@ fn check_after_install_with_a_config_source_compares_against_that_source() {
     assert_eq!(plain("check").stdout, format!("[OK] Host guard in sync with {}\n", chosen.display()));
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_second_install_changes_nothing() {
-    let Some(_g) = setup("install idempotent") else { return };
+    let _g = setup();
     let host = Host::new();
     assert_eq!(host.run("install").code, 0);
     let before = host.fingerprint();
@@ -312,9 +312,9 @@ fn a_second_install_changes_nothing() {
     );
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn install_without_systemd_links_and_says_the_guard_is_not_scheduled() {
-    let Some(_g) = setup("install no systemd") else { return };
+    let _g = setup();
     let host = Host::new();
     let out = host.run_with("install", &host.source(), "0");
     assert_eq!(out.code, 1);
@@ -329,9 +329,9 @@ fn install_without_systemd_links_and_says_the_guard_is_not_scheduled() {
     assert!(!host.calls().lines().any(|l| l.contains("enable")), "{}", host.calls());
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn install_without_systemd_prints_one_outcome_and_the_command_to_run_instead() {
-    let Some(_g) = setup("install no systemd, twice") else { return };
+    let _g = setup();
     let host = Host::new();
     assert_eq!(host.run_with("install", &host.source(), "0").code, 1);
     // Run again, so nothing changes: the `[!!]` line stays the one outcome (no `[OK] … nothing
@@ -351,9 +351,9 @@ fn install_without_systemd_prints_one_outcome_and_the_command_to_run_instead() {
     assert!(out.stdout.lines().any(|l| l.trim() == command), "no `{command}` in:\n{}", out.stdout);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log() {
-    let Some(_g) = setup("uninstall") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     assert_eq!(host.run("install").code, 0);
@@ -378,9 +378,9 @@ fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log() {
     assert_eq!(fs::read_to_string(host.h("guard-daemon.log")).unwrap(), "x\n");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn the_relink_never_leaves_the_config_path_missing() {
-    let Some(_g) = setup("relink atomic") else { return };
+    let _g = setup();
     let host = Host::new();
     let (a, b) = (host.source(), fs::canonicalize(host.p("b.json")).unwrap());
     fs::copy(&a, host.link()).unwrap(); // starts as a hand copy
@@ -415,9 +415,9 @@ fn the_relink_never_leaves_the_config_path_missing() {
     assert!(guard::install::links_to(&link, &a));
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_reports_a_guard_running_outside_the_unit() {
-    let Some(_g) = setup("install leaked") else { return };
+    let _g = setup();
     let host = Host::for_account(TEST_USER, TEST_UID, "home-");
     assert_eq!(host.run("install").code, 0);
     let daemon = Daemon::start(&host.home, &["--backend", "procfs"]);
@@ -447,9 +447,9 @@ fn check_reports_a_guard_running_outside_the_unit() {
 /// `/etc/default/guard-user` (here under `GUARD_PACKAGED_ROOT`): `check` shows the flags it adds
 /// to `run` after its verdict, an instance's own file wins, and flags the service would not
 /// start with (an unknown flag, a bad duration, a second `--user`) are drift naming the file.
-#[test]
+#[guard_test(needs = [root])]
 fn check_shows_the_flags_of_the_defaults_file_and_refuses_those_run_would_not_start_with() {
-    let Some(_g) = setup("install defaults") else { return };
+    let _g = setup();
     let host = Host::new();
     assert_eq!(host.run("install").code, 0);
     let ok = format!("[OK] Host guard in sync with {}\n", host.source().display());
@@ -491,3 +491,5 @@ fn check_shows_the_flags_of_the_defaults_file_and_refuses_those_run_would_not_st
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(out.stdout.ends_with(&format!("flags: --dry-run (GUARD_ARGS from {})\n", own.display())), "{}", out.stdout);
 }
+
+guard_test::main!();
