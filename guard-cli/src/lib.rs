@@ -9,6 +9,11 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueHint};
 
+mod config_keys;
+mod exit_status;
+pub use config_keys::{ConfigKey, CONFIG_KEYS};
+pub use exit_status::{exit_statuses, ExitStatus, EXIT_STATUSES};
+
 #[derive(Parser, Debug)]
 #[command(name = "guard-user", version, about = "Ends process names that pile up for one account on a workstation.")]
 #[command(args_conflicts_with_subcommands = true)]
@@ -73,6 +78,8 @@ pub enum Command {
     /// Stop and remove what install added (keeps the config link and the log).
     Uninstall(InstallArgs),
     /// Record one account's process events from the kernel into a trace file (for replay tests).
+    // A developer's tool (the replay fixtures): hidden from --help, the man pages and completions.
+    #[command(hide = true)]
     Record(RecordArgs),
     /// Check a config file and print every problem with its fix (exit 1 when invalid).
     #[command(long_about = "Check a config file and print every problem with its fix, one line each \
@@ -96,8 +103,9 @@ pub enum Command {
 /// Which account, and where its files are: shared by every subcommand.
 #[derive(Args, Debug, Clone, Default)]
 pub struct AccountArgs {
-    /// Account to guard, by name or uid (default: $SUDO_USER under sudo, else the invoking user; run as
-    /// root without sudo, the daemon needs --user: it never guards root unless told to).
+    /// The account, by name or uid (default: $SUDO_USER as root through sudo, else the invoking user;
+    /// as root with neither, a command that acts or prints command lines asks for --user, and one
+    /// that reads says it read root's).
     #[arg(long, value_name = "NAME|UID", value_hint = ValueHint::Username)]
     pub user: Option<String>,
     /// Use DIR instead of the account's home for every default path.
@@ -131,7 +139,8 @@ pub struct RunArgs {
     #[arg(long, hide = true)]
     pub no_deadline_timer: bool,
     /// Write Prometheus metrics to PATH after every tick (atomically), for node_exporter's textfile
-    /// collector: PATH must end in .prom, the only files the collector reads.
+    /// collector: PATH must end in .prom, the only files the collector reads, or be a directory,
+    /// which gets guard-<account>.prom.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath)]
     pub metrics_file: Option<PathBuf>,
 }

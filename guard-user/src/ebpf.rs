@@ -53,8 +53,8 @@ mod tracefs;
 
 pub use creds::CredTracking;
 use creds::{attach_creds, CRED_HOOK};
-pub use error::EbpfError;
 use error::{describe, is_permission, program_error};
+pub use error::{holds_bpf_capabilities, EbpfError};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
 

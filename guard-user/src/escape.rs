@@ -229,6 +229,12 @@ pub fn shell_word(bytes: &[u8]) -> String {
     out
 }
 
+/// [`log_value_capped`], quoted whatever it holds: the text of a string shown where another
+/// type belongs (`value="30"` is the string "30"; the number is `value=30`).
+pub fn log_string_capped(bytes: &[u8], max: usize) -> String {
+    format!("\"{}\"", text_capped(bytes, max).replace('"', "\\\""))
+}
+
 /// Bytes of a command line that any output shows (`explain`, `match`, `tree`, `holders`): the
 /// account may make one 1 MiB long, and root's terminal and memory are not its to fill.
 pub const SHOWN_CMDLINE_BYTES: usize = 4096;

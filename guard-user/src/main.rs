@@ -25,8 +25,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // `explain X | head`: the reader went away, which is not an error of ours.
+        Err(err) if cmd::is_stdout_gone(&err) => ExitCode::from(cmd::STDOUT_GONE),
         Err(err) => {
-            eprintln!("guard-user: {err:#}");
+            cmd::say(&format!("guard-user: {err:#}"));
             ExitCode::from(2)
         }
     }

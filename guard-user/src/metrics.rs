@@ -51,12 +51,14 @@ pub struct MetricsInput {
     pub mirror_dropped: u64,
 }
 
-/// A flagged name as its two families show it.
+/// A flagged name as its two families show it: times, not ages (Prometheus' own advice for
+/// "when did it happen": the reader subtracts `time()`, and a sample that stops being updated
+/// never looks like a clock that stopped).
 struct FlaggedName {
-    /// Seconds since the name was flagged.
-    age_secs: f64,
-    /// Seconds left before enforcement (0 when due).
-    time_left_secs: f64,
+    /// When the name was flagged, unix seconds.
+    since: f64,
+    /// When its processes are due to be ended, unix seconds (the last tick's time when due).
+    due: f64,
 }
 
 #[derive(Clone, Copy)]
@@ -136,7 +138,7 @@ fn bool01(b: bool) -> f64 {
 /// `guard_tracked_processes`, `guard_machine_processes`, `guard_names`,
 /// `guard_name_processes{name}` (the [`TOP_NAMES`] largest, most first), `guard_flagged_names`,
 /// `guard_warned_names`, `guard_repeat_offenders`, `guard_pegged_processes`,
-/// `guard_flagged_age_seconds{name}`, `guard_flagged_time_left_seconds{name}`,
+/// `guard_flagged_since_timestamp_seconds{name}`, `guard_flagged_due_timestamp_seconds{name}`,
 /// `guard_kills_total{reason}`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
 /// `guard_lost_events_total`, `guard_resyncs_total`, `guard_cmdlines_unread_total`,
 /// `guard_mirror_dropped_total`; while sessions are on, `guard_sessions{stage}`,
@@ -175,10 +177,13 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         w.sample("guard_timeout_seconds", &[], t);
     }
     w.one("guard_tracked_processes", Gauge, "Live processes of the guarded account.", s.tracked_processes as f64);
+    // Every guard of a host reports the same count. Its `user` label stays (node_exporter's
+    // textfile collector fails a whole scrape on two files with one series): aggregating across
+    // guards takes max by (instance), never sum (docs/metrics.md).
     w.family(
         "guard_machine_processes",
         Gauge,
-        "Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included.",
+        "Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included; every guard of a host writes the same value, so aggregate with max by (instance), never sum.",
     );
     if let Some(n) = s.machine_processes {
         w.sample("guard_machine_processes", &[], n as f64);
@@ -212,8 +217,7 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         else {
             continue;
         };
-        let f =
-            FlaggedName { age_secs: (s.last_tick - since).max(0.0), time_left_secs: row.time_left_secs.unwrap_or(0.0) };
+        let f = FlaggedName { since, due: s.last_tick + row.time_left_secs.unwrap_or(0.0).max(0.0) };
         flagged.entry(name.as_bytes()).or_insert(f);
     }
     w.one("guard_flagged_names", Gauge, "Names at or over the threshold.", flagged.len() as f64);
@@ -235,13 +239,17 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         "Processes of the account pegged at peggedCpu for peggedFor (PEGGED; report only).",
         s.pegged.len() as f64,
     );
-    w.family("guard_flagged_age_seconds", Gauge, "Seconds since the name was flagged.");
+    w.family("guard_flagged_since_timestamp_seconds", Gauge, "When the name was flagged, unix seconds.");
     for (name, f) in &flagged {
-        w.sample("guard_flagged_age_seconds", &[("name", &escape_for_terminal(name))], f.age_secs);
+        w.sample("guard_flagged_since_timestamp_seconds", &[("name", &escape_for_terminal(name))], f.since);
     }
-    w.family("guard_flagged_time_left_seconds", Gauge, "Seconds before the flagged name's processes are ended.");
+    w.family(
+        "guard_flagged_due_timestamp_seconds",
+        Gauge,
+        "When the flagged name's processes are due to be ended, unix seconds.",
+    );
     for (name, f) in &flagged {
-        w.sample("guard_flagged_time_left_seconds", &[("name", &escape_for_terminal(name))], f.time_left_secs);
+        w.sample("guard_flagged_due_timestamp_seconds", &[("name", &escape_for_terminal(name))], f.due);
     }
 
     w.family(

@@ -179,7 +179,7 @@ fn start_ticks(pid: u32) -> u64 {
 }
 
 fn user() -> String {
-    guard::account::Account::resolve(None).map(|a| a.name).unwrap_or_else(|_| "root".into())
+    guard::account::Account::resolve(None).map(|a| a.account.name).unwrap_or_else(|_| "root".into())
 }
 
 /// A home the account (the test's own user) can read, with `config` as its config.

@@ -26,6 +26,9 @@ use guard_test::{guard_test, rng::Rng};
 struct Line {
     event: String,
     fields: Vec<(String, Vec<u8>)>,
+    /// The keys whose value was written in double quotes (a config value that is a string
+    /// where another type belongs always is: `value="30"`, never `value=30`).
+    quoted: Vec<String>,
 }
 
 fn hex(c: u8) -> Result<u8, String> {
@@ -69,11 +72,12 @@ fn parse(line: &str) -> Result<Line, String> {
         }
         words.push(word.to_string());
         if end == rest.len() {
-            return Ok(Line { event: words.join(" "), fields: Vec::new() });
+            return Ok(Line { event: words.join(" "), fields: Vec::new(), quoted: Vec::new() });
         }
         i = end + 1;
     }
     let mut fields = Vec::new();
+    let mut quoted_keys = Vec::new();
     while i < r.len() {
         let eq = rest[i..].find('=').ok_or("a key without =")? + i;
         let key = &rest[i..eq];
@@ -127,6 +131,9 @@ fn parse(line: &str) -> Result<Line, String> {
         if !quoted && value.is_empty() {
             return Err(format!("empty bare value for {key}"));
         }
+        if quoted {
+            quoted_keys.push(key.to_string());
+        }
         fields.push((key.to_string(), value));
         match r.get(i) {
             None => break,
@@ -141,7 +148,7 @@ fn parse(line: &str) -> Result<Line, String> {
     if line.contains(['\u{85}', '\u{2028}', '\u{2029}', '\u{202e}']) {
         return Err("an unescaped line separator or bidi control".into());
     }
-    Ok(Line { event: words.join(" "), fields })
+    Ok(Line { event: words.join(" "), fields, quoted: quoted_keys })
 }
 
 /// Hostile values, as bytes.
@@ -408,10 +415,10 @@ fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_
     let huge = "x\n\u{1b}[2J ".repeat(300_000);
     let deep = format!("{}{}", "[".repeat(120), "]".repeat(120));
     let cases: Vec<(String, &str, Vec<u8>)> = vec![
-        // (config, the line's event words, the value as read back)
-        (r#"{"threshold": "30"}"#.into(), "ERROR config_malformed threshold", br#""30""#.to_vec()),
+        // (config, the line's event words, the value as read back; a string's is its text, quoted)
+        (r#"{"threshold": "30"}"#.into(), "ERROR config_malformed threshold", b"30".to_vec()),
         (r#"{"excludes": 30}"#.into(), "ERROR config_malformed excludes", b"30".to_vec()),
-        (r#"{"excludes": "30"}"#.into(), "ERROR config_malformed excludes", br#""30""#.to_vec()),
+        (r#"{"excludes": "30"}"#.into(), "ERROR config_malformed excludes", b"30".to_vec()),
         (r#"{"threshold": true}"#.into(), "ERROR config_malformed threshold", b"true".to_vec()),
         (r#"{"threshold": null}"#.into(), "ERROR config_malformed threshold", b"null".to_vec()),
         (r#"{"threshold": [30]}"#.into(), "ERROR config_malformed threshold", b"[30]".to_vec()),
@@ -419,13 +426,13 @@ fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_
         (
             r#"{"stallWatch": "a=b KILLED pid=1"}"#.into(),
             "ERROR config_malformed stallWatch",
-            br#""a=b KILLED pid=1""#.to_vec(),
+            b"a=b KILLED pid=1".to_vec(),
         ),
-        // Cut (below): the JSON's start, then the mark of the cut.
+        // Cut (below): the text's start, then the mark of the cut.
         (
             format!(r#"{{"threshold": {}}}"#, serde_json::to_string(&huge).unwrap()),
             "ERROR config_malformed threshold",
-            serde_json::to_string(&huge).unwrap().into_bytes(),
+            huge.clone().into_bytes(),
         ),
         (format!(r#"{{"threshold": {deep}}}"#), "ERROR config_malformed threshold", deep.clone().into_bytes()),
     ];
@@ -451,8 +458,11 @@ fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_
         assert_eq!(field(line, "reason"), problem.what.as_bytes(), "{shown}");
         assert_eq!(field(line, "fix"), problem.fix.as_bytes(), "{shown}");
     }
-    // The string "30" and the number 30 never read the same.
-    assert_ne!(field(&lines[1], "value"), field(&lines[2], "value"));
+    // The string "30" and the number 30 never read the same: the string's text is quoted
+    // (docs/log.md: `value="30"`), the number is bare.
+    let string = |l: &Line| l.quoted.iter().any(|k| k == "value");
+    assert!(string(&lines[0]) && string(&lines[2]) && !string(&lines[1]), "{lines:?}");
+    assert_eq!(field(&lines[1], "value"), field(&lines[2], "value"));
     assert_eq!(field(&lines[0], "reason"), br#""30" is a string"#);
 }
 
@@ -471,6 +481,46 @@ fn a_bad_list_element_and_a_bad_pattern_name_their_index() {
     assert_eq!(field(&lines[1], "pattern"), [&b"\n".repeat(100)[..], "…".as_bytes()].concat());
     assert_eq!(field(&lines[1], "index"), b"1");
     assert_eq!(field(&lines[1], "reason"), b"is 1100 bytes long, more than 1024");
+}
+
+/// docs/log.md's journal table says which `<N>` each line gets; every kind of line the daemon
+/// writes (every `STOPPED` and `RESYNC` reason too) is in the row of the priority the daemon
+/// gives it (`Line::priority`), and the table names nothing the daemon does not write.
+#[guard_test]
+fn the_journal_priority_table_is_what_the_daemon_writes() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log.md")).unwrap();
+    let table = doc.split("## The journal").nth(1).expect("docs/log.md has a journal section");
+    // `| `<5>` notice | `KILLED`, `STOPPED reason=signal`, … |` → (5, ["KILLED", "STOPPED reason=signal", …])
+    let rows: Vec<(u8, Vec<String>)> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("| priority"))
+        .skip(2)
+        .take_while(|l| l.starts_with("| `<"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let n = cells[1].trim_start_matches("`<").chars().next().unwrap().to_digit(10).unwrap() as u8;
+            (n, cells[2].split(", ").map(|i| i.trim_matches('`').to_string()).collect())
+        })
+        .collect();
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [3, 4, 5, 6], "{rows:?}");
+    let mut lines = one_of_each(Comm::new(b"x"));
+    lines.extend([StopReason::Signal, StopReason::Error].map(LogLine::Stopped));
+    lines.extend([ResyncReason::Startup, ResyncReason::Drift].map(|reason| LogLine::Resync { reason, lost: 0 }));
+    let mut used = std::collections::BTreeSet::new();
+    for line in &lines {
+        let body = line.body();
+        // The most specific item this line starts with: `STOPPED reason=hang` before `STOPPED`.
+        let item = rows
+            .iter()
+            .flat_map(|(n, items)| items.iter().map(move |i| (*n, i)))
+            .filter(|(_, i)| body == **i || body.starts_with(&format!("{i} ")))
+            .max_by_key(|(_, i)| i.len());
+        let (n, item) = item.unwrap_or_else(|| panic!("{body}: in no row of docs/log.md's journal table"));
+        assert_eq!(n, line.priority(), "{body}: docs/log.md puts {item} under <{n}>");
+        used.insert(item.clone());
+    }
+    let all: std::collections::BTreeSet<String> = rows.into_iter().flat_map(|(_, i)| i).collect();
+    assert_eq!(all, used, "items of the table no line of the daemon is");
 }
 
 guard_test::main!();

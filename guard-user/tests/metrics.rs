@@ -113,7 +113,7 @@ guard_timeout_seconds{user="alice"} 3600
 # HELP guard_tracked_processes Live processes of the guarded account.
 # TYPE guard_tracked_processes gauge
 guard_tracked_processes{user="alice"} 45
-# HELP guard_machine_processes Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included.
+# HELP guard_machine_processes Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included; every guard of a host writes the same value, so aggregate with max by (instance), never sum.
 # TYPE guard_machine_processes gauge
 guard_machine_processes{user="alice"} 412
 # HELP guard_names Distinct names among the guarded account's live processes.
@@ -136,12 +136,12 @@ guard_repeat_offenders{user="alice"} 0
 # HELP guard_pegged_processes Processes of the account pegged at peggedCpu for peggedFor (PEGGED; report only).
 # TYPE guard_pegged_processes gauge
 guard_pegged_processes{user="alice"} 2
-# HELP guard_flagged_age_seconds Seconds since the name was flagged.
-# TYPE guard_flagged_age_seconds gauge
-guard_flagged_age_seconds{user="alice",name="sleep"} 120
-# HELP guard_flagged_time_left_seconds Seconds before the flagged name's processes are ended.
-# TYPE guard_flagged_time_left_seconds gauge
-guard_flagged_time_left_seconds{user="alice",name="sleep"} 3480
+# HELP guard_flagged_since_timestamp_seconds When the name was flagged, unix seconds.
+# TYPE guard_flagged_since_timestamp_seconds gauge
+guard_flagged_since_timestamp_seconds{user="alice",name="sleep"} 1700003480.5
+# HELP guard_flagged_due_timestamp_seconds When the flagged name's processes are due to be ended, unix seconds.
+# TYPE guard_flagged_due_timestamp_seconds gauge
+guard_flagged_due_timestamp_seconds{user="alice",name="sleep"} 1700007080.5
 # HELP guard_kills_total Processes ended, by reason: ghost_detected (KILLED lines), leftover (leftovers of ended sessions).
 # TYPE guard_kills_total counter
 guard_kills_total{user="alice",reason="ghost_detected"} 3
@@ -342,7 +342,7 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
         let got: Vec<(String, f64)> = top.iter().map(|(_, l, v)| (l["name"].clone(), *v)).collect();
         assert_eq!(got, expected);
         let flagged: BTreeSet<String> =
-            parsed["guard_flagged_age_seconds"].2.iter().map(|(_, l, _)| l["name"].clone()).collect();
+            parsed["guard_flagged_since_timestamp_seconds"].2.iter().map(|(_, l, _)| l["name"].clone()).collect();
         let want: BTreeSet<String> =
             m.status.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect();
         assert_eq!(flagged, want);

@@ -23,6 +23,7 @@
 //! | `/usr/share/{bash-completion/completions,zsh/vendor-completions,fish/vendor_completions.d}` | clap_complete over `guard-cli` ([`generate`]) |
 //! | `/usr/share/doc/guard-user/examples/` | the Grafana dashboard and Prometheus alert rules of `packaging/monitoring/` |
 //! | `/usr/share/guard-user/guard-config.json` | `config/guard-config.json` (install's default source on a packaged host) |
+//! | `/etc/default/guard-user` | `packaging/debian/default`, a conffile: the flags every instance's `run` gets (`GUARD_ARGS`) |
 //! | `/usr/share/doc/guard-user/` | README.md, `docs/*.md`, copyright (DEP-5), changelog.Debian.gz |
 use std::{
     env, fs,
@@ -74,6 +75,9 @@ const DOC_DIR: &str = "usr/share/doc/guard-user";
 /// The monitoring examples ([`monitoring::FILES`]), uncompressed so they can be used as they are.
 const EXAMPLES_DIR: &str = "usr/share/doc/guard-user/examples";
 pub const CONFIG: &str = "usr/share/guard-user/guard-config.json";
+/// The operator's settings the unit reads (`EnvironmentFile=-/etc/default/guard-user`): a
+/// conffile, so dpkg keeps an operator's edit across upgrades and asks before replacing it.
+pub const DEFAULTS: &str = "etc/default/guard-user";
 /// Docs over this size are gzipped, as dh_compress does (Debian policy 12.3).
 const COMPRESS_OVER: u64 = 4096;
 
@@ -148,6 +152,7 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     install_file(&root_dir.join(generate::CONFIG_PAGE), &config_page, 0o644)?;
     gzip(&config_page)?;
     install_file(&root_dir.join("config/guard-config.json"), &root.join(CONFIG), 0o644)?;
+    install_file(&root_dir.join("packaging/debian/default"), &root.join(DEFAULTS), 0o644)?;
     docs(&root_dir, &root.join(DOC_DIR), &maintainer, &version, epoch)?;
     let overrides = root_dir.join("packaging/debian/lintian-overrides");
     if overrides.exists() {
@@ -159,6 +164,7 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     for script in ["postinst", "prerm", "postrm"] {
         install_file(&root_dir.join("packaging/debian").join(script), &control_dir.join(script), 0o755)?;
     }
+    write_file(&control_dir.join("conffiles"), format!("/{DEFAULTS}\n").as_bytes(), 0o644)?;
     let (files, others) = walk(&root)?;
     let payload: Vec<&PathBuf> = files.iter().filter(|f| !f.starts_with("DEBIAN")).collect();
     write_file(&control_dir.join("md5sums"), md5sums(&root, &payload)?.as_bytes(), 0o644)?;

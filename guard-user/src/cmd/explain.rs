@@ -248,7 +248,8 @@ impl Snapshots for Scan {
 }
 
 pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) =
+        super::account(&args.account, "explain", crate::account::Purpose::ShowsCommandLines)?;
     let who = FsIdentity::from(&account);
     let config = match config::load(&config_path, &home, who) {
         Ok(c) => c,

@@ -106,7 +106,7 @@ fn stop_command(path: &[u8], user: &str) -> String {
 }
 
 pub fn main(args: HoldersArgs) -> anyhow::Result<ExitCode> {
-    let account = args.user.as_deref().map(|u| Account::resolve(Some(u))).transpose()?;
+    let account = args.user.as_deref().map(|u| Account::resolve(Some(u)).map(|r| r.account)).transpose()?;
     if args.stop && account.is_none() {
         let owner = std::fs::metadata(&args.path)
             .ok()

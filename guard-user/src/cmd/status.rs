@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::StatusArgs;
 use crate::{
+    account::Purpose,
     duration::human,
     status::{self, escape_for_terminal, Freshness, Status},
 };
@@ -19,7 +20,7 @@ pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
     if args.fleet {
         return super::fleet::main(args.json);
     }
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) = super::account(&args.account, "status", Purpose::Reads)?;
     let who = crate::safefs::FsIdentity::from(&account);
     let path = status::locate(&config_path, &home, who);
     let copy = crate::daemon::instance::trusted_status(account.uid, &home);

@@ -63,7 +63,7 @@ struct TreeJson<'a> {
 }
 
 pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) = super::account(&args.account, "tree", crate::account::Purpose::Reads)?;
     let who = crate::safefs::FsIdentity::from(&account);
     let path = status::locate(&config_path, &home, who);
     let copy = crate::daemon::instance::trusted_status(account.uid, &home);

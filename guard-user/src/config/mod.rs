@@ -5,7 +5,7 @@
 //! blocking). [`problems`] lists every problem of a document with its fix (`guard-user
 //! validate`); `parse` fails with the first of them, so the two can never disagree. A
 //! [`ConfigError`] carries that problem's reason and fix: [`ConfigError::log_reason`] is the
-//! `ERROR` line's text (`config_malformed threshold value="\"30\"" reason="\"30\" is a string"
+//! `ERROR` line's text (`config_malformed threshold value="30" reason="\"30\" is a string"
 //! fix="write a whole number >= 1, e.g. 30"`), which the status file, the Redis heartbeat, the
 //! stream and `check` show as it is.
 //!
@@ -120,7 +120,7 @@ pub struct Config {
     pub threshold: u32,
     /// How long a flagged name stays at/over the threshold before it is enforced.
     pub timeout: Duration,
-    /// Names never counted, compared ignoring ASCII case.
+    /// Names never flagged or ended (they are counted and shown), compared ignoring ASCII case.
     pub excludes: Vec<String>,
     /// Command lines matching any of these are never ended. Validated as text only (count,
     /// length, no NUL); the matcher compiles them.
@@ -142,6 +142,21 @@ pub struct Config {
     pub unknown_keys: Vec<String>,
     /// Unknown keys past the [`MAX_UNKNOWN_KEYS`] kept: counted, not listed.
     pub unknown_keys_unlisted: usize,
+    /// Keys written more than once (the last one is used): a warning for the daemon
+    /// (`WARN config_repeated_key`), an error for `validate`. Only keys guard knows are
+    /// tracked, so at most one entry per known key and member.
+    pub repeated_keys: Vec<RepeatedKey>,
+}
+
+/// A key the file writes more than once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepeatedKey {
+    /// `threshold`, `stallWatch.peggedCpu`.
+    pub key: String,
+    /// The lines of its first few occurrences (1-based).
+    pub lines: Vec<usize>,
+    /// How many times it is written.
+    pub count: usize,
 }
 
 /// `sessions` (docs/configuration.md): which processes are session roots, and what happens to
@@ -285,13 +300,16 @@ pub enum ConfigError {
         fix: &'static str,
     },
     /// A key's value is of the wrong type or out of bounds.
-    #[error("config_malformed {key} value={}", escape::log_value_capped(value, MAX_SHOWN_VALUE))]
+    #[error("config_malformed {key} value={}", shown_value(value, *string))]
     Value {
         key: &'static str,
-        /// What the file holds, as the log shows it: the text of a string where the key takes
-        /// one, else the value's JSON (so the string "30" is `"30"`, never `30`). At most
-        /// [`MAX_SHOWN_VALUE`] + 1 bytes, so the display knows whether to cut.
+        /// What the file holds: the text of a string, else the value's JSON (a number as the
+        /// file writes it). At most [`MAX_SHOWN_VALUE`] + 1 bytes, so the display knows whether
+        /// to cut.
         value: Vec<u8>,
+        /// `value` is the text of a string where the key takes none: shown quoted whatever it
+        /// holds (`value="30"` for the string "30"; the number 30 is `value=30`).
+        string: bool,
         /// The element of a list (`excludes[3]`) the problem is about.
         index: Option<usize>,
         /// validate's reason (`"30" is a string`).
@@ -308,6 +326,15 @@ pub enum ConfigError {
         why: String,
         fix: &'static str,
     },
+}
+
+/// `value=` of a `config_malformed` line: a log value, always quoted when it is a string's text.
+fn shown_value(value: &[u8], string: bool) -> String {
+    if string {
+        escape::log_string_capped(value, MAX_SHOWN_VALUE)
+    } else {
+        escape::log_value_capped(value, MAX_SHOWN_VALUE)
+    }
 }
 
 impl ConfigError {

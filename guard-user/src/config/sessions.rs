@@ -53,7 +53,7 @@ impl Checker {
             }
         }
         if let Some(grace) = map.get("grace") {
-            match duration(grace, MAX_GRACE) {
+            match duration(grace, self.written.raw("sessions.grace"), MAX_GRACE) {
                 Ok(d) => s.grace = d,
                 Err(what) => self.bad("sessions.grace", None, what, FIX_GRACE, grace),
             }

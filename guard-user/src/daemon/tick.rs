@@ -135,7 +135,10 @@ impl Ticker {
             return self.config_error(&e, began);
         }
         self.fx.log.set_max_bytes(config.log_max_bytes);
-        for line in self.memory.unknown_keys(&config, self.opts.config_path.as_os_str().as_encoded_bytes()) {
+        let path = self.opts.config_path.as_os_str().as_encoded_bytes();
+        let mut notes = self.memory.unknown_keys(&config, path);
+        notes.extend(self.memory.repeated_keys(&config, path));
+        for line in notes {
             self.fx.log.write(&line);
         }
         let fx = &mut self.fx;

@@ -12,6 +12,15 @@ pub const DROPIN_NAME: &str = "home.conf";
 /// files (e.g. a source install's unit shadowing the packaged one).
 pub const HEADER: &str = "# Written by guard-user";
 
+/// The operator's settings the unit reads (Debian's `/etc/default/<package>` convention): the
+/// file for every instance, then the instance's own, whose variables win. Both optional (`-`).
+pub const DEFAULTS_FILE: &str = "/etc/default/guard-user";
+/// The variable of [`DEFAULTS_FILE`] whose words are added to every instance's `run`.
+pub const ARGS_VAR: &str = "GUARD_ARGS";
+/// How the drop-in's `ExecStart=` ends: `$GUARD_ARGS` unbraced, which systemd splits at white
+/// space into zero or more arguments (nothing when unset).
+const ARGS_WORD: &str = " $GUARD_ARGS";
+
 /// `guard-user@<account>.service`.
 pub fn instance_name(user: &AccountName) -> String {
     format!("guard-user@{user}.service")
@@ -53,7 +62,12 @@ StartLimitIntervalSec=0
 Type=notify
 NotifyAccess=main
 WatchdogSec=60s
-ExecStart={bin} run --user %i
+# Flags for every instance's `run` (GUARD_ARGS="--interval 30s --metrics-file DIR"), then an
+# instance's own file, whose GUARD_ARGS wins: root's files, read at each start (systemctl
+# restart applies an edit); `guard-user check` shows the flags in force. Optional.
+EnvironmentFile=-{DEFAULTS_FILE}
+EnvironmentFile=-{DEFAULTS_FILE}@%i
+ExecStart={bin} run --user %i $GUARD_ARGS
 # SIGHUP: reopen the log (logrotate), re-read the config, tick at once (RELOAD reason=sighup).
 ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
@@ -86,17 +100,21 @@ NoNewPrivileges=yes
 # BPF maps are charged to memlock on kernels before 5.11; systemd raises it before exec.
 LimitMEMLOCK=infinity
 
-# The file system is read-only except the account's home (the drop-in's ReadWritePaths=).
+# The file system is read-only except the account's home (the drop-in's ReadWritePaths=) and
+# Debian's textfile-collector directory of prometheus-node-exporter, for --metrics-file (the
+# `-` ignores it where that package is not installed).
 # Trade-off: the whole home is writable (as the account's fsuid), because the log, state and
 # status files live in it by default. Nothing from the account's config reaches a unit file:
 # a stateFile outside the home stays read-only here and the daemon reports it as
 # `ERROR state_unwritable` while its in-memory clocks keep enforcing.
 ProtectSystem=strict
+ReadWritePaths=-/var/lib/prometheus/node-exporter
 ProtectHome=read-only
 PrivateTmp=yes
 PrivateDevices=yes
 ProtectKernelTunables=yes
 ProtectKernelModules=yes
+ProtectKernelLogs=yes
 ProtectControlGroups=yes
 ProtectClock=yes
 ProtectHostname=yes
@@ -104,7 +122,14 @@ RestrictNamespaces=yes
 RestrictRealtime=yes
 RestrictSUIDSGID=yes
 LockPersonality=yes
+# Nothing is mapped writable and executable (no JIT: glibc's regex and the BPF loader need none).
+MemoryDenyWriteExecute=yes
 SystemCallArchitectures=native
+# What a system service uses, plus bpf (loading the programs) and perf_event_open (the setuid
+# tracepoints where the credential hook cannot load). Anything else fails with EPERM rather than
+# killing the guard (the default action): a new glibc or kernel path degrades, never disarms.
+SystemCallFilter=@system-service bpf perf_event_open
+SystemCallErrorNumber=EPERM
 # Unix sockets for the journal, INET for the optional swarm Redis.
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 
@@ -137,6 +162,8 @@ pub enum DropInError {
     Foreign,
     #[error("it was edited after guard-user install wrote it")]
     Edited,
+    #[error("an older guard-user wrote it (its ExecStart= has no $GUARD_ARGS); run guard-user install again")]
+    Older,
     #[error("it names a value install would refuse today: {0}")]
     Invalid(#[from] UnitValueError),
 }
@@ -158,11 +185,20 @@ impl DropIn {
         v
     }
 
-    /// The drop-in's bytes. `ExecStart=` is reset first (a service other than `Type=oneshot` takes one).
+    /// The drop-in's bytes. `ExecStart=` is reset first (a service other than `Type=oneshot` takes
+    /// one); it ends with `$GUARD_ARGS`, the operator's flags from [`DEFAULTS_FILE`].
     pub fn text(&self) -> String {
+        self.render(true)
+    }
+
+    /// The text, with or without `$GUARD_ARGS` (a drop-in written before it existed has none).
+    fn render(&self, with_args: bool) -> String {
         let mut exec = format!("{} run --user {} --home {}", self.bin, self.user, self.home.exec_arg());
         if let Some(c) = &self.config {
             exec.push_str(&format!(" --config {}", c.exec_arg()));
+        }
+        if with_args {
+            exec.push_str(ARGS_WORD);
         }
         format!(
             "{HEADER} install for {user}, from the values root gave it\n\
@@ -186,6 +222,12 @@ impl DropIn {
             .filter_map(|l| l.strip_prefix("ExecStart="))
             .find(|v| !v.is_empty())
             .ok_or(DropInError::Foreign)?;
+        // Every value install writes is quoted with `$` doubled, so a bare ` $GUARD_ARGS` at the
+        // end is ours.
+        let (exec, with_args) = match exec.strip_suffix(ARGS_WORD) {
+            Some(head) => (head, true),
+            None => (exec, false),
+        };
         let words = split_exec_line(exec).ok_or(DropInError::Foreign)?;
         let w: Vec<&str> = words.iter().map(String::as_str).collect();
         let (bin, user, home, config) = match w.as_slice() {
@@ -200,8 +242,11 @@ impl DropIn {
             home: UnitPath::new("the home", std::path::Path::new(home), fix)?,
             config: config.map(|c| UnitPath::new("the config", std::path::Path::new(c), fix)).transpose()?,
         };
-        if dropin.text() != text {
+        if dropin.render(with_args) != text {
             return Err(DropInError::Edited);
+        }
+        if !with_args {
+            return Err(DropInError::Older);
         }
         Ok(dropin)
     }

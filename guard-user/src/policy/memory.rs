@@ -69,6 +69,9 @@ pub struct Memory {
     unknown_keys_capped: bool,
     /// The sandboxed matcher's outage (warned once per outage).
     matcher: super::outage::Outage,
+    /// Keys written more than once already warned about (once per key per run). Only keys guard
+    /// knows are tracked ([`config::RepeatedKey`]), so this holds at most one per known key.
+    warned_repeats: BTreeSet<String>,
     /// A tick left a command line unread for lack of time (warned once per run).
     cmdlines_unread: bool,
     /// `ERROR` lines said since the last `TICK_COMPLETE` (its `errors=`).
@@ -197,6 +200,26 @@ impl Memory {
                     .with("limit", config::MAX_UNKNOWN_KEYS)
                     .with("path", path),
             ));
+        }
+        lines
+    }
+
+    /// `WARN config_repeated_key key=<k> count=<n> lines=<l,…> path=<config>` once per key per
+    /// run: the daemon uses the last occurrence (as every JSON reader does), which the operator
+    /// reading the first one may not expect; `validate` refuses the file.
+    pub fn repeated_keys(&mut self, config: &Config, path: &[u8]) -> Vec<Line> {
+        let mut lines = Vec::new();
+        for r in &config.repeated_keys {
+            if self.warned_repeats.insert(r.key.clone()) {
+                let at: Vec<String> = r.lines.iter().map(|l| l.to_string()).collect();
+                lines.push(Line::Warn(
+                    Notice::new("config_repeated_key")
+                        .with("key", r.key.as_str())
+                        .with("count", r.count)
+                        .with("lines", at.join(",").as_str())
+                        .with("path", path),
+                ));
+            }
         }
         lines
     }

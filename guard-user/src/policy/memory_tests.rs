@@ -40,6 +40,17 @@ fn a_matcher_outage_is_said_once_and_again_after_it_recovers() {
 }
 
 #[test]
+fn a_key_written_twice_is_warned_once_per_run_with_its_lines() {
+    let mut m = Memory::default();
+    let config = cfg("{\"threshold\": 5,\n\"threshold\": 50}");
+    assert_eq!(config.threshold, 50, "the last one is used");
+    let lines = m.repeated_keys(&config, b"/h/c.json");
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].body(), "WARN config_repeated_key key=threshold count=2 lines=1,2 path=/h/c.json");
+    assert!(m.repeated_keys(&config, b"/h/c.json").is_empty(), "the next tick says nothing");
+}
+
+#[test]
 fn an_unknown_key_is_warned_once_per_run_not_every_tick() {
     let mut m = Memory::default();
     let config = cfg(r#"{"colour": 1}"#);

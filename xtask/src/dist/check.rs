@@ -47,6 +47,8 @@ pub fn run(deb: &Path) -> anyhow::Result<()> {
     let listing = output(Command::new("dpkg-deb").arg("-c").arg(deb), "dpkg-deb -c")?;
     println!("dist --check: dpkg-deb -c {}\n{listing}", deb.display());
     check_listing(&listing)?;
+    let conffiles = output(Command::new("dpkg-deb").arg("-I").arg(deb).arg("conffiles"), "dpkg-deb -I conffiles")?;
+    anyhow::ensure!(conffiles == format!("/{}", super::DEFAULTS), "the conffiles are {conffiles:?}");
 
     let dir = deb.with_extension("check");
     if dir.exists() {
@@ -67,6 +69,7 @@ fn check_listing(listing: &str) -> anyhow::Result<()> {
     let mut want: Vec<(String, &str)> = vec![
         ("./usr/bin/guard-user".into(), "-rwxr-xr-x"),
         (format!("./{CONFIG}"), "-rw-r--r--"),
+        (format!("./{}", super::DEFAULTS), "-rw-r--r--"),
         (format!("./{MAN_DIR}/guard-user.8.gz"), "-rw-r--r--"),
         (format!("./{MAN5_DIR}/guard-config.json.5.gz"), "-rw-r--r--"),
         ("./usr/share/doc/guard-user/copyright".into(), "-rw-r--r--"),
@@ -80,8 +83,14 @@ fn check_listing(listing: &str) -> anyhow::Result<()> {
         let (mode, owner, path) = (fields[0], fields[1], fields[5]);
         anyhow::ensure!(owner == "root/root", "{path} belongs to {owner}, not root/root");
         anyhow::ensure!(
-            path == "./" || path.starts_with("./usr/") || path.starts_with("./lib/"),
-            "{path} is outside /usr and /lib"
+            path == "./"
+                || path.starts_with("./usr/")
+                || path.starts_with("./lib/")
+                || path == "./etc/"
+                || path == "./etc/default/"
+                || path == format!("./{}", super::DEFAULTS),
+            "{path} is outside /usr and /lib (and is not the conffile /{})",
+            super::DEFAULTS
         );
         anyhow::ensure!(!mode.contains('s') && !mode.contains('S'), "{path} is setuid/setgid: {mode}");
         let expected = if mode.starts_with('d') { "drwxr-xr-x" } else { mode };

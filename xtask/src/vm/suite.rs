@@ -127,6 +127,7 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
     ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
     ("guard-user.bin-guard-user", Place::Host { why: "no tests in main.rs" }),
+    ("guard-user.account_rule", Place::Host { why: "whom each subcommand names by default, as root and not" }),
     ("guard-user.doc_claims", Place::Host { why: "what the docs and man pages claim, against the binary" }),
     ("guard-user.fuzz_inputs", Place::Host { why: "parsers and the matcher on generated input" }),
     ("guard-user.log_grammar", Place::Host { why: "the log's text" }),
