@@ -9,6 +9,10 @@ use super::*;
 
 #[path = "sessions.rs"]
 mod sessions;
+#[path = "slots.rs"]
+mod slots;
+
+pub use slots::{all_patterns as all_slot_patterns, slot_of_pattern, valid_slot_name};
 
 use crate::{
     duration::{parse_duration_max, DurationError},
@@ -219,6 +223,7 @@ impl Checker {
             repeat_after: DEFAULT_REPEAT_AFTER,
             stall_watch: Some(DEFAULT_STALL_WATCH),
             sessions: None,
+            slots: Vec::new(),
             unknown_keys: Vec::new(),
             unknown_keys_unlisted: 0,
         };
@@ -277,6 +282,11 @@ impl Checker {
                 "sessions" => {
                     if let Some(s) = self.sessions(v) {
                         c.sessions = s;
+                    }
+                }
+                "slots" => {
+                    if let Some(s) = self.slots(v) {
+                        c.slots = s;
                     }
                 }
                 _ => unreachable!("every known key is checked"),

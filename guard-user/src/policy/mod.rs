@@ -13,6 +13,9 @@ pub mod decide;
 pub mod incidents;
 pub mod memory;
 pub mod sessions;
+pub mod slots;
+#[cfg(test)]
+mod slots_tests;
 pub mod stall;
 #[cfg(test)]
 mod tests;
