@@ -102,6 +102,12 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Non-zero while heavy-command slots are on: an exec's record wakes user space at once instead
+/// of waiting for the drain timer, so a matching command is held within milliseconds of its
+/// exec. Written by user space (`EbpfSource::wake_on_exec`).
+#[map]
+static EXEC_WAKE: Array<u32> = Array::with_max_entries(1, 0);
+
 /// The stall watch's per-process CPU time, two maps so user space drains one while the program
 /// adds to the other (`CpuCtl::generation`). Preallocated (tracing programs may only update
 /// preallocated hash maps).
@@ -273,10 +279,12 @@ fn emit(event_kind: u32, task: Kptr, aux: u32, euid: u32, comm: Option<[u8; COMM
 
 #[inline(always)]
 fn submit(ev: RawEvent) -> Res {
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    let wake_now = ev.kind == kind::EXEC && EXEC_WAKE.get(0).is_some_and(|&on| on != 0);
     match EVENTS.reserve::<RawEvent>(0) {
         Some(mut slot) => {
             slot.write(ev);
-            slot.submit(wakeup_flag());
+            slot.submit(if wake_now { BPF_RB_FORCE_WAKEUP } else { wakeup_flag() });
             Ok(())
         }
         None => Err(1),

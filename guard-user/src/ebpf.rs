@@ -32,7 +32,7 @@ use std::{
 };
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::BtfTracePoint,
     Ebpf, EbpfLoader,
 };
@@ -136,6 +136,8 @@ pub struct EbpfSource {
     /// The event programs, each with the most runs the kernel has skipped (see
     /// [`prog_info`]): those are lost events too.
     missed: Vec<(&'static str, AtomicU64)>,
+    /// `EXEC_WAKE`: whether an exec's record wakes us at once (heavy-command slots).
+    exec_wake: Option<Array<MapData, u32>>,
     /// Owns the programs and their links.
     ebpf: Ebpf,
 }
@@ -235,7 +237,10 @@ impl EbpfSource {
         let mut event_programs = vec!["sched_process_fork", "sched_process_exec", exit_prog, "task_rename"];
         event_programs.extend(cred_program);
         let missed = event_programs.into_iter().map(|p| (p, AtomicU64::new(0))).collect();
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, creds, task_iter, cpu_runtime, missed, ebpf })
+        // An object built before the map existed: execs are drained on the timer (slots still
+        // work, a drain period later).
+        let exec_wake = ebpf.take_map("EXEC_WAKE").and_then(|m| Array::try_from(m).ok());
+        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, creds, task_iter, cpu_runtime, missed, exec_wake, ebpf })
     }
 
     /// How credential changes are tracked (for the `WARN setuid_untracked` line and tests).
@@ -247,6 +252,16 @@ impl EbpfSource {
     /// task); `None` when it could not load (see [`Self::task_iter_problem`]).
     pub fn task_iter(&self) -> Option<&task_iter::TaskIter> {
         self.task_iter.as_ref().ok()
+    }
+
+    /// While `on`, every exec of the account wakes the pump at once (heavy-command slots hold a
+    /// matching command within milliseconds); otherwise records wait for the drain timer.
+    pub fn wake_on_exec(&mut self, on: bool) {
+        if let Some(m) = self.exec_wake.as_mut() {
+            if let Err(e) = m.set(0, u32::from(on), 0) {
+                tracing::warn!("cannot set EXEC_WAKE: {e}");
+            }
+        }
     }
 
     /// The stall watch's CPU accounting (once; later calls get `None`), or why it did not load.

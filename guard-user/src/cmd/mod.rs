@@ -12,6 +12,7 @@ pub mod install;
 pub mod matches;
 pub mod record;
 pub mod run;
+pub mod slots_release;
 pub mod status;
 pub mod tree;
 pub mod unit;

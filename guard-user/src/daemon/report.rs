@@ -50,6 +50,8 @@ pub struct TickFigures<'a> {
     pub mirror_dropped: u64,
     /// Sessions, while they are on.
     pub sessions: Option<crate::status::SessionsStatus>,
+    /// Slots, while any is configured.
+    pub slots: Option<crate::status::SlotsStatus>,
 }
 
 impl TickFigures<'_> {
@@ -87,6 +89,7 @@ impl TickFigures<'_> {
             repeat_offenders: self.offenders,
             vitals: Some(self.vitals),
             sessions: self.sessions,
+            slots: self.slots,
         };
         (status, metrics)
     }

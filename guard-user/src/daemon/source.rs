@@ -39,6 +39,10 @@ pub trait EventSource: Send + 'static {
         false
     }
 
+    /// While `on`, every exec wakes the pump at once (heavy-command slots); a source without
+    /// wake-ups ignores it.
+    fn wake_on_exec(&mut self, _on: bool) {}
+
     /// Parent links of live processes (`/proc/PID/stat`; a trace answers from its records).
     fn parents(&self) -> ParentReader {
         Arc::new(crate::lineage::parents::read_parents)
@@ -66,6 +70,10 @@ impl EventSource for EbpfSource {
 
     fn lost(&self) -> u64 {
         EbpfSource::lost(self)
+    }
+
+    fn wake_on_exec(&mut self, on: bool) {
+        EbpfSource::wake_on_exec(self, on)
     }
 
     /// The BPF task iterator (one pass, ~1 µs per task), else the /proc scan: a read that is not

@@ -129,6 +129,9 @@ impl Ticker {
         if let Err(e) = self.sessions.set_roots(&mut self.fx, &config) {
             return self.config_error(&e, began);
         }
+        // The slots live in the pump (a matching exec is held at its event, not at a tick):
+        // the config goes there, the slots come back for the status.
+        let slots = self.pump.slots_blocking(Some(super::slots::SlotsConfig::of(&config)));
         self.fx.log.set_max_bytes(config.log_max_bytes);
         for line in self.memory.unknown_keys(&config, self.opts.config_path.as_os_str().as_encoded_bytes()) {
             self.fx.log.write(&line);
@@ -222,6 +225,7 @@ impl Ticker {
             tick_secs: took,
             pump_lag: Some(gathered.pump_lag),
             sessions: sessions.status,
+            slots: slots.map(|r| super::slots::status_of(&r, now)),
         });
         let next_deadline = match (done.next_deadline, sessions.next_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -256,8 +260,11 @@ impl Ticker {
         for line in self.memory.config_error(reason.clone()) {
             self.fx.log.write(&line);
         }
-        // The lineage is kept as it is: a broken config must not forget the sessions.
+        // The lineage is kept as it is: a broken config must not forget the sessions (nor the
+        // slots: what waits keeps its place, and maxWait still runs).
         let snap = self.pump.snapshot_blocking(u32::MAX, LineageMode::Keep);
+        let slots = self.pump.slots_blocking(None);
+        let both = self.fx.clock.now();
         self.totals.config_errors += 1;
         let (view, stats) = snap.map(|s| (s.view, s.stats)).unwrap_or_default();
         let took = began.elapsed().as_secs_f64();
@@ -273,14 +280,27 @@ impl Ticker {
             tick_secs: took,
             pump_lag: None,
             sessions: None,
+            slots: slots.map(|r| super::slots::status_of(&r, both)),
         });
         TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
     }
 
     /// Status file, heartbeat and metrics from one set of figures.
     fn report(&mut self, done: Done) {
-        let Done { view, stats, names, pegged, offenders, config, config_error, now, tick_secs, pump_lag, sessions } =
-            done;
+        let Done {
+            view,
+            stats,
+            names,
+            pegged,
+            offenders,
+            config,
+            config_error,
+            now,
+            tick_secs,
+            pump_lag,
+            sessions,
+            slots,
+        } = done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
             self.fx.mirror.event(ev);
         }
@@ -305,6 +325,7 @@ impl Ticker {
             vitals,
             mirror_dropped: self.fx.mirror.dropped(),
             sessions,
+            slots,
         };
         let (status, metrics) = figures.into_report();
         let home = self.opts.home.display().to_string();
@@ -335,6 +356,8 @@ struct Done<'a> {
     pump_lag: Option<f64>,
     /// Sessions, while they are on.
     sessions: Option<crate::status::SessionsStatus>,
+    /// Slots, while any is configured.
+    slots: Option<crate::status::SlotsStatus>,
 }
 
 /// Every tick's deadline: the interval, at most 30 s (docs/operations.md).

@@ -15,7 +15,8 @@
 //! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins).
 //!
 //! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
-//! roots of the sessions tests (see `guard-probe/session.rs`).
+//! roots of the sessions tests (see `guard-probe/session.rs`); `slot-job …` is the heavy command
+//! of the slots tests (see `guard-probe/slot_job.rs`).
 //!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
@@ -28,6 +29,8 @@ use std::{io::Write, time::Duration};
 
 #[path = "guard-probe/session.rs"]
 mod session;
+#[path = "guard-probe/slot_job.rs"]
+mod slot_job;
 
 static mut RECORD: Option<std::fs::File> = None;
 
@@ -163,6 +166,7 @@ fn main() {
         Some("session") => session::root(&args[2..]),
         Some("session-after-reexec") => session::after_reexec(&args[2..]),
         Some("bomb") => session::bomb(&args[2..]),
+        Some("slot-job") => slot_job::main(&args[2..]),
         _ => {}
     }
     let mut threads = 0;
