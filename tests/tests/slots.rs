@@ -301,11 +301,10 @@ fn a_stopped_daemon_or_slots_turned_off_release_every_waiting_command() {
 #[test]
 fn max_wait_lets_a_waiting_command_go_and_excluded_names_never_wait() {
     let Some(_serial) = slots_ready("max_wait") else { return };
-    let (home, exe, file) = home_with(&format!(
-        r#"{{"commands": ["(^|/)(heavyjob|bash) slot-job "], "max": 1, "mode": "queue", "maxWait": "2s"}}"#
-    ));
+    let (home, exe, file) =
+        home_with(r#"{"commands": ["(^|/)(heavyjob|bash) slot-job "], "max": 1, "mode": "queue", "maxWait": "2s"}"#);
     let _d = daemon(&home);
-    let mut holder = Jobs::start(&exe, &file, 1, 60_000, TEST_UID, &[]);
+    let holder = Jobs::start(&exe, &file, 1, 60_000, TEST_UID, &[]);
     home.wait_log(WAIT, |l| l.contains("SLOT_START slot=build"));
     let mut waiter = Jobs::start(&exe, &file, 1, 100, TEST_UID, &[]);
     // `bash` is in excludes: a copy of the job under that name never waits.

@@ -36,6 +36,8 @@ struct Row {
     age: Duration,
     cmdline: Vec<u8>,
     verdict: CmdVerdict,
+    /// The heavy-command slot it holds or waits for, as the running guard last said.
+    slot: Option<super::slots_view::Place>,
 }
 
 /// Seconds since boot (the clock /proc's start times count from).
@@ -197,6 +199,9 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let plan = memory.begin(input);
     let plan = plan.decided();
     let excluded = config.is_excluded(&name);
+    // Slots live in the daemon only: its last status says who holds or waits.
+    let status_path = crate::status::locate(&config_path, &home, who);
+    let slots = crate::status::read(&status_path, who).ok().and_then(|s| s.slots);
     let rows: Vec<Row> = procs
         .iter()
         .map(|p| Row {
@@ -209,6 +214,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 .or_else(|| excluded.then(|| procfs::cmdline_capped(p.id.pid, max)).flatten())
                 .unwrap_or_default(),
             verdict: verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone),
+            slot: slots.as_ref().and_then(|s| super::slots_view::place_of(s, p.id.pid, p.id.start_ticks)),
         })
         .collect();
     let count = procs.len() as u32;
@@ -275,6 +281,9 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             {
                 p.extend(v);
             }
+            if let (Some(obj), Some(place)) = (p.as_object_mut(), r.slot.as_ref()) {
+                obj.insert("slot".into(), json!(place));
+            }
             p
         });
         let doc = json!({
@@ -301,6 +310,9 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     for r in &rows {
         writeln!(out, "{:>8} {:>8}  {}", r.pid, human(r.age), verdict_text(r.verdict, patterns, excluded))?;
         writeln!(out, "{:>19}{}", "", escape_for_terminal(&r.cmdline))?;
+        if let Some(place) = &r.slot {
+            writeln!(out, "{:>19}{}", "", super::slots_view::place_text(place, now.wall))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

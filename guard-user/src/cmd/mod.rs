@@ -13,6 +13,7 @@ pub mod matches;
 pub mod record;
 pub mod run;
 pub mod slots_release;
+pub mod slots_view;
 pub mod status;
 pub mod tree;
 pub mod unit;

@@ -113,6 +113,9 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
             ),
         ));
     }
+    if let Some(x) = &s.slots {
+        rows.push(("slots", super::slots_view::summary(x)));
+    }
     if let Some(v) = s.vitals.as_ref().map(vitals).filter(|v| !v.is_empty()) {
         rows.push(("daemon", v));
     }
@@ -133,6 +136,9 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         for p in &s.pegged {
             let _ = writeln!(out, "{:<16} {:>8} {:>6.2} {:>10}", text(&p.name), p.pid, p.cpu, human(secs(p.for_secs)));
         }
+    }
+    if let Some(x) = &s.slots {
+        super::slots_view::render(&mut out, x, now);
     }
     out
 }

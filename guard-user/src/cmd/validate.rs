@@ -35,6 +35,11 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                 let roots = list(doc.as_ref().and_then(|v| v.get("sessions")?.get("roots")));
                 problems.extend(pattern_problems(&roots, Problem::refused_root));
             }
+            if !problems.iter().any(|p| p.key.starts_with("slots")) {
+                if let Ok(c) = config::parse(&bytes, &home) {
+                    problems.extend(slot_problems(&c.slots));
+                }
+            }
             problems
         }
         Err(e) => vec![Problem::from_error(e)],
@@ -90,6 +95,40 @@ fn pattern_problems(patterns: &[String], refused: fn(usize, &str, &PatternSetErr
         && match_all::covers_every_probe(&matcher.classify(match_all::PROBES, probes_until()))
     {
         out.push(matches_everything(None, &patterns.join(" ")));
+    }
+    out
+}
+
+/// The slots' patterns the sandboxed matcher refuses, and those that match every command line
+/// (every command of the account would take the slot): both errors for the daemon too.
+fn slot_problems(slots: &[config::Slot]) -> Vec<Problem> {
+    let mut matcher = crate::daemon::effects::sandboxed_matcher();
+    let mut out = Vec::new();
+    let until = || std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for slot in slots {
+        for (i, p) in slot.commands.iter().enumerate() {
+            let key = format!("slots.{}.commands[{i}]", slot.name);
+            let shown = escape::text_capped(p.as_bytes(), 60);
+            match matcher.set_patterns(std::slice::from_ref(p)) {
+                Ok(()) if match_all::matches_every_probe(&matcher.classify(match_all::PROBES, until())) => {
+                    out.push(Problem::validate_only(
+                        key,
+                        format!("\"{shown}\" matches every command line, so every command of the account would take the slot"),
+                        "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)"
+                            .into(),
+                    ));
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    let mut problem = Problem::refused_pattern(i, p, &e);
+                    problem.key = key;
+                    out.push(problem);
+                    if let PatternSetError::Worker(_) = e {
+                        return out;
+                    }
+                }
+            }
+        }
     }
     out
 }

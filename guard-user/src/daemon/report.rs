@@ -122,6 +122,13 @@ pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
             reaped: s.reaped_total,
             stopped: s.stopped_total,
         }),
+        slots: s.slots.as_ref().map(|s| crate::mirror::SlotCounts {
+            holding: s.slots.iter().map(|x| x.holders_count).sum(),
+            waiting: s.slots.iter().map(|x| x.waiting_count).sum(),
+            waits: s.waits_total,
+            timeouts: s.timeouts_total,
+            unavailable: s.unavailable.clone(),
+        }),
     }
 }
 

@@ -67,6 +67,8 @@ pub struct SlotsReport {
     pub unavailable: Option<&'static str>,
     /// Trees that could not be held and ran at once.
     pub not_held: u64,
+    /// The `ERROR` line's reason when the slots' patterns cannot be used (a config error).
+    pub refused: Option<String>,
 }
 
 struct Links {
@@ -87,8 +89,8 @@ pub struct SlotKeeper {
     config: Option<SlotsConfig>,
     /// What the holder said about this host (`None` until it said).
     unavailable: Option<&'static str>,
-    /// The slots' patterns cannot be used until they change.
-    refused: bool,
+    /// Why the slots' patterns cannot be used, until they change (the `ERROR` line's reason).
+    refused: Option<String>,
     not_held: u64,
     said: Vec<&'static str>,
 }
@@ -104,7 +106,7 @@ impl SlotKeeper {
             links: None,
             config: None,
             unavailable: None,
-            refused: false,
+            refused: None,
             not_held: 0,
             said: Vec::new(),
         }
@@ -138,7 +140,7 @@ impl SlotKeeper {
             let (tx, rx) = unbounded_channel();
             let lines = Lines::spawn(setup.log.clone(), setup.mirror.clone(), setup.clock.clone());
             Links {
-                classify: spawn_classifier(tx.clone(), lines.clone()),
+                classify: spawn_classifier(tx.clone()),
                 io: spawn_holder(setup.uid, setup.instance.clone(), tx, lines.clone()),
                 answers: rx,
                 lines,
@@ -150,7 +152,7 @@ impl SlotKeeper {
                 || c.slots.iter().map(|s| &s.name).ne(config.slots.iter().map(|s| &s.name))
         });
         if lists_changed {
-            self.refused = false;
+            self.refused = None;
             let job =
                 ClassifyJob::Lists { exclude_commands: config.exclude_commands.clone(), slots: config.slots.clone() };
             // The lists go first whatever the queue holds: a full queue waits for room here.
@@ -173,7 +175,7 @@ impl SlotKeeper {
         let Some(setup) = self.setup.as_ref() else { return };
         let Some(config) = self.config.clone() else { return };
         let report_only = setup.dry_run || self.unavailable.is_some() || setup.uid == 0;
-        let slots: &[Slot] = if self.refused { &[] } else { &config.slots };
+        let slots: &[Slot] = if self.refused.is_some() { &[] } else { &config.slots };
         let now = self.now();
         let actions = self.book.configure(slots, &config.excludes, report_only, now);
         self.act(actions);
@@ -261,8 +263,8 @@ impl SlotKeeper {
                 self.book.not_held(tree, now)
             }
             Some(Answer::Signalled { tree }) => self.book.signalled(tree, now),
-            Some(Answer::PatternsRefused) => {
-                self.refused = true;
+            Some(Answer::PatternsRefused(reason)) => {
+                self.refused = Some(reason);
                 self.apply_config();
                 Vec::new()
             }
@@ -287,6 +289,7 @@ impl SlotKeeper {
             view: self.book.view(),
             unavailable: self.unavailable,
             not_held: self.not_held,
+            refused: self.refused.clone(),
         })
     }
 

@@ -81,8 +81,8 @@ pub enum Answer {
         verdict: Verdict,
     },
     /// The slots' patterns cannot be used (refused, or one matches every command line): no
-    /// exec is a slot's until the list changes.
-    PatternsRefused,
+    /// exec is a slot's until the list changes. The `ERROR` line's reason (a config error).
+    PatternsRefused(String),
     /// The holder's start: whether it can hold anything here.
     Available(Result<(), Unavailable>),
     NotHeld {
@@ -133,21 +133,20 @@ impl Lines {
 }
 
 /// Starts the classifier; its answers go to `answers`.
-pub fn spawn_classifier(answers: UnboundedSender<Answer>, lines: Lines) -> SyncSender<ClassifyJob> {
+pub fn spawn_classifier(answers: UnboundedSender<Answer>) -> SyncSender<ClassifyJob> {
     let (tx, rx) = mpsc::sync_channel(CLASSIFY_QUEUE);
     std::thread::Builder::new()
         .name("guard-slot-match".into())
-        .spawn(move || classifier(rx, answers, lines))
+        .spawn(move || classifier(rx, answers))
         .expect("spawn the slots' classifier");
     tx
 }
 
-fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>, lines: Lines) {
+fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
     let mut matcher = super::effects::sandboxed_matcher();
     let mut excl = 0usize;
     let mut slots: Vec<Slot> = Vec::new();
     let mut usable = false;
-    let mut said: Option<Vec<String>> = None;
     while let Ok(first) = rx.recv() {
         // Everything queued now, in one matching round (lists first, in order).
         let mut batch = vec![first];
@@ -167,9 +166,12 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>, lines
                     excl = exclude_commands.len();
                     slots = s;
                     let mine = crate::config::all_slot_patterns(&slots);
-                    usable = set_lists(&mut matcher, &exclude_commands, &mine, &lines, &mut said);
-                    if !usable {
-                        let _ = answers.send(Answer::PatternsRefused);
+                    match set_lists(&mut matcher, &exclude_commands, &mine) {
+                        Ok(ok) => usable = ok,
+                        Err(reason) => {
+                            usable = false;
+                            let _ = answers.send(Answer::PatternsRefused(reason));
+                        }
                     }
                 }
                 ClassifyJob::Exec { tree, seq, process } => {
@@ -199,46 +201,37 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>, lines
     }
 }
 
-/// Compiles `excludeCommands` then the slots' patterns as one list. `false` (and one `ERROR`
-/// per list) when the matcher refuses it or a slot pattern matches every command line.
-fn set_lists(
-    matcher: &mut Matcher,
-    exclude: &[String],
-    mine: &[String],
-    lines: &Lines,
-    said: &mut Option<Vec<String>>,
-) -> bool {
-    let problem = match matcher.set_patterns(mine) {
+/// Compiles `excludeCommands` then the slots' patterns as one list: `Ok(false)` when the
+/// matcher cannot run now, `Err` (the `ERROR` line's reason) when the slots' patterns cannot be
+/// used: the matcher refuses one, or one matches every command line (every command of the
+/// account would take a slot).
+fn set_lists(matcher: &mut Matcher, exclude: &[String], mine: &[String]) -> Result<bool, String> {
+    use crate::config::{refused_patterns_of, ConfigError, PatternList};
+    match matcher.set_patterns(mine) {
         Err(e) if e.is_config_error() => {
-            Some(crate::config::refused_patterns_of(crate::config::PatternList::SlotCommands, mine, &e).log_reason())
+            return Err(refused_patterns_of(PatternList::SlotCommands, mine, &e).log_reason())
         }
         Err(e) => {
             tracing::warn!("the slots' matcher cannot run: {e}");
-            None
+            return Ok(false);
         }
-        Ok(()) => {
-            let deadline = Instant::now() + Duration::from_secs(2);
-            let probes = matcher.classify(match_all::PROBES, deadline);
-            match match_all::list_verdict(&probes) {
-                match_all::ListVerdict::Found(i) => Some(format!(
-                    "config_malformed slots.commands pattern={} index={i} reason=\"matches every command line, so every \
-                     command of the account would take a slot\"",
-                    crate::escape::log_value_capped(mine[i].as_bytes(), crate::config::MAX_SHOWN_VALUE)
-                )),
-                _ => None,
-            }
-        }
-    };
-    if let Some(reason) = problem {
-        if said.as_deref() != Some(mine) {
-            *said = Some(mine.to_vec());
-            lines.write(Line::Error(Notice::new(reason)));
-        }
-        return false;
+        Ok(()) => {}
+    }
+    let probes = matcher.classify(match_all::PROBES, Instant::now() + Duration::from_secs(2));
+    if let match_all::ListVerdict::Found(i) = match_all::list_verdict(&probes) {
+        let e = ConfigError::Pattern {
+            list: PatternList::SlotCommands,
+            pattern: mine[i].chars().take(crate::config::MAX_SHOWN_VALUE + 1).collect(),
+            index: Some(i),
+            why: "matches every command line, so every command of the account would take a slot".into(),
+            fix:
+                "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)",
+        };
+        return Err(e.log_reason());
     }
     let mut all = exclude.to_vec();
     all.extend_from_slice(mine);
-    matcher.set_patterns(&all).is_ok()
+    Ok(matcher.set_patterns(&all).is_ok())
 }
 
 /// The command line of `p` as its exec left it, or `None` when the process is gone or is

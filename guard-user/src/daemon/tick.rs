@@ -132,6 +132,12 @@ impl Ticker {
         // The slots live in the pump (a matching exec is held at its event, not at a tick):
         // the config goes there, the slots come back for the status.
         let slots = self.pump.slots_blocking(Some(super::slots::SlotsConfig::of(&config)));
+        // A slot's pattern the slots' matcher refused (invalid, too costly, or matching every
+        // command line) makes the config invalid, as one of `excludeCommands` does; the slots
+        // hold nothing until the list changes.
+        if let Some(reason) = slots.as_ref().and_then(|r| r.refused.clone()) {
+            return self.config_error_reason(reason, began);
+        }
         self.fx.log.set_max_bytes(config.log_max_bytes);
         for line in self.memory.unknown_keys(&config, self.opts.config_path.as_os_str().as_encoded_bytes()) {
             self.fx.log.write(&line);
@@ -255,8 +261,12 @@ impl Ticker {
     }
 
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
+        self.config_error_reason(e.log_reason(), began)
+    }
+
+    /// [`Ticker::config_error`] from the `ERROR` line's reason.
+    fn config_error_reason(&mut self, reason: String, began: Instant) -> TickReport {
         let now = self.fx.clock.now_unix();
-        let reason = e.log_reason();
         for line in self.memory.config_error(reason.clone()) {
             self.fx.log.write(&line);
         }

@@ -57,6 +57,8 @@ pub(super) const HIDES_NOTHING: &[&str] = &[
     "NotifyAccess",
     "WatchdogSec",
     "ExecStart",
+    "ExecStartPre",
+    "ExecStopPost",
     "ExecReload",
     "Restart",
     "RestartSec",
