@@ -13,6 +13,8 @@
 //! - `cost`, `bpfstats`: what a daemon costs the rest of the machine (its programs' kernel time
 //!   per event, other accounts' storms under 0/1/8 daemons, the stall watch in a storm).
 //! - `scale`: 0, 10,000 and 50,000 processes of the account: start-up, tick, RSS and its profile.
+//! - `slots`: eight heavy jobs at once, with and without a slot of two: wall time, peak memory,
+//!   exec-to-held latency.
 use std::{
     ffi::CString,
     fs,
@@ -31,6 +33,7 @@ mod matcher;
 mod procs;
 mod row;
 mod scale;
+mod slots;
 mod snapshot;
 
 use row::{median, ms, print_table, Row};
@@ -52,7 +55,7 @@ pub struct Options {
     #[arg(long, default_value = "guardtest1")]
     pub user: String,
     /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, matcher, idle,
-    /// bpf, accounts, stall, scale. Default: all but idle (idle comes with --long).
+    /// bpf, accounts, stall, scale, slots. Default: all but idle (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Measure this guard-user instead of building one (before/after runs against another
@@ -118,7 +121,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         anyhow::ensure!(
             [
                 "tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle", "bpf", "accounts", "stall",
-                "scale"
+                "scale", "slots"
             ]
             .contains(&f.as_str()),
             "--only {f}: no such figure"
@@ -156,6 +159,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     if opts.wants("scale") {
         b.scale(&mut rows, &mut raw)?;
+    }
+    if opts.wants("slots") {
+        b.slots(&mut rows, &mut raw)?;
     }
 
     // The machine is shared while developing: each run says how busy it was.
