@@ -118,12 +118,7 @@ impl Hierarchy {
     /// Puts `pid` back: into `origin`, else where its parent lives, else the top (which takes any
     /// process). Returns where it went.
     pub fn put_back(&self, pid: u32, origin: Option<&str>) -> io::Result<String> {
-        let parent = || {
-            let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
-            let close = stat.iter().rposition(|&b| b == b')')?;
-            let ppid: u32 = std::str::from_utf8(&stat[close + 2..]).ok()?.split_whitespace().nth(1)?.parse().ok()?;
-            Hierarchy::cgroup_of(ppid).filter(|c| !c.starts_with(&format!("/{TOP}/")))
-        };
+        let parent = || Hierarchy::cgroup_of(parent_of(pid)?).filter(|c| !c.starts_with(&format!("/{TOP}/")));
         let mut last = io::Error::from_raw_os_error(libc::ENOENT);
         for target in [origin.map(str::to_string), parent(), Some("/".to_string())].into_iter().flatten() {
             match self.move_to(pid, &target) {
@@ -259,6 +254,11 @@ impl Instance {
         if uid == 0 || !is(pid, start, uid) {
             return Err(if is_alive_as(pid, start) { NotHeld::NotAccount } else { NotHeld::Gone });
         }
+        // The daemon's own children (its matcher workers run as `nobody`, which an operator
+        // could guard) are never held: a frozen worker would stall the daemon.
+        if parent_of(pid) == Some(std::process::id()) {
+            return Err(NotHeld::NotAccount);
+        }
         let origin = Hierarchy::cgroup_of(pid).ok_or(NotHeld::Gone)?;
         if origin == self.wait_cgroup() {
             return Ok(origin);
@@ -325,6 +325,12 @@ impl Instance {
 /// The start time (clock ticks since boot) of `pid`, from `/proc/PID/stat`.
 pub fn start_of(pid: u32) -> Option<u64> {
     crate::procfs::parse_stat(&fs::read(format!("/proc/{pid}/stat")).ok()?).map(|s| s.start_ticks)
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    std::str::from_utf8(&stat[close + 2..]).ok()?.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn euid_of(pid: u32) -> Option<u32> {

@@ -11,8 +11,7 @@ use super::*;
 mod sessions;
 #[path = "slots.rs"]
 mod slots;
-
-pub use slots::{all_patterns as all_slot_patterns, slot_of_pattern, valid_slot_name};
+pub use slots::{all_patterns as all_slot_patterns, slot_of_pattern};
 
 use crate::{
     duration::{parse_duration_max, DurationError},

@@ -28,7 +28,7 @@ const KEYS: &[&str] = &["commands", "max", "maxWait", "mode"];
 
 /// Whether `name` can name a slot: it is written raw in log lines, metric labels and status
 /// rows, so it is kept to a set of characters none of them has to escape.
-pub fn valid_slot_name(name: &str) -> bool {
+fn valid_slot_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_SLOT_NAME
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))

@@ -329,6 +329,7 @@ impl Holder {
         }
         let _ = self.answers.send(Answer::Available(available));
         let mut watch_at = 0usize;
+        let mut watched = Instant::now();
         loop {
             match rx.recv_timeout(SIGNAL_WATCH) {
                 Ok(IoJob::Stop(done)) => {
@@ -346,7 +347,11 @@ impl Holder {
                     return;
                 }
             }
-            watch_at = self.watch_signals(watch_at);
+            // At most five rounds a second, however many jobs come in.
+            if watched.elapsed() >= SIGNAL_WATCH {
+                watched = Instant::now();
+                watch_at = self.watch_signals(watch_at);
+            }
         }
     }
 

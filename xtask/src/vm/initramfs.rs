@@ -35,7 +35,7 @@ use crate::build_ebpf::{self, which};
 /// failed in the guests).
 const HOST_TOOLS: &[&str] = &["bash", "sleep", "true", "cat", "env", "id", "grep", "ls", "mkdir", "rm"];
 /// Copied in when the host has them; the tests that need them skip otherwise.
-const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli"];
+const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli", "script"];
 /// Workspace directories tests read through `env!("CARGO_MANIFEST_DIR")`; copied to the same
 /// absolute path in the guest.
 const FIXTURE_DIRS: &[&str] = &["config", "guard-user/tests/fixtures"];

@@ -93,6 +93,14 @@ pub const SUITE: &[(&str, Place)] = &[
     ),
     ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
     (
+        "integration-tests.slots",
+        Place::Guests {
+            why: "the cgroup v2 freezer and cgroup migration on each kernel (vm-init mounts cgroup2 at \
+                  /sys/fs/cgroup), exec wake-ups from the BPF programs, a job-control shell under a pty",
+            only: &[],
+        },
+    ),
+    (
         "integration-tests.sessions",
         Place::Guests {
             why: "session lineage from each kernel's fork, exec, rename and setuid events (setsid, double forks, \
