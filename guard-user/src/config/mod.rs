@@ -30,9 +30,7 @@ mod doc;
 #[cfg(test)]
 mod tests;
 
-pub use check::{
-    all_slot_patterns, problems, refused_patterns, refused_patterns_of, slot_of_pattern, valid_slot_name, Problem,
-};
+pub use check::{all_slot_patterns, problems, refused_patterns, refused_patterns_of, slot_of_pattern, Problem};
 
 /// Configs beyond this size are refused without being read (a config is a few hundred bytes).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
