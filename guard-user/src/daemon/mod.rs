@@ -267,12 +267,13 @@ pub async fn run_with<S: EventSource>(
         dry_run: opts.dry_run,
         pid: std::process::id(),
     });
-    // Slots move processes between cgroups: root only.
-    // SAFETY: geteuid cannot fail.
-    let slots = (unsafe { libc::geteuid() } == 0).then(|| slots::SlotsSetup {
+    let slots = Some(slots::SlotsSetup {
         uid: opts.account.uid,
         instance: instance::instance_name(opts.account.uid, &opts.home),
         dry_run: opts.dry_run,
+        // Slots move processes between cgroups: root only.
+        // SAFETY: geteuid cannot fail.
+        privileged: unsafe { libc::geteuid() } == 0,
         log: fx.log.clone(),
         mirror: fx.mirror.clone(),
         clock: fx.clock.clone(),

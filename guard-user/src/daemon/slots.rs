@@ -36,6 +36,8 @@ pub struct SlotsSetup {
     /// The daemon's instance (its lock's name): the frozen cgroup's and the journal's name.
     pub instance: String,
     pub dry_run: bool,
+    /// Root: only root can move processes between cgroups (and read every exec's command line).
+    pub privileged: bool,
     pub log: Arc<dyn LogSink>,
     pub mirror: Arc<dyn MirrorSink>,
     pub clock: Arc<dyn Clock>,
@@ -96,7 +98,7 @@ pub struct SlotKeeper {
 }
 
 impl SlotKeeper {
-    /// `setup` is `None` where slots cannot run at all (a replay, a daemon that is not root).
+    /// `setup` is `None` where slots cannot run at all.
     pub fn new(setup: Option<SlotsSetup>, rescans: bool, ignore_pid: Option<u32>) -> SlotKeeper {
         let uid = setup.as_ref().map_or(u32::MAX, |s| s.uid);
         SlotKeeper {
@@ -125,12 +127,17 @@ impl SlotKeeper {
     pub fn configure(&mut self, config: Option<SlotsConfig>) {
         let Some(config) = config else { return };
         let Some(setup) = self.setup.clone() else { return };
-        if !config.slots.is_empty() && self.rescans {
-            self.say_unavailable(&setup, "procfs_backend");
+        if !config.slots.is_empty() && (self.rescans || !setup.privileged) {
+            self.say_unavailable(&setup, if setup.privileged { "procfs_backend" } else { "not_root" });
+            // Nothing is classified here: `status` says why, and lists no slot.
+            self.config = Some(config);
             return;
         }
         if self.config.as_ref() == Some(&config) {
             return;
+        }
+        if setup.uid == 0 && !config.slots.is_empty() {
+            self.say_unavailable(&setup, "root_account");
         }
         if config.slots.is_empty() && self.links.is_none() {
             self.config = Some(config);
