@@ -102,9 +102,10 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Non-zero while heavy-command slots are on: an exec's record wakes user space at once instead
-/// of waiting for the drain timer, so a matching command is held within milliseconds of its
-/// exec. Written by user space (`EbpfSource::wake_on_exec`).
+/// Which records wake user space at once instead of waiting for the drain timer, for
+/// heavy-command slots: 1, an exec's (a matching command is held within milliseconds of its
+/// exec); 2, an exit's too (while a command waits: its turn comes the moment a holder's last
+/// process exits). 0 (slots off): none. Written by user space (`EbpfSource::wake_for`).
 #[map]
 static EXEC_WAKE: Array<u32> = Array::with_max_entries(1, 0);
 
@@ -280,7 +281,8 @@ fn emit(event_kind: u32, task: Kptr, aux: u32, euid: u32, comm: Option<[u8; COMM
 #[inline(always)]
 fn submit(ev: RawEvent) -> Res {
     const BPF_RB_FORCE_WAKEUP: u64 = 2;
-    let wake_now = ev.kind == kind::EXEC && EXEC_WAKE.get(0).is_some_and(|&on| on != 0);
+    let wake = EXEC_WAKE.get(0).copied().unwrap_or(0);
+    let wake_now = (ev.kind == kind::EXEC && wake >= 1) || (ev.kind == kind::EXIT && wake >= 2);
     match EVENTS.reserve::<RawEvent>(0) {
         Some(mut slot) => {
             slot.write(ev);

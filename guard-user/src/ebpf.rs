@@ -136,7 +136,7 @@ pub struct EbpfSource {
     /// The event programs, each with the most runs the kernel has skipped (see
     /// [`prog_info`]): those are lost events too.
     missed: Vec<(&'static str, AtomicU64)>,
-    /// `EXEC_WAKE`: whether an exec's record wakes us at once (heavy-command slots).
+    /// `EXEC_WAKE`: which records wake us at once (heavy-command slots).
     exec_wake: Option<Array<MapData, u32>>,
     /// Owns the programs and their links.
     ebpf: Ebpf,
@@ -254,11 +254,11 @@ impl EbpfSource {
         self.task_iter.as_ref().ok()
     }
 
-    /// While `on`, every exec of the account wakes the pump at once (heavy-command slots hold a
-    /// matching command within milliseconds); otherwise records wait for the drain timer.
-    pub fn wake_on_exec(&mut self, on: bool) {
+    /// Which records of the account wake the pump at once (heavy-command slots); the others
+    /// wait for the drain timer.
+    pub fn wake_for(&mut self, wake: crate::event::Wake) {
         if let Some(m) = self.exec_wake.as_mut() {
-            if let Err(e) = m.set(0, u32::from(on), 0) {
+            if let Err(e) = m.set(0, wake as u32, 0) {
                 tracing::warn!("cannot set EXEC_WAKE: {e}");
             }
         }

@@ -64,6 +64,18 @@ impl StateKind {
     }
 }
 
+/// Which events wake the pump at once rather than at the drain timer (heavy-command slots; the
+/// value of the BPF programs' `EXEC_WAKE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Wake {
+    /// Slots off: every record waits for the timer.
+    Timer = 0,
+    /// Execs: a matching command is held within milliseconds of its exec.
+    Exec = 1,
+    /// Execs and exits: while a command waits, its turn comes the moment a holder ends.
+    ExecAndExit = 2,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A new process (not a thread), named like its parent.

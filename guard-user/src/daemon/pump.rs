@@ -152,6 +152,8 @@ struct Pump<S: EventSource> {
     held: Vec<Request>,
     /// Heavy-command slots beside the table.
     slots: SlotKeeper,
+    /// Which events the kernel wakes the pump for now.
+    wake: crate::event::Wake,
     /// The start-up table's phase was traced.
     announced: bool,
     /// Snapshot requests answered (for the test-only fault hook).
@@ -175,6 +177,7 @@ pub fn spawn<S: EventSource>(
         keeper: LineageKeeper::new(src.parents(), scope.ignore_pid, wake.clone()),
         held: Vec::new(),
         slots: SlotKeeper::new(slots, src.rescans_every_tick(), scope.ignore_pid),
+        wake: crate::event::Wake::Timer,
         scanner: src.scanner(),
         src,
         log,
@@ -290,7 +293,10 @@ impl<S: EventSource> Pump<S> {
                         }
                     }
                 }
-                answer = self.slots.next() => self.slots.handle(answer),
+                answer = self.slots.next() => {
+                    self.slots.handle(answer);
+                    self.wake_for_slots();
+                }
                 read = self.keeper.read_done() => {
                     self.keeper.finish_read(read);
                     if !self.keeper.busy() {
@@ -307,14 +313,21 @@ impl<S: EventSource> Pump<S> {
         }
     }
 
-    /// The tick's slots config; the kernel wakes the pump at every exec while a slot is on.
+    /// The tick's slots config.
     fn configure_slots(&mut self, config: Option<SlotsConfig>) -> Option<SlotsReport> {
-        let was = self.slots.is_on();
         self.slots.configure(config);
-        if self.slots.is_on() != was {
-            self.src.wake_on_exec(self.slots.is_on());
-        }
+        self.wake_for_slots();
         self.slots.report()
+    }
+
+    /// The kernel wakes the pump at every exec while a slot is on, and at every exit too while
+    /// a command waits (its turn comes at a holder's exit).
+    fn wake_for_slots(&mut self) {
+        let wake = self.slots.wake();
+        if wake != self.wake {
+            self.wake = wake;
+            self.src.wake_for(wake);
+        }
     }
 
     /// Answers a snapshot request, or holds it while the lineage reads parent links (a tick
@@ -347,6 +360,7 @@ impl<S: EventSource> Pump<S> {
         }
         self.keeper.on_events(&self.batch);
         self.slots.on_events(&self.batch);
+        self.wake_for_slots();
         self.stats.events += self.batch.len() as u64;
         let mut step = self.rebuild.on_events(&self.batch);
         let lost = self.src.lost();

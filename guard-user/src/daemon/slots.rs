@@ -114,9 +114,15 @@ impl SlotKeeper {
         }
     }
 
-    /// Whether any slot is on (the pump then has the kernel wake it at every exec).
-    pub fn is_on(&self) -> bool {
-        self.book.is_on()
+    /// What the kernel should wake the pump for: every exec while a slot is on, and every exit
+    /// too while a command waits.
+    pub fn wake(&self) -> crate::event::Wake {
+        use crate::event::Wake;
+        match (self.book.is_on(), self.book.waiting() > 0) {
+            (false, _) => Wake::Timer,
+            (true, false) => Wake::Exec,
+            (true, true) => Wake::ExecAndExit,
+        }
     }
 
     fn now(&self) -> f64 {

@@ -39,9 +39,9 @@ pub trait EventSource: Send + 'static {
         false
     }
 
-    /// While `on`, every exec wakes the pump at once (heavy-command slots); a source without
-    /// wake-ups ignores it.
-    fn wake_on_exec(&mut self, _on: bool) {}
+    /// Which events wake the pump at once (heavy-command slots); a source without wake-ups
+    /// ignores it.
+    fn wake_for(&mut self, _wake: crate::event::Wake) {}
 
     /// Parent links of live processes (`/proc/PID/stat`; a trace answers from its records).
     fn parents(&self) -> ParentReader {
@@ -72,8 +72,8 @@ impl EventSource for EbpfSource {
         EbpfSource::lost(self)
     }
 
-    fn wake_on_exec(&mut self, on: bool) {
-        EbpfSource::wake_on_exec(self, on)
+    fn wake_for(&mut self, wake: crate::event::Wake) {
+        EbpfSource::wake_for(self, wake)
     }
 
     /// The BPF task iterator (one pass, ~1 µs per task), else the /proc scan: a read that is not
