@@ -434,6 +434,25 @@ fn an_interactive_shell_sees_no_stopped_job() {
     assert!(text.contains("fg=0") && text.contains("bg=0"), "{text}");
 }
 
+#[test]
+fn a_slot_pattern_that_matches_everything_or_that_bash_refuses_is_a_config_error_and_holds_nothing() {
+    let Some(_serial) = slots_ready("refused_patterns") else { return };
+    for (pattern, why) in [(".", "matches every command line"), ("(unclosed", "not a valid bash extended regex")] {
+        let (home, exe, file) =
+            home_with(&format!(r#"{{"commands": [{pattern:?}], "max": 1, "mode": "queue", "maxWait": "1h"}}"#));
+        let _d = Daemon::start(&home, &[]);
+        let log = home.wait_log(WAIT, |l| l.contains("ERROR config_malformed slots.commands"));
+        let error = lines(&log, "ERROR").into_iter().next().unwrap_or_else(|| panic!("{pattern}: {log}")).to_string();
+        assert!(error.contains(why) && error.contains("index=0"), "{pattern}: {error}");
+        assert!(log.contains("TICK_COMPLETE flagged=0 kills=0 errors=1"), "{pattern}: {log}");
+        // Every command of the account would have matched `.`: none waits.
+        let mut jobs = Jobs::start(&exe, &file, 3, 500, TEST_UID, &[]);
+        assert!(jobs.wait_all(WAIT).iter().all(|c| *c == Some(0)));
+        assert_eq!(most_at_once(&file), 3, "{pattern}");
+        assert!(!home.log().contains("SLOT_WAIT"), "{pattern}: {}", home.log());
+    }
+}
+
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
 }

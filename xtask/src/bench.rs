@@ -67,6 +67,11 @@ pub struct Options {
     /// classified): the lineage's cost, side by side with a run without it.
     #[arg(long)]
     pub sessions: bool,
+    /// Every measuring daemon runs with a heavy-command slot on (a pattern nothing matches, in
+    /// queue mode, so every exec of the account wakes the pump and is classified off it): what
+    /// slots cost at exec, side by side with a run without them.
+    #[arg(long, conflicts_with = "sessions")]
+    pub slots: bool,
 }
 
 impl Options {
@@ -85,11 +90,17 @@ const NEVER: &str = r#"{"threshold": 1000000, "timeout": "1h"}"#;
 const NEVER_WITH_SESSIONS: &str = r#"{"threshold": 1000000, "timeout": "1h",
     "sessions": {"roots": ["^gbench-root-that-never-runs( |$)"], "leftovers": "report"}}"#;
 
+/// [`NEVER`] with a slot on (`--slots`).
+const NEVER_WITH_SLOTS: &str = r#"{"threshold": 1000000, "timeout": "1h",
+    "slots": {"bench": {"commands": ["^gbench-heavy-that-never-runs( |$)"], "max": 1, "mode": "queue"}}}"#;
+
 impl Options {
     /// The measuring config.
     fn never(&self) -> &'static str {
         if self.sessions {
             NEVER_WITH_SESSIONS
+        } else if self.slots {
+            NEVER_WITH_SLOTS
         } else {
             NEVER
         }

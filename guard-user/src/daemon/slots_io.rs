@@ -453,8 +453,10 @@ impl Holder {
         for (pid, start) in procs {
             let origin = self.origins.remove(&pid).filter(|(s, _)| *s == start).map(|(_, o)| o);
             if cgroup::start_of(pid) == Some(start) {
-                if let Err(e) = instance.hierarchy.put_back(pid, origin.as_deref()) {
-                    tracing::warn!("cannot put back pid {pid}: {e}");
+                match instance.hierarchy.put_back(pid, origin.as_deref()) {
+                    Err(e) if e.raw_os_error() != Some(libc::ESRCH) => tracing::warn!("cannot put back pid {pid}: {e}"),
+                    // Gone meanwhile: nothing to put back.
+                    _ => {}
                 }
             }
         }
