@@ -108,7 +108,7 @@ fn validate_names_a_slot_pattern_bash_refuses_or_one_that_matches_every_command_
     let o = validate(
         dir.path(),
         r#"{"slots": {"build": {"commands": ["(^|/)cargo build( |$)", "(unclosed"], "max": 2},
-                      "test": {"commands": ["a||b"], "max": 1, "mode": "queue"}}}"#,
+                      "test": {"commands": ["."], "max": 1, "mode": "queue"}}}"#,
     );
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     let lines = stdout_lines(&o);
@@ -117,7 +117,7 @@ fn validate_names_a_slot_pattern_bash_refuses_or_one_that_matches_every_command_
         "{lines:?}"
     );
     assert!(
-        lines[1].starts_with(r#"slots.test.commands[0]: "a||b" matches every command line, so every command"#),
+        lines[1].starts_with(r#"slots.test.commands[0]: "." matches every command line, so every command"#),
         "{lines:?}"
     );
     assert_eq!(lines.len(), 3, "{lines:?}");

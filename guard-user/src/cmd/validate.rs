@@ -110,7 +110,7 @@ fn slot_problems(slots: &[config::Slot]) -> Vec<Problem> {
             let key = format!("slots.{}.commands[{i}]", slot.name);
             let shown = escape::text_capped(p.as_bytes(), 60);
             match matcher.set_patterns(std::slice::from_ref(p)) {
-                Ok(()) if match_all::matches_every_probe(&matcher.classify(match_all::PROBES, until())) => {
+                Ok(()) if match_all::matches_every_command(&matcher.classify(match_all::command_probes(), until())) => {
                     out.push(Problem::validate_only(
                         key,
                         format!("\"{shown}\" matches every command line, so every command of the account would take the slot"),

@@ -217,8 +217,14 @@ fn set_lists(matcher: &mut Matcher, exclude: &[String], mine: &[String]) -> Resu
         }
         Ok(()) => {}
     }
-    let probes = matcher.classify(match_all::PROBES, Instant::now() + Duration::from_secs(2));
-    if let match_all::ListVerdict::Found(i) = match_all::list_verdict(&probes) {
+    // One by one: a pattern that takes every command an exec can run (`.` too: no exec has an
+    // empty command line). At most 64, once per change of the list.
+    let until = Instant::now() + Duration::from_secs(2);
+    let takes_all = (0..mine.len()).find(|&i| {
+        matcher.set_patterns(std::slice::from_ref(&mine[i])).is_ok()
+            && match_all::matches_every_command(&matcher.classify(match_all::command_probes(), until))
+    });
+    if let Some(i) = takes_all {
         let e = ConfigError::Pattern {
             list: PatternList::SlotCommands,
             pattern: mine[i].chars().take(crate::config::MAX_SHOWN_VALUE + 1).collect(),
