@@ -138,6 +138,8 @@ pub struct EbpfSource {
     missed: Vec<(&'static str, AtomicU64)>,
     /// `EXEC_WAKE`: which records wake us at once (heavy-command slots).
     exec_wake: Option<Array<MapData, u32>>,
+    /// What `EXEC_WAKE` holds.
+    wake: crate::event::Wake,
     /// Owns the programs and their links.
     ebpf: Ebpf,
 }
@@ -240,7 +242,19 @@ impl EbpfSource {
         // An object built before the map existed: execs are drained on the timer (slots still
         // work, a drain period later).
         let exec_wake = ebpf.take_map("EXEC_WAKE").and_then(|m| Array::try_from(m).ok());
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, creds, task_iter, cpu_runtime, missed, exec_wake, ebpf })
+        let wake = crate::event::Wake::Timer;
+        Ok(EbpfSource {
+            poll: OnceLock::new(),
+            ring,
+            lost,
+            creds,
+            task_iter,
+            cpu_runtime,
+            missed,
+            exec_wake,
+            wake,
+            ebpf,
+        })
     }
 
     /// How credential changes are tracked (for the `WARN setuid_untracked` line and tests).
@@ -254,14 +268,19 @@ impl EbpfSource {
         self.task_iter.as_ref().ok()
     }
 
-    /// Which records of the account wake the pump at once (heavy-command slots); the others
-    /// wait for the drain timer.
+    /// When the kernel wakes the pump (heavy-command slots want every event at once).
     pub fn wake_for(&mut self, wake: crate::event::Wake) {
+        self.wake = wake;
         if let Some(m) = self.exec_wake.as_mut() {
             if let Err(e) = m.set(0, wake as u32, 0) {
                 tracing::warn!("cannot set EXEC_WAKE: {e}");
             }
         }
+    }
+
+    /// The wake-ups asked for by [`Self::wake_for`].
+    pub fn wake(&self) -> crate::event::Wake {
+        self.wake
     }
 
     /// The stall watch's CPU accounting (once; later calls get `None`), or why it did not load.

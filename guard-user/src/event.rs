@@ -64,16 +64,16 @@ impl StateKind {
     }
 }
 
-/// Which events wake the pump at once rather than at the drain timer (heavy-command slots; the
-/// value of the BPF programs' `EXEC_WAKE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// When the kernel wakes the pump (the value of the BPF programs' `EXEC_WAKE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wake {
-    /// Slots off: every record waits for the timer.
+    /// At the drain timer, or when the ring is a sixteenth full: an idle host's few events cost
+    /// one wake-up a second.
     Timer = 0,
-    /// Execs: a matching command is held within milliseconds of its exec.
-    Exec = 1,
-    /// Execs and exits: while a command waits, its turn comes the moment a holder ends.
-    ExecAndExit = 2,
+    /// As soon as a record comes after the pump read everything (the ring's adaptive
+    /// notification): heavy-command slots hold a matching exec within milliseconds, and start
+    /// the next in line at a holder's exit.
+    Adaptive = 1,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -320,8 +320,7 @@ impl<S: EventSource> Pump<S> {
         self.slots.report()
     }
 
-    /// The kernel wakes the pump at every exec while a slot is on, and at every exit too while
-    /// a command waits (its turn comes at a holder's exit).
+    /// The kernel wakes the pump as soon as an event comes while a slot is on.
     fn wake_for_slots(&mut self) {
         let wake = self.slots.wake();
         if wake != self.wake {

@@ -114,14 +114,12 @@ impl SlotKeeper {
         }
     }
 
-    /// What the kernel should wake the pump for: every exec while a slot is on, and every exit
-    /// too while a command waits.
+    /// When the kernel should wake the pump: as soon as an event comes while a slot is on.
     pub fn wake(&self) -> crate::event::Wake {
-        use crate::event::Wake;
-        match (self.book.is_on(), self.book.waiting() > 0) {
-            (false, _) => Wake::Timer,
-            (true, false) => Wake::Exec,
-            (true, true) => Wake::ExecAndExit,
+        if self.book.is_on() {
+            crate::event::Wake::Adaptive
+        } else {
+            crate::event::Wake::Timer
         }
     }
 
@@ -270,7 +268,10 @@ impl SlotKeeper {
         let now = self.now();
         let actions = match answer {
             None => self.book.on_time(now),
-            Some(Answer::Verdict { tree, seq, comm, verdict }) => self.book.verdict(tree, seq, comm, &verdict, now),
+            Some(Answer::Verdicts(all)) => all
+                .into_iter()
+                .flat_map(|(tree, seq, comm, verdict)| self.book.verdict(tree, seq, comm, &verdict, now))
+                .collect(),
             Some(Answer::NotHeld { tree }) => {
                 self.not_held += 1;
                 self.book.not_held(tree, now)

@@ -74,12 +74,8 @@ pub enum ClassifyJob {
 /// What the threads tell the pump.
 #[derive(Debug)]
 pub enum Answer {
-    Verdict {
-        tree: TreeId,
-        seq: u32,
-        comm: Comm,
-        verdict: Verdict,
-    },
+    /// One classifying round's verdicts (one wake-up of the pump per round, not per exec).
+    Verdicts(Vec<(TreeId, u32, Comm, Verdict)>),
     /// The slots' patterns cannot be used (refused, or one matches every command line): no
     /// exec is a slot's until the list changes. The `ERROR` line's reason (a config error).
     PatternsRefused(String),
@@ -157,6 +153,8 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
             }
         }
         let mut execs: Vec<(TreeId, u32, ProcState, Vec<u8>)> = Vec::new();
+        // Gone, blank or not to be matched: no slot's, answered with the round.
+        let mut others = Vec::new();
         let mut bytes = 0usize;
         for job in batch {
             match job {
@@ -181,14 +179,7 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
                             bytes += t.len();
                             execs.push((tree, seq, process, t));
                         }
-                        None => {
-                            let _ = answers.send(Answer::Verdict {
-                                tree,
-                                seq,
-                                comm: process.comm,
-                                verdict: Verdict::Other,
-                            });
-                        }
+                        None => others.push((tree, seq, process.comm, Verdict::Other)),
                     }
                     if bytes > ROUND_BYTES {
                         classify_round(&mut matcher, &mut execs, excl, &slots, usable, &answers);
@@ -198,6 +189,9 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
             }
         }
         classify_round(&mut matcher, &mut execs, excl, &slots, usable, &answers);
+        if !others.is_empty() {
+            let _ = answers.send(Answer::Verdicts(others));
+        }
     }
 }
 
@@ -268,14 +262,16 @@ fn classify_round(
     } else {
         (vec![MatchOutcome::NoMatch; texts.len()], true)
     };
+    let mut verdicts = Vec::with_capacity(execs.len());
     for ((tree, seq, process, _), o) in execs.drain(..).zip(outcomes) {
         let verdict = match o {
             MatchOutcome::Matched(i) if i >= excl && !shaky => crate::config::slot_of_pattern(slots, i - excl)
                 .map_or(Verdict::Other, |s| Verdict::Slot(slots[s].name.clone())),
             _ => Verdict::Other,
         };
-        let _ = answers.send(Answer::Verdict { tree, seq, comm: process.comm, verdict });
+        verdicts.push((tree, seq, process.comm, verdict));
     }
+    let _ = answers.send(Answer::Verdicts(verdicts));
 }
 
 /// Starts the holder for account `uid` and daemon instance `name`.

@@ -56,9 +56,16 @@ impl EventSource for EbpfSource {
 
     async fn wait(&mut self) -> io::Result<()> {
         tokio::select! {
-            r = self.readable() => r,
-            () = tokio::time::sleep(crate::ebpf::DRAIN_PERIOD) => Ok(()),
+            r = self.readable() => r?,
+            () = tokio::time::sleep(crate::ebpf::DRAIN_PERIOD) => return Ok(()),
         }
+        // Woken by the first record after a quiet spell (slots on: the ring's adaptive
+        // notification): what follows within a millisecond is drained with it, so a storm costs
+        // a wake-up per millisecond, not one per event.
+        if self.wake() == crate::event::Wake::Adaptive {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        Ok(())
     }
 
     fn drain(&mut self, max: usize, out: &mut Vec<Event>) -> usize {

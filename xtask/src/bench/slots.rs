@@ -115,9 +115,19 @@ impl Bench<'_> {
         let out = d.home.join("jobs.txt");
         fs::write(&out, "")?;
         fs::set_permissions(&out, fs::Permissions::from_mode(0o666))?;
-        // Settle: the previous run's memory is given back before the baseline.
-        thread::sleep(Duration::from_secs(2));
-        let baseline = used_mib();
+        // Settle: the previous run's memory is given back (the kernel's count falls for a few
+        // seconds after 8 GiB are freed) before the baseline: until it moves less than 32 MiB in
+        // a second, for at most 30 s.
+        let settle_by = Instant::now() + Duration::from_secs(30);
+        let mut before = used_mib();
+        let baseline = loop {
+            thread::sleep(Duration::from_secs(1));
+            let now = used_mib();
+            if (now - before).abs() < 32.0 || Instant::now() > settle_by {
+                break now;
+            }
+            before = now;
+        };
         let started = Instant::now();
         let mut jobs: Vec<Child> = Vec::with_capacity(JOBS);
         for _ in 0..JOBS {

@@ -204,11 +204,6 @@ impl SlotBook {
         !self.rules.is_empty()
     }
 
-    /// Trees waiting for a slot, all slots.
-    pub fn waiting(&self) -> usize {
-        self.waiting
-    }
-
     fn mine(&self, s: &ProcState) -> bool {
         s.euid == self.uid && Some(s.id.pid) != self.ignore_pid
     }
