@@ -4,17 +4,20 @@
 //! the table at once, with no scan or audit — through the `commit_creds` hook, and through the
 //! setuid tracepoints where the hook is left out.
 //!
-//! Needs root and /sys/kernel/btf/vmlinux; without them each test prints why and passes.
-//! Children that must fork, exec, rename or change uid are this test binary re-executed with
-//! `GUARD_FILTER_HELPER=<mode>`: a constructor runs the mode before libtest starts and exits.
-//! Every wait is bounded; [`Child`] kills and reaps its process on drop.
+//! Needs root and the ebpf backend (`needs = [root, ebpf]`). Children that must fork, exec,
+//! rename or change uid are this test binary re-executed as a helper mode
+//! (`guard_test::child`). Every wait is bounded; a `Child` kills and reaps its process on drop.
 mod ebpf_harness;
 
 use std::{
-    io::{BufRead, BufReader, Write},
     os::unix::{fs::PermissionsExt, process::CommandExt},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
+};
+
+use guard_test::{
+    child::{next_line, say, Child},
+    guard_test,
 };
 
 use guard::{
@@ -23,38 +26,21 @@ use guard::{
     table::{ProcessTable, Scope},
 };
 
-const HELPER_ENV: &str = "GUARD_FILTER_HELPER";
 const WAIT: Duration = Duration::from_secs(10);
 /// The watched account, and another one (uids no other test uses).
 const ACCOUNT: u32 = 4247;
 const OTHER: u32 = 4248;
 
 // ---------------------------------------------------------------------------------------------
-// The helper side (runs in the child, before main).
+// The helper side (runs in the child instead of the tests).
 
-#[used]
-#[link_section = ".init_array"]
-static HELPER: extern "C" fn() = helper_main;
-
-extern "C" fn helper_main() {
-    let Ok(mode) = std::env::var(HELPER_ENV) else { return };
-    match mode.as_str() {
+fn helper_main(mode: &str) {
+    match mode {
         "workload" => helper_workload(),
         "enter_leave" => helper_enter_leave(),
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
-fn next_line() {
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
 }
 
 fn set_name(name: &str) {
@@ -113,75 +99,9 @@ fn helper_enter_leave() {
 // ---------------------------------------------------------------------------------------------
 // The test side.
 
-/// A spawned child, killed and reaped on drop.
-struct Child {
-    inner: std::process::Child,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Child {
-    fn spawn(cmd: &mut Command) -> Child {
-        let mut inner = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
-        let stdout = BufReader::new(inner.stdout.take().unwrap());
-        Child { inner, stdout }
-    }
-
-    fn helper(mode: &str, uid: Option<u32>) -> Child {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.env(HELPER_ENV, mode);
-        if let Some(uid) = uid {
-            cmd.uid(uid).gid(uid);
-        }
-        Child::spawn(&mut cmd)
-    }
-
-    fn pid(&self) -> u32 {
-        self.inner.id()
-    }
-
-    /// Reads one line the child says (bounded: a watchdog kills a child that says nothing).
-    fn expect_line(&mut self, want: &str) {
-        let pid = self.pid() as i32;
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if rx.recv_timeout(WAIT).is_err() {
-                // SAFETY: our unreaped child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        });
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let _ = tx.send(());
-        watchdog.join().unwrap();
-        assert_eq!(line.trim_end(), want, "child {pid} said {line:?}");
-    }
-
-    fn send_line(&mut self) {
-        self.inner.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    }
-
-    fn wait(&mut self) {
-        let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
-            if self.inner.try_wait().unwrap().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("child {} did not end within {WAIT:?}", self.pid());
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.inner.kill();
-        let _ = self.inner.wait();
-    }
-}
-
-fn load(test: &str, account: u32, skip_cred_hook: bool) -> Option<EbpfSource> {
+fn load(account: u32, skip_cred_hook: bool) -> EbpfSource {
     let opts = EbpfOptions { account: Some(account), ring_bytes: Some(1 << 20), skip_cred_hook, ..Default::default() };
-    ebpf_harness::load(test, &opts)
+    ebpf_harness::load(&opts)
 }
 
 /// Every record the ring holds now.
@@ -212,19 +132,25 @@ fn euid_in_proc(pid: u32) -> u32 {
     line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn another_accounts_processes_never_reach_the_ring() {
-    let Some(mut watched) = load("filter: other account", ACCOUNT, false) else { return };
+    let mut watched = load(ACCOUNT, false);
     // The same workload seen by programs loaded for its own account: it does make records.
-    let Some(mut own) = load("filter: own account", OTHER, false) else { return };
+    let mut own = load(OTHER, false);
     drain(&mut watched);
     drain(&mut own);
-    let mut child = Child::helper("workload", Some(OTHER));
+    let mut child = Child::helper_as("workload", OTHER);
     child.expect_line("done");
     child.wait();
-    std::thread::sleep(Duration::from_millis(300));
+    // Both rings see the same events as they happen: once the own account's ring holds the
+    // whole workload, whatever leaked into the watched one is there too.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while seen.len() < 60 && Instant::now() < deadline {
+        seen.extend(drain(&mut own));
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let leaked = drain(&mut watched);
-    let seen = drain(&mut own);
     // 20 × (fork, exec, exit) of /bin/true, a fork and its exit, two renames, 3 × (fork, exec,
     // exit) from threads, the helper's own exec and exit: well over 60 records.
     assert!(seen.len() >= 60, "the workload made {} records for its own account: {seen:?}", seen.len());
@@ -239,7 +165,7 @@ fn another_accounts_processes_never_reach_the_ring() {
 
 /// Entering and leaving by setresuid, with the hook and with the fallback tracepoints.
 fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool) {
-    let Some(mut src) = load(test, ACCOUNT, skip_cred_hook) else { return };
+    let mut src = load(ACCOUNT, skip_cred_hook);
     match (src.cred_tracking(), skip_cred_hook) {
         (CredTracking::Hook, false) | (CredTracking::Syscalls { .. }, true) => {}
         // This development VM's kernel (6.18.44-fc) refuses every fentry program before its
@@ -256,7 +182,7 @@ fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool) {
         (other, _) => panic!("{test}: {other:?}"),
     }
     let mut table = ProcessTable::new(Scope::account(ACCOUNT));
-    let mut child = Child::helper("enter_leave", None);
+    let mut child = Child::helper("enter_leave");
     let pid = child.pid();
     child.expect_line("ready");
     table_until(&mut src, &mut table, |_| false);
@@ -278,19 +204,19 @@ fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool) {
     );
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_root_process_that_setuids_into_the_account_is_tracked_at_once_and_dropped_when_it_leaves() {
     setuid_enters_and_leaves_at_once("filter: setuid through the hook", false);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn without_the_hook_the_setuid_tracepoints_track_the_same() {
     setuid_enters_and_leaves_at_once("filter: setuid through the tracepoints", true);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn exec_of_a_setuid_root_binary_by_the_account_takes_the_process_out() {
-    let Some(mut src) = load("filter: set-user-ID exec", ACCOUNT, false) else { return };
+    let mut src = load(ACCOUNT, false);
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.path().join("root-sleep");
@@ -317,3 +243,5 @@ fn exec_of_a_setuid_root_binary_by_the_account_takes_the_process_out() {
         table.processes()
     );
 }
+
+guard_test::main!(helpers = helper_main);

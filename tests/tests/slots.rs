@@ -1,7 +1,8 @@
-//! Heavy-command slots on the real kernel (docs/configuration.md §16): commands of a kind over
+//! Heavy-command slots on the real kernel (docs/configuration.md `slots`): commands of a kind over
 //! `max` wait, frozen in guard's own cgroup, and start first come, first served; nothing is ever
-//! left waiting. Run as root (`cargo xtask test`); needs cgroup v2 with its freezer (Linux 5.2),
-//! which the VM guests mount at /sys/fs/cgroup and hybrid hosts at /sys/fs/cgroup/unified.
+//! left waiting. Run as root (`cargo xtask test`); needs the ebpf backend and cgroup v2 with its
+//! freezer (Linux 5.2), which the VM guests mount at /sys/fs/cgroup and hybrid hosts at
+//! /sys/fs/cgroup/unified.
 //!
 //! The heavy command is guard-probe's `slot-job` (copied as `heavyjob`): it waits 300 ms, then
 //! writes `start`, works, writes `end`. A slot holds it within milliseconds of its exec, so a
@@ -167,21 +168,9 @@ fn wait_frozen(pids: &[u32], n: usize) -> Vec<u32> {
     })
 }
 
-fn slots_ready(test: &str) -> Option<Serial> {
-    let serial = setup(test)?;
-    if !ebpf_available(test) {
-        return None;
-    }
-    if let Err(e) = guard::cgroup::Hierarchy::find() {
-        eprintln!("skipped {test}: {e}");
-        return None;
-    }
-    Some(serial)
-}
-
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn max_two_of_six_started_at_once_runs_at_most_two_at_a_time_and_all_six_finish() {
-    let Some(_serial) = slots_ready("max_two_of_six") else { return };
+    let _serial = setup();
     let (home, exe, file) = home_with(&queue(2));
     let _d = daemon(&home);
     let mut jobs = Jobs::start(&exe, &file, 6, 1500, TEST_UID, &[]);
@@ -201,9 +190,9 @@ fn max_two_of_six_started_at_once_runs_at_most_two_at_a_time_and_all_six_finish(
     assert!(frozen().is_empty());
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn report_mode_holds_nothing_and_says_what_would_have_waited() {
-    let Some(_serial) = slots_ready("report_mode") else { return };
+    let _serial = setup();
     let (home, exe, file) =
         home_with(&format!(r#"{{"commands": ["(^|/){JOB} slot-job "], "max": 2, "mode": "report"}}"#));
     let _d = daemon(&home);
@@ -217,9 +206,9 @@ fn report_mode_holds_nothing_and_says_what_would_have_waited() {
     assert!(waits.iter().all(|l| l.ends_with(" mode=report")), "{log}");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn another_accounts_commands_are_never_held() {
-    let Some(_serial) = slots_ready("another_account") else { return };
+    let _serial = setup();
     let (home, exe, file) = home_with(&queue(1));
     let _d = daemon(&home);
     let mut jobs = Jobs::start(&exe, &file, 4, 1500, OTHER_UID, &[]);
@@ -229,9 +218,9 @@ fn another_accounts_commands_are_never_held() {
     assert!(!home.log().contains("SLOT_"), "{}", home.log());
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn sigkill_of_the_daemon_releases_every_waiting_command() {
-    let Some(_serial) = slots_ready("sigkill_releases") else { return };
+    let _serial = setup();
     let (home, exe, file) = home_with(&queue(1));
     let mut d = daemon(&home);
     let mut jobs = Jobs::start(&exe, &file, 4, 1000, TEST_UID, &[]);
@@ -244,9 +233,9 @@ fn sigkill_of_the_daemon_releases_every_waiting_command() {
     assert!(frozen().is_empty());
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn a_daemon_killed_with_its_releaser_leaves_nothing_waiting_after_the_next_start() {
-    let Some(_serial) = slots_ready("restart_releases") else { return };
+    let _serial = setup();
     let (home, exe, file) = home_with(&queue(1));
     let mut d = daemon(&home);
     let mut jobs = Jobs::start(&exe, &file, 3, 800, TEST_UID, &[]);
@@ -265,9 +254,9 @@ fn a_daemon_killed_with_its_releaser_leaves_nothing_waiting_after_the_next_start
     assert!(home.log().contains("WARN slots_leftovers released=2"), "{}", home.log());
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn a_stopped_daemon_or_slots_turned_off_release_every_waiting_command() {
-    let Some(_serial) = slots_ready("stop_and_off_release") else { return };
+    let _serial = setup();
     let (home, exe, file) = home_with(&queue(1));
     let d = daemon(&home);
     let mut jobs = Jobs::start(&exe, &file, 3, 60_000, TEST_UID, &[]);
@@ -298,9 +287,9 @@ fn a_stopped_daemon_or_slots_turned_off_release_every_waiting_command() {
     assert!(codes.iter().all(|c| *c == Some(0)), "{codes:?}");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn max_wait_lets_a_waiting_command_go_and_excluded_names_never_wait() {
-    let Some(_serial) = slots_ready("max_wait") else { return };
+    let _serial = setup();
     let (home, exe, file) =
         home_with(r#"{"commands": ["(^|/)(heavyjob|bash) slot-job "], "max": 1, "mode": "queue", "maxWait": "2s"}"#);
     let _d = daemon(&home);
@@ -319,9 +308,9 @@ fn max_wait_lets_a_waiting_command_go_and_excluded_names_never_wait() {
     drop(holder);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn a_waiting_command_its_parent_kills_goes_away_cleanly() {
-    let Some(_serial) = slots_ready("parent_kills") else { return };
+    let _serial = setup();
     let (home, exe, file) = home_with(&queue(1));
     let _d = daemon(&home);
     let _holder = Jobs::start(&exe, &file, 1, 60_000, TEST_UID, &[]);
@@ -346,9 +335,9 @@ fn a_waiting_command_its_parent_kills_goes_away_cleanly() {
     assert!(st.is_some());
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn the_account_can_neither_thaw_nor_move_a_waiting_command() {
-    let Some(_serial) = slots_ready("account_cannot_escape") else { return };
+    let _serial = setup();
     let (home, exe, file) = home_with(&queue(1));
     let _d = daemon(&home);
     let _holder = Jobs::start(&exe, &file, 1, 60_000, TEST_UID, &[]);
@@ -378,13 +367,11 @@ fn the_account_can_neither_thaw_nor_move_a_waiting_command() {
     assert_eq!(waiter.wait_all(Duration::from_millis(500)), [None]);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn an_interactive_shell_sees_no_stopped_job() {
-    let Some(_serial) = slots_ready("interactive_shell") else { return };
-    if which("script").is_none() {
-        eprintln!("skipped interactive_shell: no script(1)");
-        return;
-    }
+    let _serial = setup();
+    // util-linux's script(1) makes the pty (the guests copy it in from the host).
+    assert!(which("script").is_some(), "needs script(1) (util-linux) on PATH");
     let (home, exe, file) = home_with(&queue(1));
     let _d = daemon(&home);
     let _holder = Jobs::start(&exe, &file, 1, 3000, TEST_UID, &[]);
@@ -434,9 +421,9 @@ fn an_interactive_shell_sees_no_stopped_job() {
     assert!(text.contains("fg=0") && text.contains("bg=0"), "{text}");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf, freezer])]
 fn a_slot_pattern_that_matches_everything_or_that_bash_refuses_is_a_config_error_and_holds_nothing() {
-    let Some(_serial) = slots_ready("refused_patterns") else { return };
+    let _serial = setup();
     for (pattern, why) in [(".", "matches every command line"), ("(unclosed", "not a valid bash extended regex")] {
         let (home, exe, file) =
             home_with(&format!(r#"{{"commands": [{pattern:?}], "max": 1, "mode": "queue", "maxWait": "1h"}}"#));
@@ -473,3 +460,5 @@ fn children_of(pid: u32) -> Vec<u32> {
 fn cmdline(pid: u32) -> String {
     fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default()
 }
+
+guard_test::main!();

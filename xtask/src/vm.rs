@@ -176,7 +176,14 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let boot_one = |kernel: kernels::Kernel| -> anyhow::Result<Row> {
         let log = logs.join(format!("{}.log", kernel.name));
         let started = Instant::now();
-        let cmdline = format!("{} {}", kernel.cmdline, opts.cmdline);
+        // What this guest must run (vm-init exports it as GUARD_TESTS_REQUIRE): a test that
+        // needs it and finds it missing fails the guest instead of being ignored.
+        let requires = suite::guest_requires(
+            kernel.cmdline.split_whitespace().any(|w| w == "guard.hide_btf"),
+            ebpf_object.is_some(),
+            build_ebpf::which("redis-server").is_some(),
+        );
+        let cmdline = format!("{} guard.require={requires} {}", kernel.cmdline, opts.cmdline);
         let boot = qemu::Boot {
             name: &kernel.name,
             qemu: &qemu,

@@ -27,6 +27,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::effects::{Clock, LogSink, MirrorSink};
 use crate::{
+    budget::Budget,
     cgroup::{self, journal, sweep, Hierarchy, Instance, NotHeld, Unavailable},
     comm::Comm,
     config::Slot,
@@ -97,6 +98,10 @@ pub const MAX_HELD: usize = 4096;
 const SIGNAL_WATCH: Duration = Duration::from_millis(200);
 /// Bytes of command lines one classifying round reads at most (a command line may be 1 MiB).
 const ROUND_BYTES: usize = 4 << 20;
+/// How long one round may read command lines: one slow to read (a hostile process can make its
+/// own memory slow to read) costs this much and one chunk past it, is no slot's, and the next
+/// exec starts a new round.
+const ROUND_READ: Duration = Duration::from_millis(250);
 
 /// The lines' writer: never blocks its callers (a full queue drops the line and counts it).
 #[derive(Clone)]
@@ -155,12 +160,13 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
         let mut execs: Vec<(TreeId, u32, ProcState, Vec<u8>)> = Vec::new();
         // Gone, blank or not to be matched: no slot's, answered with the round.
         let mut others = Vec::new();
-        let mut bytes = 0usize;
+        let mut budget = read_budget();
+        let mut buf = Vec::new();
         for job in batch {
             match job {
                 ClassifyJob::Lists { exclude_commands, slots: s } => {
                     classify_round(&mut matcher, &mut execs, excl, &slots, usable, &answers);
-                    bytes = 0;
+                    budget = read_budget();
                     excl = exclude_commands.len();
                     slots = s;
                     let mine = crate::config::all_slot_patterns(&slots);
@@ -173,17 +179,15 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
                     }
                 }
                 ClassifyJob::Exec { tree, seq, process } => {
-                    let text = if usable { read_cmdline(&process, matcher.limits().max_text_bytes) } else { None };
-                    match text {
-                        Some(t) => {
-                            bytes += t.len();
-                            execs.push((tree, seq, process, t));
-                        }
-                        None => others.push((tree, seq, process.comm, Verdict::Other)),
+                    let max = matcher.limits().max_text_bytes;
+                    if usable && read_cmdline(&process, max, &mut budget, &mut buf) {
+                        execs.push((tree, seq, process, buf.clone()));
+                    } else {
+                        others.push((tree, seq, process.comm, Verdict::Other));
                     }
-                    if bytes > ROUND_BYTES {
+                    if budget.left() == 0 || budget.in_time().is_err() {
                         classify_round(&mut matcher, &mut execs, excl, &slots, usable, &answers);
-                        bytes = 0;
+                        budget = read_budget();
                     }
                 }
             }
@@ -234,11 +238,19 @@ fn set_lists(matcher: &mut Matcher, exclude: &[String], mine: &[String]) -> Resu
     Ok(matcher.set_patterns(&all).is_ok())
 }
 
-/// The command line of `p` as its exec left it, or `None` when the process is gone or is
-/// another one now (its start time changed).
-fn read_cmdline(p: &ProcState, max: usize) -> Option<Vec<u8>> {
-    let text = crate::procfs::cmdline_capped(p.id.pid, max)?;
-    (cgroup::start_of(p.id.pid) == Some(p.id.start_ticks) && !text.is_empty()).then_some(text)
+/// What one round may read: [`ROUND_BYTES`] of command lines within [`ROUND_READ`] (a command
+/// line is the account's to make 1 MiB long, and to make slow to read).
+fn read_budget() -> Budget {
+    Budget::bytes(ROUND_BYTES).ending(Instant::now() + ROUND_READ)
+}
+
+/// Reads the command line of `p` as its exec left it into `buf`; `false` when the process is
+/// gone or another one now (its start time changed), when the line is blank, or when the
+/// budget stopped the read (then it is no slot's: it never waits).
+fn read_cmdline(p: &ProcState, max: usize, budget: &mut Budget, buf: &mut Vec<u8>) -> bool {
+    crate::procfs::read_cmdline(p.id.pid, max, budget, buf) == crate::procfs::CmdRead::Text
+        && !buf.is_empty()
+        && cgroup::start_of(p.id.pid) == Some(p.id.start_ticks)
 }
 
 fn classify_round(

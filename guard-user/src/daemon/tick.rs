@@ -21,6 +21,7 @@ use super::{
     DaemonOptions,
 };
 use crate::{
+    budget::{Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
     log::{Kind, Line, Notice},
     policy::{memory::Input, AccountView, Memory, Now},
@@ -65,6 +66,9 @@ pub struct Ticker {
     match_all: super::match_all::MatchAllWatch,
     /// Session roots and their leftovers (docs/configuration.md `sessions`).
     sessions: SessionsTick,
+    /// Command-line bytes held for a matcher at one time, by the verdicts and the session roots
+    /// alike (docs/architecture.md, "Bounds").
+    pool: Pool,
 }
 
 impl Ticker {
@@ -87,6 +91,7 @@ impl Ticker {
             verdicts: VerdictCache::for_daemon(),
             match_all: Default::default(),
             sessions: SessionsTick::default(),
+            pool: Pool::new(HELD_CMDLINE_BYTES),
         }
     }
 
@@ -150,6 +155,7 @@ impl Ticker {
             procs: &mut *fx.procs,
             classifier: &mut *fx.classifier,
             cache: &mut self.verdicts,
+            pool: self.pool.clone(),
             clock: &*fx.clock,
         };
         let req = Request {
@@ -169,6 +175,11 @@ impl Ticker {
         tracing::debug!(work = ?gathered.work, cached = self.verdicts.len(), "command-line verdicts");
         for line in &gathered.lines {
             self.fx.log.write(line);
+        }
+        let unread = gathered.work.deferred;
+        self.totals.cmdlines_unread += unread as u64;
+        if let Some(line) = self.memory.cmdlines_unread(unread, gathered.work.slow) {
+            self.fx.log.write(&line);
         }
         let snap = &gathered.snapshot;
         let now = self.fx.clock.now();
@@ -212,6 +223,7 @@ impl Ticker {
             now: gathered.round_now,
             dry_run: self.opts.dry_run,
             deadline: self.deadline,
+            pool: &self.pool,
         });
         self.totals.skipped += sessions.skipped;
         self.totals.dry_runs += sessions.dry_runs;
@@ -232,6 +244,7 @@ impl Ticker {
             pump_lag: Some(gathered.pump_lag),
             sessions: sessions.status,
             slots: slots.map(|r| super::slots::status_of(&r, now)),
+            cmdlines_unread: unread as u64,
         });
         let next_deadline = match (done.next_deadline, sessions.next_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -291,6 +304,7 @@ impl Ticker {
             pump_lag: None,
             sessions: None,
             slots: slots.map(|r| super::slots::status_of(&r, both)),
+            cmdlines_unread: 0,
         });
         TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
     }
@@ -310,6 +324,7 @@ impl Ticker {
             pump_lag,
             sessions,
             slots,
+            cmdlines_unread,
         } = done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
             self.fx.mirror.event(ev);
@@ -336,6 +351,7 @@ impl Ticker {
             mirror_dropped: self.fx.mirror.dropped(),
             sessions,
             slots,
+            cmdlines_unread,
         };
         let (status, metrics) = figures.into_report();
         let home = self.opts.home.display().to_string();
@@ -368,6 +384,8 @@ struct Done<'a> {
     sessions: Option<crate::status::SessionsStatus>,
     /// Slots, while any is configured.
     slots: Option<crate::status::SlotsStatus>,
+    /// Command lines this tick could not read in time.
+    cmdlines_unread: u64,
 }
 
 /// Every tick's deadline: the interval, at most 30 s (docs/operations.md).

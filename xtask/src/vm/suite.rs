@@ -132,7 +132,9 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.sessions_replay", Place::Host { why: "recorded session traces through the daemon, no kernel" }),
     ("guard-user.status_view", Place::Host { why: "the status file's reader" }),
-    ("integration-tests.lib", Place::Host { why: "the harness, no tests" }),
+    ("integration-tests.lib", Place::Host { why: "the daemon-level helpers, no tests" }),
+    ("guard-test.lib", Place::Host { why: "the test harness's own rules (GUARD_TESTS_REQUIRE, waits, the generator)" }),
+    ("guard-test-macros.lib", Place::Host { why: "the #[guard_test] attribute, no tests" }),
     ("integration-tests.bin-guard-probe", Place::Host { why: "the probe, no tests" }),
     ("integration-tests.cadence", Place::Host { why: "tick cadence under load: timing, meaningless under TCG" }),
     ("integration-tests.foresight", Place::Host { why: "WARNING and REPEAT: policy over real probes" }),
@@ -146,6 +148,33 @@ pub const SUITE: &[(&str, Place)] = &[
     ("integration-tests.redis", Place::Host { why: "a real redis-server on loopback" }),
     ("integration-tests.supervise", Place::Host { why: "sd_notify sockets, signals and the watchdog" }),
 ];
+
+/// Unit-test binaries (libtest's harness) whose `#[ignore = "needs …"]` tests are the ones that
+/// need the machine (guard-test's `need::here`): the guests run them all, and each says why it
+/// returns early where its need is missing and not required (BTF in the no-btf guest).
+pub const INCLUDE_IGNORED: &[&str] = &["guard-user.lib"];
+
+/// What a guest must run, as `GUARD_TESTS_REQUIRE` (guard-test's needs): a test that needs one
+/// of these and finds it missing fails there instead of being ignored. Every guest is root in a
+/// throwaway kernel with a cgroup v2 memory controller and freezer (vm-init mounts cgroup2; every
+/// kernel of the matrix is 5.10 or later) and the default pid space; the kernel
+/// has BTF (and then the ebpf backend loads, when the image has the BPF object) unless it is the
+/// no-btf guest; redis-server is in the image when the host has one.
+pub fn guest_requires(hides_btf: bool, bpf_object: bool, redis: bool) -> String {
+    let mut needs = vec!["root", "guest", "memory_cgroup", "freezer", "pid_space"];
+    if hides_btf {
+        needs.push("no_btf");
+    } else {
+        needs.push("btf");
+        if bpf_object {
+            needs.push("ebpf");
+        }
+    }
+    if redis {
+        needs.push("redis");
+    }
+    needs.join(",")
+}
 
 /// Host tooling: never in a guest, whatever the options.
 pub const HOST_TOOLING: &[&str] = &["xtask", "vm-init"];
@@ -206,6 +235,14 @@ mod tests {
             }
         }
         assert!(unplaced.is_empty(), "add these to xtask/src/vm/suite.rs: {unplaced:?}");
+    }
+
+    #[test]
+    fn the_no_btf_guest_requires_the_fallback_and_the_others_the_ebpf_backend() {
+        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,freezer,pid_space,no_btf");
+        assert_eq!(guest_requires(false, true, true), "root,guest,memory_cgroup,freezer,pid_space,btf,ebpf,redis");
+        // --skip-ebpf without an object: the ebpf tests are ignored there, not failed.
+        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,freezer,pid_space,btf");
     }
 
     #[test]
