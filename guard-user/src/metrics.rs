@@ -276,7 +276,7 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
     w.out
 }
 
-/// Heavy-command slots (docs/configuration.md §16), while any is configured.
+/// Heavy-command slots (docs/configuration.md `slots`), while any is configured.
 fn slots(w: &mut Writer, s: &crate::status::SlotsStatus) {
     use Kind::{Counter, Gauge};
     type Figure = fn(&crate::status::SlotStatus) -> f64;

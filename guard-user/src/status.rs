@@ -92,7 +92,7 @@ pub struct Status {
     /// The same, summed over every tick since the daemon started.
     #[serde(default)]
     pub cmdlines_unread_total: u64,
-    /// Heavy-command slots (docs/configuration.md §16): holders and the queue; absent when off.
+    /// Heavy-command slots (docs/configuration.md `slots`): holders and the queue; absent when off.
     #[serde(default)]
     pub slots: Option<SlotsStatus>,
 }

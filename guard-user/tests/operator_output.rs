@@ -103,7 +103,7 @@ fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_
     }
 }
 
-#[test]
+#[guard_test]
 fn validate_names_a_slot_pattern_bash_refuses_or_one_that_matches_every_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let o = validate(

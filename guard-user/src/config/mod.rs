@@ -138,7 +138,7 @@ pub struct Config {
     pub stall_watch: Option<StallWatch>,
     /// Session roots and their leftovers (docs/configuration.md); `None` when off.
     pub sessions: Option<Sessions>,
-    /// Heavy-command slots (docs/configuration.md §16), in the order they are tried (by name);
+    /// Heavy-command slots (docs/configuration.md `slots`), in the order they are tried (by name);
     /// empty when off.
     pub slots: Vec<Slot>,
     /// Keys we do not know: a warning, not an error (a newer config on an older guard). At
@@ -177,7 +177,7 @@ impl Leftovers {
     }
 }
 
-/// One heavy-command slot (docs/configuration.md §16): at most `max` process trees of a command
+/// One heavy-command slot (docs/configuration.md `slots`): at most `max` process trees of a command
 /// matching `commands` run at once for the account; the rest wait their turn (`queue`) or are
 /// only reported (`report`).
 #[derive(Clone, Debug, PartialEq)]

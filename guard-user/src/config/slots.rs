@@ -1,4 +1,4 @@
-//! The `slots` key (docs/configuration.md §16): `{"<name>": {"commands": [ERE…], "max": <n>,
+//! The `slots` key (docs/configuration.md `slots`): `{"<name>": {"commands": [ERE…], "max": <n>,
 //! "maxWait": "30m", "mode": "report"|"queue"}, …}`, or `false` (off, as when absent). Each
 //! slot's `commands` are checked exactly like `excludeCommands` (the same static bounds here,
 //! the same sandboxed matcher in the daemon); every bound below is what the account's config

@@ -1,4 +1,4 @@
-//! The pump's side of heavy-command slots (docs/configuration.md §16): it feeds the pure rules
+//! The pump's side of heavy-command slots (docs/configuration.md `slots`): it feeds the pure rules
 //! ([`crate::policy::slots`]) every event it applies to its table, the moment it applies it, and
 //! carries out what they decide through the slots' threads ([`super::slots_io`]): a matching exec
 //! is held within milliseconds of the event (the BPF programs wake the pump at every exec of the

@@ -54,7 +54,7 @@ pub enum Line {
     /// `REAPED root= name= count= survivors=`.
     Reaped { root: u32, name: Comm, count: u64, survivors: u64 },
     /// `SLOT_WAIT slot= pid= name= position= mode=<queue|report>`: a command found its slot full
-    /// (docs/configuration.md §16); with `mode=report` it runs all the same.
+    /// (docs/configuration.md `slots`); with `mode=report` it runs all the same.
     SlotWait { slot: String, pid: u32, name: Comm, position: u32, mode: &'static str },
     /// `SLOT_START slot= pid= waited=<s>s reason=`: a tree holds the slot; `reason` says why it
     /// starts now (`free`: at its exec; `turn`: a holder ended; `signal`: a signal is waiting for

@@ -70,7 +70,7 @@ pub struct Heartbeat {
     pub config_error: Option<String>,
     /// Session counts (docs/configuration.md `sessions`); `null` while sessions are off.
     pub sessions: Option<SessionCounts>,
-    /// Heavy-command slot counts (docs/configuration.md §16); absent while no slot is set.
+    /// Heavy-command slot counts (docs/configuration.md `slots`); absent while no slot is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<SlotCounts>,
 }

@@ -1,4 +1,4 @@
-//! The slot rules from events alone (docs/configuration.md §16): no kernel, no cgroup.
+//! The slot rules from events alone (docs/configuration.md `slots`): no kernel, no cgroup.
 use std::time::Duration;
 
 use super::slots::{Action, Caps, SlotBook, TreeId, Verdict};

@@ -1,4 +1,4 @@
-//! Heavy-command slots, the pure rules (docs/configuration.md §16, docs/architecture.md): which
+//! Heavy-command slots, the pure rules (docs/configuration.md `slots`, docs/architecture.md): which
 //! process trees hold a slot, which wait, in what order, and when each one starts. No kernel, no
 //! file, no clock: the pump feeds it the account's events and the classifier's verdicts, with
 //! the monotonic time, and carries out the [`Action`]s it returns (`daemon::slots`).
