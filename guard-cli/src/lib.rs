@@ -98,6 +98,23 @@ pub enum Command {
     /// Internal: the sandboxed excludeCommands matcher the daemon starts (pattern::worker).
     #[command(name = "__pattern-worker", hide = true)]
     PatternWorker,
+    /// Internal: puts back every command heavy-command slots hold. With --instance, the
+    /// daemon's releaser: waits for its stdin to close (the daemon ended), then releases that
+    /// instance. Without, releases every instance no daemon holds (the unit's ExecStartPre= and
+    /// ExecStopPost=).
+    #[command(name = "__slots-release", hide = true)]
+    SlotsRelease(SlotsReleaseArgs),
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct SlotsReleaseArgs {
+    /// The daemon instance (`<uid>-<hash>`) whose releaser this is.
+    #[arg(long, value_name = "NAME")]
+    pub instance: Option<String>,
+    /// Accepted for the unit's command line (`--user %i`); every instance no daemon holds is
+    /// released whatever it names.
+    #[arg(long, value_name = "NAME|UID")]
+    pub user: Option<String>,
 }
 
 /// Which account, and where its files are: shared by every subcommand.

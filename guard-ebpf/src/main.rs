@@ -108,6 +108,13 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Non-zero while heavy-command slots are on: every record is submitted with the ring's adaptive
+/// notification instead of waiting for the drain timer, so a matching exec reaches user space
+/// within milliseconds (it is held before it has done anything worth mentioning) and a holder's
+/// exit starts the next in line at once. Written by user space (`EbpfSource::wake_for`).
+#[map]
+static EXEC_WAKE: Array<u32> = Array::with_max_entries(1, 0);
+
 /// The stall watch's per-process CPU time, two maps so user space drains one while the program
 /// adds to the other (`CpuCtl::generation`). Preallocated (tracing programs may only update
 /// preallocated hash maps).
@@ -279,10 +286,16 @@ fn emit(event_kind: u32, task: Kptr, aux: u32, euid: u32, comm: Option<[u8; COMM
 
 #[inline(always)]
 fn submit(ev: RawEvent) -> Res {
+    // 0: the ring's adaptive notification, a wake-up only when user space has read everything
+    // before this record (it sleeps, or is about to): at once after a quiet spell, one wake-up
+    // per drain in a storm (`bpf_ringbuf_commit`). Every record, not execs alone: an exec behind
+    // an unread fork record would otherwise wait for the drain timer.
+    const BPF_RB_ADAPTIVE: u64 = 0;
+    let adaptive = EXEC_WAKE.get(0).is_some_and(|&on| on != 0);
     match EVENTS.reserve::<RawEvent>(0) {
         Some(mut slot) => {
             slot.write(ev);
-            slot.submit(wakeup_flag());
+            slot.submit(if adaptive { BPF_RB_ADAPTIVE } else { wakeup_flag() });
             Ok(())
         }
         None => Err(1),

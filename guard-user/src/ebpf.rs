@@ -32,7 +32,7 @@ use std::{
 };
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::BtfTracePoint,
     Ebpf, EbpfLoader,
 };
@@ -143,6 +143,10 @@ pub struct EbpfSource {
     /// The event programs, each with the most runs the kernel has skipped (see
     /// [`prog_info`]): those are lost events too.
     missed: Vec<(&'static str, AtomicU64)>,
+    /// `EXEC_WAKE`: which records wake us at once (heavy-command slots).
+    exec_wake: Option<Array<MapData, u32>>,
+    /// What `EXEC_WAKE` holds.
+    wake: crate::event::Wake,
     /// Owns the programs and their links.
     ebpf: Ebpf,
 }
@@ -242,7 +246,22 @@ impl EbpfSource {
         let mut event_programs = vec!["sched_process_fork", "sched_process_exec", exit_prog, "task_rename"];
         event_programs.extend(cred_program);
         let missed = event_programs.into_iter().map(|p| (p, AtomicU64::new(0))).collect();
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, creds, task_iter, cpu_runtime, missed, ebpf })
+        // An object built before the map existed: execs are drained on the timer (slots still
+        // work, a drain period later).
+        let exec_wake = ebpf.take_map("EXEC_WAKE").and_then(|m| Array::try_from(m).ok());
+        let wake = crate::event::Wake::Timer;
+        Ok(EbpfSource {
+            poll: OnceLock::new(),
+            ring,
+            lost,
+            creds,
+            task_iter,
+            cpu_runtime,
+            missed,
+            exec_wake,
+            wake,
+            ebpf,
+        })
     }
 
     /// How credential changes are tracked (for the `WARN setuid_untracked` line and tests).
@@ -254,6 +273,21 @@ impl EbpfSource {
     /// task); `None` when it could not load (see [`Self::task_iter_problem`]).
     pub fn task_iter(&self) -> Option<&task_iter::TaskIter> {
         self.task_iter.as_ref().ok()
+    }
+
+    /// When the kernel wakes the pump (heavy-command slots want every event at once).
+    pub fn wake_for(&mut self, wake: crate::event::Wake) {
+        self.wake = wake;
+        if let Some(m) = self.exec_wake.as_mut() {
+            if let Err(e) = m.set(0, wake as u32, 0) {
+                tracing::warn!("cannot set EXEC_WAKE: {e}");
+            }
+        }
+    }
+
+    /// The wake-ups asked for by [`Self::wake_for`].
+    pub fn wake(&self) -> crate::event::Wake {
+        self.wake
     }
 
     /// The stall watch's CPU accounting (once; later calls get `None`), or why it did not load.

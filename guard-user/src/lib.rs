@@ -36,6 +36,7 @@ pub mod account;
 pub mod bounded_json;
 pub mod btf;
 pub mod budget;
+pub mod cgroup;
 pub mod cmd;
 pub mod comm;
 pub mod config;

@@ -22,6 +22,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => cmd::validate::main(args),
         Command::Unit(args) => cmd::unit::main(args),
         Command::PatternWorker => return guard::pattern::worker::main(),
+        Command::SlotsRelease(args) => cmd::slots_release::main(args),
     };
     match result {
         Ok(code) => code,

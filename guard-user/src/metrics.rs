@@ -285,7 +285,47 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
     if let Some(x) = &s.sessions {
         sessions(&mut w, x);
     }
+    if let Some(x) = &s.slots {
+        slots(&mut w, x);
+    }
     w.out
+}
+
+/// Heavy-command slots (docs/configuration.md `slots`), while any is configured.
+fn slots(w: &mut Writer, s: &crate::status::SlotsStatus) {
+    use Kind::{Counter, Gauge};
+    type Figure = fn(&crate::status::SlotStatus) -> f64;
+    let families: [(&str, &str, Figure); 3] = [
+        ("guard_slot_holders", "Process trees holding the slot.", |x| x.holders_count as f64),
+        ("guard_slot_waiting", "Process trees waiting for the slot (frozen).", |x| x.waiting_count as f64),
+        ("guard_slot_max", "The slot's max: trees that may hold it at once.", |x| f64::from(x.max)),
+    ];
+    for (name, help, value) in families {
+        w.family(name, Gauge, help);
+        for slot in &s.slots {
+            w.sample(name, &[("slot", &slot.name)], value(slot));
+        }
+    }
+    w.one(
+        "guard_slots_available",
+        Gauge,
+        "1 when slots can hold commands here, 0 when they only report (WARN slots_unavailable).",
+        bool01(s.unavailable.is_none()),
+    );
+    w.one("guard_slot_waits_total", Counter, "Trees that waited for a slot (SLOT_WAIT lines).", s.waits_total as f64);
+    w.one(
+        "guard_slot_wait_seconds_total",
+        Counter,
+        "Seconds trees spent waiting for a slot, all of them.",
+        s.wait_seconds_total,
+    );
+    w.one("guard_slot_timeouts_total", Counter, "Trees maxWait let go (SLOT_TIMEOUT lines).", s.timeouts_total as f64);
+    w.one(
+        "guard_slot_not_held_total",
+        Counter,
+        "Trees that should have waited but could not be held, and ran (WARN slot_not_held, the waiting cap).",
+        (s.not_held_total + s.over_cap_total) as f64,
+    );
 }
 
 fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {

@@ -93,6 +93,9 @@ pub struct Status {
     /// The same, summed over every tick since the daemon started.
     #[serde(default)]
     pub cmdlines_unread_total: u64,
+    /// Heavy-command slots (docs/configuration.md `slots`): holders and the queue; absent when off.
+    #[serde(default)]
+    pub slots: Option<SlotsStatus>,
     /// `kills` by why they were ended (absent in older status files, whose `kills` counted
     /// `KILLED` lines only).
     #[serde(default)]
@@ -118,6 +121,64 @@ impl KillsByReason {
     pub fn total(&self) -> u64 {
         self.ghost_detected + self.leftover
     }
+}
+
+/// The slots as the pump held them at the last tick, for `status`, `tree` and `explain`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SlotsStatus {
+    /// Why nothing is held on this host (the slots report only): `WARN slots_unavailable`'s
+    /// reason; `null` when slots can hold.
+    pub unavailable: Option<String>,
+    pub slots: Vec<SlotStatus>,
+    /// Execs whose command line is still to be classified.
+    pub pending_execs: u64,
+    /// Processes in a slot's tree or awaiting their exec's verdict.
+    pub tracked: u64,
+    /// Trees that waited (or, reporting, would have), since start.
+    pub waits_total: u64,
+    /// Trees `maxWait` let go, since start.
+    pub timeouts_total: u64,
+    /// Seconds trees spent waiting, since start.
+    pub wait_seconds_total: f64,
+    /// Trees that could not be held and ran at once, since start.
+    pub not_held_total: u64,
+    /// Execs not classified (a cap, or a classifier that could not keep up), since start.
+    pub unclassified_total: u64,
+    /// Processes left out of their tree at the node cap, since start.
+    pub untracked_total: u64,
+    /// Trees run at once because the waiting cap was reached, since start.
+    pub over_cap_total: u64,
+}
+
+/// One slot.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SlotStatus {
+    pub name: String,
+    pub max: u32,
+    pub max_wait_secs: f64,
+    /// `queue` or `report` (a dry run, or a host where nothing can be held, reports).
+    pub mode: String,
+    /// The trees holding it (at most 64 listed; `holders_count` counts them all).
+    pub holders: Vec<SlotTree>,
+    pub holders_count: u64,
+    /// The trees waiting, first in line first (at most 64 listed).
+    pub waiting: Vec<SlotTree>,
+    pub waiting_count: u64,
+}
+
+/// One tree: its head (the matching exec) and how many processes it has.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SlotTree {
+    pub pid: u32,
+    /// The head's start time in clock ticks since boot (its identity with the pid).
+    pub start_ticks: u64,
+    pub name: String,
+    /// Since it holds the slot, or since it waits (unix seconds).
+    pub since_unix: f64,
+    pub processes: u64,
 }
 
 /// The sessions as the last tick saw them, for `status` and `guard-user tree`.

@@ -131,7 +131,57 @@ fn status_outputs() -> (Vec<Value>, Vec<guard::status::Status>) {
             statuses.push(s.clone());
         }
     }
+    // Slots live in the daemon's pump (a replay configures none): one status with a holder and
+    // a waiting tree, one from a host where they only report.
+    for unavailable in [None, Some("no_cgroup2".to_string())] {
+        let s = guard::status::Status { slots: Some(slots_status(1, 2, unavailable)), ..statuses[0].clone() };
+        let json = guard::cmd::status::render_json(&s, SystemTime::now());
+        outputs.push(serde_json::from_str(&json).unwrap());
+        statuses.push(s);
+    }
     (outputs, statuses)
+}
+
+/// A slot `build` held by the tree of `holder` and waited for by `waiter`'s (pid = start time).
+fn slots_status(holder: u32, waiter: u32, unavailable: Option<String>) -> guard::status::SlotsStatus {
+    use guard::status::{SlotStatus, SlotTree, SlotsStatus};
+    let tree = |pid: u32, start: u64| SlotTree {
+        pid,
+        start_ticks: start,
+        name: "cargo".into(),
+        since_unix: 1_700_000_000.0,
+        processes: 3,
+    };
+    SlotsStatus {
+        unavailable,
+        slots: vec![SlotStatus {
+            name: "build".into(),
+            max: 1,
+            max_wait_secs: 1800.0,
+            mode: "queue".into(),
+            holders: vec![tree(holder, start_ticks_or(holder))],
+            holders_count: 1,
+            waiting: vec![tree(waiter, start_ticks_or(waiter))],
+            waiting_count: 1,
+        }],
+        pending_execs: 0,
+        tracked: 6,
+        waits_total: 1,
+        timeouts_total: 0,
+        wait_seconds_total: 12.5,
+        not_held_total: 0,
+        unclassified_total: 0,
+        untracked_total: 0,
+        over_cap_total: 0,
+    }
+}
+
+/// A live process's start time, or the pid itself for one that is not (a made-up tree).
+fn start_ticks_or(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s[s.rfind(')')? + 2..].split(' ').nth(19)?.parse().ok())
+        .unwrap_or(u64::from(pid))
 }
 
 #[guard_test]
@@ -220,7 +270,13 @@ fn explain_json_has_exactly_the_documented_fields() {
     std::fs::write(flagged.path().join("guard-daemon-state.json"), file).unwrap();
     outputs.push(run(&["explain", "gjsonprobe", "--json"], flagged.path()));
     let next = home(r#"{"threshold": 2, "timeout": "1h"}"#);
+    // The running guard's last status says the first probe holds a slot, the second waits.
+    let (first, second) = (_probes.0[0].id(), _probes.0[1].id());
+    let status = guard::status::Status { slots: Some(slots_status(first, second, None)), ..Default::default() };
+    std::fs::write(next.path().join("guard-status.json"), serde_json::to_vec(&status).unwrap()).unwrap();
     outputs.push(run(&["explain", "gjsonprobe", "--json"], next.path()));
+    let places: Vec<&Value> = outputs[1]["processes"].as_array().unwrap().iter().map(|p| &p["slot"]["state"]).collect();
+    assert!(places.contains(&&Value::from("holding")) && places.contains(&&Value::from("waiting")), "{:#}", outputs[1]);
     let excluded = home(r#"{"threshold": 2, "excludes": ["gjsonprobe"]}"#);
     outputs.push(run(&["explain", "gjsonprobe", "--json"], excluded.path()));
     let stages: Vec<&Value> = outputs.iter().map(|o| &o["enforcement"]).collect();
@@ -295,6 +351,19 @@ fn tree_json_has_exactly_the_documented_fields() {
         outputs.push(run(&["tree", "--json"], home.path()));
     }
     assert!(stages.contains("live") && stages.contains("grace"), "{stages:?}");
+    // Heavy-command slots: beside the sessions, and alone.
+    for sessions in [true, false] {
+        let mut s = guard::status::Status { uid, last_tick: now, ..Default::default() };
+        if sessions {
+            s.sessions = Some(guard::status::SessionsStatus { leftovers: "report".into(), ..Default::default() });
+        }
+        s.slots = Some(slots_status(root, kid, None));
+        let home = home("{}");
+        std::fs::write(home.path().join("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+        let out = run(&["tree", "--json"], home.path());
+        assert_eq!(out["slots"]["slots"][0]["waiting"][0]["pid"], kid, "{out:#}");
+        outputs.push(out);
+    }
     let listed = outputs.iter().flat_map(|o| o["sessions"][0]["processes"].as_array().unwrap().clone());
     assert!(listed.clone().any(|p| p["pid"] == kid), "the live kid is listed: {outputs:#?}");
     check("tree --json", &outputs);

@@ -268,6 +268,9 @@ fn one_of_each(name: Comm) -> Vec<LogLine> {
         LogLine::Recovered { pid: 9, name, after_secs: 60 },
         LogLine::Leftover { pid: 9, name, root: 2, age_secs: 30 },
         LogLine::Reaped { root: 2, name, count: 1, survivors: 0 },
+        LogLine::SlotWait { slot: "build".into(), pid: 9, name, position: 2, mode: "queue" },
+        LogLine::SlotStart { slot: "build".into(), pid: 9, waited_secs: 61, reason: "turn" },
+        LogLine::SlotTimeout { slot: "build".into(), pid: 9, waited_secs: 1800 },
         LogLine::Started { version: "0.1.0", backend: "ebpf", user: "a b=c".into(), dry_run: true, pid: 1 },
         LogLine::Stopped(StopReason::Hang),
         LogLine::Reload,
@@ -284,7 +287,7 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
     let name = Comm::new(b"x KILLED pid=1\n");
     let lines = one_of_each(name);
     let parsed = written(&lines);
-    let expect: [(&str, &[&str]); 21] = [
+    let expect: [(&str, &[&str]); 24] = [
         ("FLAGGED", &["name", "count", "first_flagged"]),
         ("FLAGGED", &["name", "count", "first_flagged"]),
         ("UNFLAGGED", &["name", "count", "flagged_for", "reason"]),
@@ -298,6 +301,9 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
         ("RECOVERED", &["pid", "name", "after"]),
         ("LEFTOVER", &["pid", "name", "root", "age"]),
         ("REAPED", &["root", "name", "count", "survivors"]),
+        ("SLOT_WAIT", &["slot", "pid", "name", "position", "mode"]),
+        ("SLOT_START", &["slot", "pid", "waited", "reason"]),
+        ("SLOT_TIMEOUT", &["slot", "pid", "waited"]),
         ("STARTED", &["version", "backend", "user", "dry_run", "pid"]),
         ("STOPPED", &["reason"]),
         ("RELOAD", &["reason"]),
@@ -322,9 +328,12 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
     assert_eq!(bodies[3], r#"WARNING name="x KILLED pid=1\n" count=4 due_in=2m ends=3 skips=1"#);
     assert_eq!(bodies[4], r#"KILLED pid=9 name="x KILLED pid=1\n" reason=ghost_detected count=4 elapsed=0.0h"#);
     assert_eq!(bodies[9], r#"PEGGED pid=9 name="x KILLED pid=1\n" cpu=1.00 for=300s"#);
-    assert_eq!(bodies[13], r#"STARTED version=0.1.0 backend=ebpf user="a b=c" dry_run=1 pid=1"#);
-    assert_eq!(bodies[19], "WARN sessions_cap what=sessions limit=1024");
-    assert_eq!(bodies[20], r#"ERROR state_unwritable path="/home/u/my state.json""#);
+    assert_eq!(bodies[13], r#"SLOT_WAIT slot=build pid=9 name="x KILLED pid=1\n" position=2 mode=queue"#);
+    assert_eq!(bodies[14], "SLOT_START slot=build pid=9 waited=61s reason=turn");
+    assert_eq!(bodies[15], "SLOT_TIMEOUT slot=build pid=9 waited=1800s");
+    assert_eq!(bodies[16], r#"STARTED version=0.1.0 backend=ebpf user="a b=c" dry_run=1 pid=1"#);
+    assert_eq!(bodies[22], "WARN sessions_cap what=sessions limit=1024");
+    assert_eq!(bodies[23], r#"ERROR state_unwritable path="/home/u/my state.json""#);
 }
 
 #[guard_test]

@@ -311,7 +311,7 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
     // The PATH's python3 first, else Debian's (`python3-prometheus-client` installs for
     // /usr/bin/python3, which a pyenv or venv on PATH does not see).
     let python = guard_test::need::prometheus_python().expect("the need says there is one");
-    for m in [tick(), hostile_tick()] {
+    for m in [tick(), hostile_tick(), slots_tick()] {
         let text = render_tick(&m);
         let parsed = parse_with_prometheus_client(python, &text);
         // Families: every TYPE line's metric, with its HELP, read back under its name (the client
@@ -349,7 +349,40 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
         assert_eq!(parsed["guard_build_info"].2[0].1["version"], escape_for_terminal(m.status.version.as_bytes()));
         assert_eq!(parsed["guard_events"].2[0].2, m.status.events as f64);
         assert_eq!(parsed["guard_last_tick_timestamp_seconds"].2[0].2, m.status.last_tick);
+        if let Some(x) = &m.status.slots {
+            for (family, build, unit) in
+                [("guard_slot_holders", 2.0, 0.0), ("guard_slot_waiting", 3.0, 1.0), ("guard_slot_max", 2.0, 0.0)]
+            {
+                let got: Vec<(String, f64)> =
+                    parsed[family].2.iter().map(|(_, l, v)| (l["slot"].clone(), *v)).collect();
+                assert_eq!(got, [("build".to_string(), build), ("test.unit".to_string(), unit)], "{family}");
+            }
+            assert_eq!(parsed["guard_slot_wait_seconds"].2[0].2, x.wait_seconds_total);
+            assert_eq!(parsed["guard_slots_available"].2[0].2, 1.0);
+        }
     }
+}
+
+/// A tick with two slots: `build` (max 2) held by two trees with three waiting, `test.unit`
+/// with one waiting (a max of 0 cannot be configured; the renderer writes what it is given).
+fn slots_tick() -> Tick {
+    use guard::status::{SlotStatus, SlotsStatus};
+    let mut t = tick();
+    let slot = |name: &str, max: u32, holders: u64, waiting: u64| SlotStatus {
+        name: name.into(),
+        max,
+        mode: "queue".into(),
+        holders_count: holders,
+        waiting_count: waiting,
+        ..Default::default()
+    };
+    t.status.slots = Some(SlotsStatus {
+        slots: vec![slot("build", 2, 2, 3), slot("test.unit", 0, 0, 1)],
+        waits_total: 7,
+        wait_seconds_total: 93.5,
+        ..Default::default()
+    });
+    t
 }
 
 guard_test::main!();

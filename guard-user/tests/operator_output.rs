@@ -103,6 +103,29 @@ fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_
     }
 }
 
+#[guard_test]
+fn validate_names_a_slot_pattern_bash_refuses_or_one_that_matches_every_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = validate(
+        dir.path(),
+        r#"{"slots": {"build": {"commands": ["(^|/)cargo build( |$)", "(unclosed"], "max": 2},
+                      "test": {"commands": ["."], "max": 1, "mode": "queue"}}}"#,
+    );
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let lines = stdout_lines(&o);
+    assert!(
+        lines[0].starts_with(r#"slots.build.commands[1]: "(unclosed" is not a valid bash extended regex"#),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].starts_with(r#"slots.test.commands[0]: "." matches every command line, so every command"#),
+        "{lines:?}"
+    );
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let o = validate(dir.path(), r#"{"slots": {"build": {"commands": ["(^|/)cargo build( |$)"], "max": 2}}}"#);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
+
 /// The daemon under "systemd": stdout is a pipe that `JOURNAL_STREAM` names. Its echoed lines
 /// carry `<N>`; the log file's lines do not. Runs as root for the `nobody` account, in dry run
 /// with an unreachable threshold, so it ends nothing.

@@ -55,6 +55,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         interval_secs: 60,
         config_error: None,
         sessions: None,
+        slots: None,
     }
 }
 

@@ -48,6 +48,10 @@ pub enum Need {
     /// systemd's binary (`/lib/systemd/systemd`), whose own unit loader reads back what install
     /// wrote (`systemd --test`); no running systemd is needed.
     Systemd,
+    /// The cgroup v2 freezer heavy-command slots hold commands with: a cgroup2 hierarchy mounted
+    /// (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on a hybrid one) and
+    /// Linux 5.2 or later.
+    Freezer,
 }
 
 /// The smallest `kernel.pid_max` [`Need::PidSpace`] accepts.
@@ -69,6 +73,7 @@ impl Need {
         Need::Promtool,
         Need::Shells,
         Need::Systemd,
+        Need::Freezer,
     ];
 
     /// Whether a host can have it: `GUARD_TESTS_REQUIRE=all` requires every need a host can have
@@ -93,6 +98,7 @@ impl Need {
             Need::Promtool => "promtool",
             Need::Shells => "shells",
             Need::Systemd => "systemd",
+            Need::Freezer => "freezer",
         }
     }
 
@@ -148,6 +154,11 @@ impl Need {
             Need::Systemd if SYSTEMD.iter().all(|p| !Path::new(p).exists()) => {
                 Some("needs systemd's binary (its unit loader) — apt-get install systemd".into())
             }
+            Need::Freezer if !freezer() => Some(
+                "needs the cgroup v2 freezer — a cgroup2 mount (unified, or /sys/fs/cgroup/unified on a hybrid \
+                 host) and Linux 5.2 or later"
+                    .into(),
+            ),
             _ => None,
         }
     }
@@ -233,6 +244,18 @@ pub fn prometheus_python() -> Option<&'static str> {
 fn memory_cgroup() -> bool {
     let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
     v2.split_whitespace().any(|c| c == "memory") || Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists()
+}
+
+/// A cgroup2 hierarchy's root is mounted (in this namespace) and the kernel has `cgroup.freeze`.
+fn freezer() -> bool {
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines().any(|l| {
+        let (pre, post) = l.split_once(" - ").unwrap_or_default();
+        post.starts_with("cgroup2 ") && pre.split(' ').nth(3) == Some("/")
+    });
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u32>().ok());
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    mounted && (major, minor) >= (5, 2)
 }
 
 fn pid_max() -> u64 {

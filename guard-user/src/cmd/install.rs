@@ -97,7 +97,13 @@ pub fn uninstall(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let (account, _, _) = super::account(&args.account, "uninstall", Purpose::Acts)?;
     let l = Layout::for_uninstall(&request(&args, &account)?)?;
     let (changes, others) = install::uninstall(&l, &Systemctl).context("uninstall")?;
+    // The daemon is stopped: nothing it held may stay frozen (its unit's ExecStopPost= did
+    // this already where systemd runs; this covers a daemon that ran without it).
+    let released = super::slots_release::release_all();
     println!("[OK] Host guard removed for {}; kept {} and the log", l.user, shown(&l.config_link));
+    if released > 0 {
+        println!("  released {released} commands a heavy-command slot held");
+    }
     if !others.is_empty() {
         println!("  kept {} and {}: still used by {}", shown(&l.unit_path()), shown(&l.bin_path()), others.join(", "));
     }

@@ -35,6 +35,8 @@ pub mod install;
 pub mod matches;
 pub mod record;
 pub mod run;
+pub mod slots_release;
+pub mod slots_view;
 pub mod status;
 pub mod tree;
 pub mod unit;

@@ -133,6 +133,9 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
             rows.push(("caps", format!("sessions caps reached (times): {}", reached.join(", "))));
         }
     }
+    if let Some(x) = &s.slots {
+        rows.push(("slots", super::slots_view::summary(x)));
+    }
     if let Some(v) = s.vitals.as_ref().map(vitals).filter(|v| !v.is_empty()) {
         rows.push(("daemon", v));
     }
@@ -153,6 +156,9 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         for p in &s.pegged {
             let _ = writeln!(out, "{:<16} {:>8} {:>6.2} {:>10}", text(&p.name), p.pid, p.cpu, human(secs(p.for_secs)));
         }
+    }
+    if let Some(x) = &s.slots {
+        super::slots_view::render(&mut out, x, now);
     }
     out
 }

@@ -60,6 +60,9 @@ struct TreeJson<'a> {
     reported: u64,
     sessions: &'a [Session],
     sessions_not_shown: u64,
+    /// Heavy-command slots, when any is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slots: Option<&'a crate::status::SlotsStatus>,
 }
 
 pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
@@ -92,6 +95,18 @@ pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
     let now = SystemTime::now();
     let stale = s.freshness(now).stale;
     let Some(sessions) = s.sessions.as_ref() else {
+        if let Some(slots) = s.slots.as_ref() {
+            // Heavy-command slots are process trees too: their holders and their queue.
+            if args.json {
+                let out = serde_json::json!({ "stale": stale, "slots": slots });
+                println!("{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
+            } else {
+                let mut out = String::new();
+                super::slots_view::render(&mut out, slots, now);
+                print!("{}", out.trim_start_matches('\n'));
+            }
+            return Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS });
+        }
         eprintln!("guard-user tree: sessions are off (the config has no \"sessions\" with roots)");
         return Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS });
     };
@@ -107,10 +122,15 @@ pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
             reported: sessions.reported,
             sessions: &shown,
             sessions_not_shown: sessions.sessions_omitted,
+            slots: s.slots.as_ref(),
         };
         println!("{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
     } else {
-        print!("{}", render(sessions, &shown, stale));
+        let mut text = render(sessions, &shown, stale);
+        if let Some(slots) = s.slots.as_ref() {
+            super::slots_view::render(&mut text, slots, now);
+        }
+        print!("{text}");
     }
     Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -39,6 +39,11 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                     problems.extend(state_file_problem(&config::expand_tilde(state_file, &home), &home));
                 }
             }
+            if !problems.iter().any(|p| p.key.starts_with("slots")) {
+                if let Ok(c) = config::parse(&bytes, &home) {
+                    problems.extend(slot_problems(&c.slots));
+                }
+            }
             problems
         }
         Err(e) => vec![Problem::from_error(e)],
@@ -94,7 +99,8 @@ fn pattern_problems(list: PatternList, patterns: &[(usize, String)]) -> Vec<Prob
     type Broad = fn(&[crate::pattern::MatchOutcome]) -> bool;
     type TooBroad = fn(PatternList, Option<usize>, &str) -> Problem;
     let (broad, too_broad): (Broad, TooBroad) = match list {
-        PatternList::ExcludeCommands => (match_all::covers_every_probe, matches_everything),
+        // Slots' patterns are checked by slot_problems, named by their slot.
+        PatternList::ExcludeCommands | PatternList::SlotCommands => (match_all::covers_every_probe, matches_everything),
         PatternList::SessionsRoots => (match_all::too_broad_for_roots, |_, i, p| config::too_broad_root(i, p)),
     };
     let mut matcher = crate::daemon::effects::sandboxed_matcher();
@@ -110,7 +116,7 @@ fn pattern_problems(list: PatternList, patterns: &[(usize, String)]) -> Vec<Prob
             }
             Err(e) => {
                 out.push(match list {
-                    PatternList::ExcludeCommands => Problem::refused_pattern(*i, p, &e),
+                    PatternList::ExcludeCommands | PatternList::SlotCommands => Problem::refused_pattern(*i, p, &e),
                     PatternList::SessionsRoots => Problem::refused_root(*i, p, &e),
                 });
                 if let PatternSetError::Worker(_) = e {
@@ -127,6 +133,40 @@ fn pattern_problems(list: PatternList, patterns: &[(usize, String)]) -> Vec<Prob
         && broad(&matcher.classify(match_all::PROBES, probes_until()))
     {
         out.push(too_broad(list, None, &all.join(" ")));
+    }
+    out
+}
+
+/// The slots' patterns the sandboxed matcher refuses, and those that match every command line
+/// (every command of the account would take the slot): both errors for the daemon too.
+fn slot_problems(slots: &[config::Slot]) -> Vec<Problem> {
+    let mut matcher = crate::daemon::effects::sandboxed_matcher();
+    let mut out = Vec::new();
+    let until = || std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for slot in slots {
+        for (i, p) in slot.commands.iter().enumerate() {
+            let key = format!("slots.{}.commands[{i}]", slot.name);
+            let shown = escape::text_capped(p.as_bytes(), 60);
+            match matcher.set_patterns(std::slice::from_ref(p)) {
+                Ok(()) if match_all::matches_every_command(&matcher.classify(match_all::command_probes(), until())) => {
+                    out.push(Problem::validate_only(
+                        key,
+                        format!("\"{shown}\" matches every command line, so every command of the account would take the slot"),
+                        "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)"
+                            .into(),
+                    ));
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    let mut problem = Problem::refused_pattern(i, p, &e);
+                    problem.key = key;
+                    out.push(problem);
+                    if let PatternSetError::Worker(_) = e {
+                        return out;
+                    }
+                }
+            }
+        }
     }
     out
 }
@@ -182,6 +222,10 @@ fn matches_everything(list: PatternList, index: Option<usize>, pattern: &str) ->
         None => ("together these patterns".to_string(), "match", "they protect"),
     };
     let (what, fix) = match list {
+        PatternList::SlotCommands => (
+            format!("{subject} {verb} every command line, so every command of the account would take the slot"),
+            "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)",
+        ),
         PatternList::ExcludeCommands => (
             format!("{subject} {verb} every command line, so {it} every process of every enforced name"),
             "to spare a whole name, list it in excludes; otherwise match what sets its command lines apart \

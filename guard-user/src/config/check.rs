@@ -11,14 +11,17 @@ use super::*;
 mod pattern_problems;
 #[path = "sessions.rs"]
 mod sessions;
-pub use sessions::too_broad_root;
 #[cfg(test)]
 pub(super) use pattern_problems::pattern_error;
 pub use pattern_problems::{refused_patterns, refused_patterns_of};
+pub use sessions::too_broad_root;
 #[path = "shown.rs"]
 mod shown;
+#[path = "slots.rs"]
+mod slots;
 #[path = "written.rs"]
 pub(super) mod written;
+pub use slots::{all_patterns as all_slot_patterns, slot_of_pattern};
 
 use shown::{kind, shown};
 use shown::{prefix, shown_value, takes_string};
@@ -206,6 +209,7 @@ impl Checker {
             repeat_after: DEFAULT_REPEAT_AFTER,
             stall_watch: Some(DEFAULT_STALL_WATCH),
             sessions: None,
+            slots: Vec::new(),
             unknown_keys: Vec::new(),
             unknown_keys_unlisted: 0,
             repeated_keys: Vec::new(),
@@ -274,6 +278,11 @@ impl Checker {
                 "sessions" => {
                     if let Some(s) = self.sessions(v) {
                         c.sessions = s;
+                    }
+                }
+                "slots" => {
+                    if let Some(s) = self.slots(v) {
+                        c.slots = s;
                     }
                 }
                 _ => unreachable!("every known key is checked"),

@@ -30,7 +30,9 @@ mod doc;
 #[cfg(test)]
 mod tests;
 
-pub use check::{problems, refused_patterns, refused_patterns_of, too_broad_root, Problem};
+pub use check::{
+    all_slot_patterns, problems, refused_patterns, refused_patterns_of, slot_of_pattern, too_broad_root, Problem,
+};
 
 /// Configs beyond this size are refused without being read (a config is a few hundred bytes).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -102,6 +104,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "repeatAfter",
     "stallWatch",
     "sessions",
+    "slots",
 ];
 
 /// The stall watch's settings (docs/configuration.md).
@@ -137,6 +140,9 @@ pub struct Config {
     pub stall_watch: Option<StallWatch>,
     /// Session roots and their leftovers (docs/configuration.md); `None` when off.
     pub sessions: Option<Sessions>,
+    /// Heavy-command slots (docs/configuration.md `slots`), in the order they are tried (by name);
+    /// empty when off.
+    pub slots: Vec<Slot>,
     /// Keys we do not know: a warning, not an error (a newer config on an older guard). At
     /// most [`MAX_UNKNOWN_KEYS`], sorted, each cut to 200 bytes (`…` marks a cut).
     pub unknown_keys: Vec<String>,
@@ -188,6 +194,55 @@ impl Leftovers {
     }
 }
 
+/// One heavy-command slot (docs/configuration.md `slots`): at most `max` process trees of a command
+/// matching `commands` run at once for the account; the rest wait their turn (`queue`) or are
+/// only reported (`report`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    /// 1 to [`MAX_SLOT_NAME`] bytes of `[A-Za-z0-9_.-]`: written raw in lines, labels and rows.
+    pub name: String,
+    /// Bash extended regexes on the command line, validated like `excludeCommands`.
+    pub commands: Vec<String>,
+    /// Trees that may hold the slot at once.
+    pub max: u32,
+    /// A waiting command is let go after this long, never starved.
+    pub max_wait: Duration,
+    pub mode: SlotMode,
+}
+
+/// What a slot does to a command that finds it full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotMode {
+    /// `SLOT_WAIT … mode=report` only; the command runs.
+    Report,
+    /// The command waits, frozen, for its turn.
+    Queue,
+}
+
+impl SlotMode {
+    pub fn token(self) -> &'static str {
+        match self {
+            SlotMode::Report => "report",
+            SlotMode::Queue => "queue",
+        }
+    }
+}
+
+/// Slots one config may name: each is a queue and a metric series; a host has a few kinds of
+/// heavy command.
+pub const MAX_SLOTS: usize = 16;
+/// A slot's name, in bytes.
+pub const MAX_SLOT_NAME: usize = 32;
+/// Patterns of all the slots together: they are compiled into one list beside `excludeCommands`
+/// (256), in a matcher of their own, so the list stays within the matcher's bounds.
+pub const MAX_SLOT_PATTERNS: usize = 64;
+/// `max` at most: more holders than that is no slot.
+pub const MAX_SLOT_HOLDERS: u32 = 1024;
+/// `maxWait` bounds and default.
+pub const MIN_MAX_WAIT: Duration = Duration::from_secs(1);
+pub const MAX_MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30 * 60);
+
 /// `sessions.grace` when the key is absent.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// `sessions.grace` at most: a day (a grace longer than that is a session that never ends).
@@ -224,6 +279,8 @@ impl Config {
 pub enum PatternList {
     ExcludeCommands,
     SessionsRoots,
+    /// Every slot's `commands`, as one list (an index counts across the slots in their order).
+    SlotCommands,
 }
 
 impl PatternList {
@@ -232,6 +289,7 @@ impl PatternList {
         match self {
             PatternList::ExcludeCommands => "excludeCommands",
             PatternList::SessionsRoots => "sessions.roots",
+            PatternList::SlotCommands => "slots.commands",
         }
     }
 
@@ -240,6 +298,7 @@ impl PatternList {
         match self {
             PatternList::ExcludeCommands => crate::pattern::Source::EXCLUDE_COMMANDS,
             PatternList::SessionsRoots => crate::pattern::Source::SESSIONS_ROOTS,
+            PatternList::SlotCommands => crate::pattern::Source::SLOT_COMMANDS,
         }
     }
 }

@@ -193,7 +193,7 @@ fn validate_lists_every_problem_with_its_fix_in_parse_order() {
             "repeatAfter: 2.5 is not a whole number; write a whole number from 1 to 1000, e.g. 3",
             r#"stallWatch.peggedFor: "1s" is shorter than 10s; write a duration from 10s to 24h, e.g. "5m""#,
             "colour: is not a key guard knows, so it is ignored; remove it; the keys are threshold, timeout, excludes, \
-             excludeCommands, logMaxSizeMB, stateFile, warnBefore, repeatAfter, stallWatch, sessions",
+             excludeCommands, logMaxSizeMB, stateFile, warnBefore, repeatAfter, stallWatch, sessions, slots",
         ]
     );
     // parse fails with the first of them, as the ERROR line.

@@ -44,6 +44,8 @@ pub mod rebuild;
 pub mod recording;
 pub mod report;
 pub mod sessions;
+pub mod slots;
+pub mod slots_io;
 pub mod source;
 pub mod supervise;
 pub mod tick;
@@ -195,6 +197,9 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
             logger.write(&line);
         }
     }
+    // What a daemon that died left frozen goes back before anything else (this instance's,
+    // and any other whose daemon is gone).
+    slots::release_leftovers(opts.account.uid, &opts.home, &logger);
     let warn_log = logger.clone();
     let mirror = Mirror::spawn(
         Endpoint::from_env(),
@@ -256,11 +261,26 @@ pub async fn run_with<S: EventSource>(
         dry_run: opts.dry_run,
         pid: std::process::id(),
     });
-    let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval, opts.account.uid);
+    let slots = Some(slots::SlotsSetup {
+        uid: opts.account.uid,
+        instance: instance::instance_name(opts.account.uid, &opts.home),
+        dry_run: opts.dry_run,
+        // Slots move processes between cgroups: root only.
+        // SAFETY: geteuid cannot fail.
+        privileged: unsafe { libc::geteuid() } == 0,
+        log: fx.log.clone(),
+        mirror: fx.mirror.clone(),
+        clock: fx.clock.clone(),
+    });
+    let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval, opts.account.uid, slots);
     let settings = supervise::LoopSettings { interval: opts.interval, deadline: tick::tick_deadline(opts.interval) };
     let ticker = tick::Ticker::new(opts, backend, fx, pump.clone());
+    let stopping = pump.clone();
     let stopped =
         supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_mono()).await;
+    // Nothing waits after the daemon: every held command goes back before STOPPED (its
+    // releaser process does the same should this not finish, or not run at all).
+    stopping.slots_stop(std::time::Duration::from_secs(2)).await;
     pump_task.abort();
     log.write(&Line::Stopped(stopped.reason()));
     stopped

@@ -54,6 +54,8 @@ pub struct TickFigures<'a> {
     pub mirror_dropped: u64,
     /// Sessions, while they are on.
     pub sessions: Option<crate::status::SessionsStatus>,
+    /// Slots, while any is configured.
+    pub slots: Option<crate::status::SlotsStatus>,
     /// Command lines this tick could not read in time.
     pub cmdlines_unread: u64,
 }
@@ -94,6 +96,7 @@ impl TickFigures<'_> {
             repeat_offenders: self.offenders,
             vitals: Some(self.vitals),
             sessions: self.sessions,
+            slots: self.slots,
             cmdlines_unread: self.cmdlines_unread,
             cmdlines_unread_total: self.totals.cmdlines_unread,
         };
@@ -130,6 +133,13 @@ pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
             leftovers: s.leftovers_total,
             reaped: s.reaped_total,
             stopped: s.stopped_total,
+        }),
+        slots: s.slots.as_ref().map(|s| crate::mirror::SlotCounts {
+            holding: s.slots.iter().map(|x| x.holders_count).sum(),
+            waiting: s.slots.iter().map(|x| x.waiting_count).sum(),
+            waits: s.waits_total,
+            timeouts: s.timeouts_total,
+            unavailable: s.unavailable.clone(),
         }),
     }
 }

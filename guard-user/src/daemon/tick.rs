@@ -134,6 +134,15 @@ impl Ticker {
         if let Err(e) = self.sessions.set_roots(&mut self.fx, &config, began + self.deadline / 4) {
             return self.config_error(&e, began);
         }
+        // The slots live in the pump (a matching exec is held at its event, not at a tick):
+        // the config goes there, the slots come back for the status.
+        let slots = self.pump.slots_blocking(Some(super::slots::SlotsConfig::of(&config)));
+        // A slot's pattern the slots' matcher refused (invalid, too costly, or matching every
+        // command line) makes the config invalid, as one of `excludeCommands` does; the slots
+        // hold nothing until the list changes.
+        if let Some(reason) = slots.as_ref().and_then(|r| r.refused.clone()) {
+            return self.config_error_reason(reason, began);
+        }
         self.fx.log.set_max_bytes(config.log_max_bytes);
         let path = self.opts.config_path.as_os_str().as_encoded_bytes();
         let mut notes = self.memory.unknown_keys(&config, path);
@@ -237,6 +246,7 @@ impl Ticker {
             tick_secs: took,
             pump_lag: Some(gathered.pump_lag),
             sessions: sessions.status,
+            slots: slots.map(|r| super::slots::status_of(&r, now)),
             cmdlines_unread: unread as u64,
         });
         let next_deadline = match (done.next_deadline, sessions.next_deadline) {
@@ -267,13 +277,20 @@ impl Ticker {
     }
 
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
+        self.config_error_reason(e.log_reason(), began)
+    }
+
+    /// [`Ticker::config_error`] from the `ERROR` line's reason.
+    fn config_error_reason(&mut self, reason: String, began: Instant) -> TickReport {
         let now = self.fx.clock.now_unix();
-        let reason = e.log_reason();
         for line in self.memory.config_error(reason.clone()) {
             self.fx.log.write(&line);
         }
-        // The lineage is kept as it is: a broken config must not forget the sessions.
+        // The lineage is kept as it is: a broken config must not forget the sessions (nor the
+        // slots: what waits keeps its place, and maxWait still runs).
         let snap = self.pump.snapshot_blocking(u32::MAX, LineageMode::Keep);
+        let slots = self.pump.slots_blocking(None);
+        let both = self.fx.clock.now();
         self.totals.config_errors += 1;
         let (view, stats) = snap.map(|s| (s.view, s.stats)).unwrap_or_default();
         let took = began.elapsed().as_secs_f64();
@@ -289,6 +306,7 @@ impl Ticker {
             tick_secs: took,
             pump_lag: None,
             sessions: None,
+            slots: slots.map(|r| super::slots::status_of(&r, both)),
             cmdlines_unread: 0,
         });
         TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
@@ -308,6 +326,7 @@ impl Ticker {
             tick_secs,
             pump_lag,
             sessions,
+            slots,
             cmdlines_unread,
         } = done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
@@ -334,6 +353,7 @@ impl Ticker {
             vitals,
             mirror_dropped: self.fx.mirror.dropped(),
             sessions,
+            slots,
             cmdlines_unread,
         };
         let (status, metrics) = figures.into_report();
@@ -365,6 +385,8 @@ struct Done<'a> {
     pump_lag: Option<f64>,
     /// Sessions, while they are on.
     sessions: Option<crate::status::SessionsStatus>,
+    /// Slots, while any is configured.
+    slots: Option<crate::status::SlotsStatus>,
     /// Command lines this tick could not read in time.
     cmdlines_unread: u64,
 }

@@ -58,6 +58,8 @@ pub(super) const HIDES_NOTHING: &[&str] = &[
     "WatchdogSec",
     "EnvironmentFile",
     "ExecStart",
+    "ExecStartPre",
+    "ExecStopPost",
     "ExecReload",
     "Restart",
     "RestartSec",

@@ -68,6 +68,14 @@ WatchdogSec=60s
 EnvironmentFile=-{DEFAULTS_FILE}
 EnvironmentFile=-{DEFAULTS_FILE}@%i
 ExecStart={bin} run --user %i $GUARD_ARGS
+# Heavy-command slots (guard-config.json `slots`) freeze waiting commands in cgroups of guard's
+# own at the top of the cgroup v2 hierarchy. Before the daemon starts and after it stops, however
+# it stopped (SIGKILL, a crash, a watchdog abort, uninstall), every command a daemon that is gone
+# left waiting is put back where it was and thawed. `+`: with full privileges, because the top
+# of the hierarchy is root's 0555 directory, which the daemon's capabilities cannot write; the
+# command line is this fixed one, nothing from the account.
+ExecStartPre=+{bin} __slots-release
+ExecStopPost=+{bin} __slots-release
 # SIGHUP: reopen the log (logrotate), re-read the config, tick at once (RELOAD reason=sighup).
 ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
@@ -115,7 +123,10 @@ PrivateDevices=yes
 ProtectKernelTunables=yes
 ProtectKernelModules=yes
 ProtectKernelLogs=yes
-ProtectControlGroups=yes
+# Not ProtectControlGroups=: slots move the account's waiting commands into guard's frozen cgroup
+# and back to the cgroup each came from, wherever that is. /sys/fs/cgroup stays writable (to
+# root's uid, for the cgroups root owns; never a cgroup delegated to the account: no
+# CAP_DAC_OVERRIDE), which a service with CAP_KILL over every process gains little from.
 ProtectClock=yes
 ProtectHostname=yes
 RestrictNamespaces=yes

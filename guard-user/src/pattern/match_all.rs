@@ -35,6 +35,18 @@ pub const PROBES: &[&[u8]] = &[
     b"/usr/bin/sleep 600",
 ];
 
+/// [`PROBES`] but the empty one: the command lines an exec can have (a heavy-command slot's
+/// pattern is asked about these: `.` takes every command there is).
+pub fn command_probes() -> &'static [&'static [u8]] {
+    &PROBES[1..]
+}
+
+/// The outcomes of [`command_probes`] against one pattern alone: whether it matches every
+/// command an exec can run.
+pub fn matches_every_command(outcomes: &[MatchOutcome]) -> bool {
+    outcomes.len() == PROBES.len() - 1 && outcomes.iter().all(|o| matches!(o, MatchOutcome::Matched(_)))
+}
+
 /// The outcomes of [`PROBES`] against one pattern alone: whether it matches every command line.
 pub fn matches_every_probe(outcomes: &[MatchOutcome]) -> bool {
     outcomes.len() == PROBES.len() && outcomes.iter().all(|o| matches!(o, MatchOutcome::Matched(_)))

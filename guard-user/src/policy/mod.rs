@@ -16,6 +16,9 @@ pub mod outage;
 pub mod roots;
 pub mod sessions;
 mod sessions_status;
+pub mod slots;
+#[cfg(test)]
+mod slots_tests;
 pub mod stall;
 #[cfg(test)]
 mod tests;

@@ -21,7 +21,8 @@
 //! `leaver …` and `hopper …` are the session roots of the sessions tests, `visit`, `hop` and
 //! `many` what they start (see `guard-probe/session.rs`); `chdir`, `chroot`, `open`, `map`,
 //! `thread-chdir` and the other ways of holding a path are the holders tests'
-//! (`guard-probe/hold.rs`).
+//! (`guard-probe/hold.rs`); `slot-job …` is the heavy command of the slots tests (see
+//! `guard-probe/slot_job.rs`).
 //!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
@@ -36,6 +37,8 @@ use std::{io::Write, time::Duration};
 mod hold;
 #[path = "guard-probe/session.rs"]
 mod session;
+#[path = "guard-probe/slot_job.rs"]
+mod slot_job;
 
 static mut RECORD: Option<std::fs::File> = None;
 
@@ -204,6 +207,7 @@ fn main() {
         Some("visit") => session::visit(&args[2..]),
         Some("hop") => session::hop(&args[2..]),
         Some("many") => session::many(&args[2..]),
+        Some("slot-job") => slot_job::main(&args[2..]),
         _ => {}
     }
     let mut threads = 0;

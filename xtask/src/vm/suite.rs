@@ -93,6 +93,14 @@ pub const SUITE: &[(&str, Place)] = &[
     ),
     ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
     (
+        "integration-tests.slots",
+        Place::Guests {
+            why: "the cgroup v2 freezer and cgroup migration on each kernel (vm-init mounts cgroup2 at \
+                  /sys/fs/cgroup), exec wake-ups from the BPF programs, a job-control shell under a pty",
+            only: &[],
+        },
+    ),
+    (
         "integration-tests.sessions",
         Place::Guests {
             why: "session lineage from each kernel's fork, exec, rename and setuid events (setsid, double forks, \
@@ -183,11 +191,12 @@ pub const INCLUDE_IGNORED: &[&str] = &["guard-user.lib"];
 
 /// What a guest must run, as `GUARD_TESTS_REQUIRE` (guard-test's needs): a test that needs one
 /// of these and finds it missing fails there instead of being ignored. Every guest is root in a
-/// throwaway kernel with a cgroup v2 memory controller and the default pid space; the kernel
+/// throwaway kernel with a cgroup v2 memory controller and freezer (vm-init mounts cgroup2; every
+/// kernel of the matrix is 5.10 or later) and the default pid space; the kernel
 /// has BTF (and then the ebpf backend loads, when the image has the BPF object) unless it is the
 /// no-btf guest; redis-server is in the image when the host has one.
 pub fn guest_requires(hides_btf: bool, bpf_object: bool, redis: bool) -> String {
-    let mut needs = vec!["root", "guest", "memory_cgroup", "pid_space"];
+    let mut needs = vec!["root", "guest", "memory_cgroup", "freezer", "pid_space"];
     if hides_btf {
         needs.push("no_btf");
     } else {
@@ -265,10 +274,10 @@ mod tests {
 
     #[test]
     fn the_no_btf_guest_requires_the_fallback_and_the_others_the_ebpf_backend() {
-        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,pid_space,no_btf");
-        assert_eq!(guest_requires(false, true, true), "root,guest,memory_cgroup,pid_space,btf,ebpf,redis");
+        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,freezer,pid_space,no_btf");
+        assert_eq!(guest_requires(false, true, true), "root,guest,memory_cgroup,freezer,pid_space,btf,ebpf,redis");
         // --skip-ebpf without an object: the ebpf tests are ignored there, not failed.
-        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,pid_space,btf");
+        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,freezer,pid_space,btf");
     }
 
     #[test]
