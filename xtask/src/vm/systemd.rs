@@ -38,6 +38,7 @@ use super::{
 mod package;
 
 use crate::{
+    arch::Arch,
     build_ebpf::{self, run_checked, which},
     run::is_root,
 };
@@ -81,8 +82,8 @@ const GUEST_SCRIPT: &str = include_str!("systemd/guest.sh");
 pub fn run(opts: &super::Options) -> anyhow::Result<()> {
     let total = Instant::now();
     let names = if opts.kernel.is_empty() { vec![DEFAULT_KERNEL.to_string()] } else { opts.kernel.clone() };
-    let kernels = kernels::prepare(&kernels::select(&names)?)?;
-    let qemu = qemu::ensure_installed()?;
+    let kernels = kernels::prepare(&kernels::select(&names, Arch::Amd64)?, Arch::Amd64)?;
+    let qemu = qemu::ensure_installed(Arch::Amd64)?;
     let vm_dir = build_ebpf::target_dir().join("vm");
     let rootfs = ensure_rootfs(&vm_dir.join("systemd"))?;
 
