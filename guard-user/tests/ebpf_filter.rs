@@ -2,7 +2,8 @@
 //! put nothing of another account's processes into the ring, and a process that enters or
 //! leaves the account through its credentials (setuid, exec of a set-user-ID binary) reaches
 //! the table at once, with no scan or audit — through the `commit_creds` hook, and through the
-//! setuid tracepoints where the hook is left out.
+//! raw syscall tracepoints where the hook is left out, for the 64-bit setuid family and the
+//! 32-bit compat one (`setresuid32` by `int 0x80` on x86_64, by an AArch32 program on arm64).
 //!
 //! Needs root and /sys/kernel/btf/vmlinux; without them each test prints why and passes.
 //! Children that must fork, exec, rename or change uid are this test binary re-executed with
@@ -12,7 +13,10 @@ mod ebpf_harness;
 
 use std::{
     io::{BufRead, BufReader, Write},
-    os::unix::{fs::PermissionsExt, process::CommandExt},
+    os::unix::{
+        fs::PermissionsExt,
+        process::{CommandExt, ExitStatusExt},
+    },
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -41,6 +45,7 @@ extern "C" fn helper_main() {
     match mode.as_str() {
         "workload" => helper_workload(),
         "enter_leave" => helper_enter_leave(),
+        "enter_leave_compat" => helper_enter_leave_compat(),
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);
@@ -108,6 +113,121 @@ fn helper_enter_leave() {
     assert_eq!(unsafe { libc::syscall(libc::SYS_setresuid, -1, 0, -1) }, 0);
     say("left");
     next_line();
+}
+
+/// [`helper_enter_leave`] through the 32-bit compat syscall `setresuid32` (`int 0x80`, which a
+/// 64-bit program may use too: the kernel runs it as an ia32 syscall). Says "ok" at each step
+/// like [`AARCH32_HELPER`]; a kernel without ia32 emulation kills it with SIGSEGV at the first
+/// `int 0x80` (a harmless `getuid32`), before it says anything.
+#[cfg(target_arch = "x86_64")]
+fn helper_enter_leave_compat() {
+    /// `int 0x80` with the ia32 syscall number and three arguments; returns eax.
+    fn int80(nr: u32, a: u32, b: u32, c: u32) -> i32 {
+        let ret: i32;
+        // SAFETY: an ia32 syscall with integer arguments only; rbx is LLVM's, so it is swapped
+        // in and out around the instruction, and r8–r11 are declared clobbered.
+        unsafe {
+            std::arch::asm!(
+                "xchg {b:r}, rbx",
+                "int 0x80",
+                "xchg {b:r}, rbx",
+                b = inout(reg) u64::from(a) => _,
+                inlateout("eax") nr => ret,
+                in("ecx") b,
+                in("edx") c,
+                out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+            );
+        }
+        ret
+    }
+    const GETUID32: u32 = 199;
+    const SETRESUID32: u32 = 208;
+    assert_eq!(int80(GETUID32, 0, 0, 0), 0, "getuid32 as root");
+    say("ok");
+    next_line();
+    assert_eq!(int80(SETRESUID32, u32::MAX, ACCOUNT, u32::MAX), 0);
+    say("ok");
+    next_line();
+    assert_eq!(int80(SETRESUID32, u32::MAX, 0, u32::MAX), 0);
+    say("ok");
+    next_line();
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn helper_enter_leave_compat() {
+    unreachable!("on this architecture the compat helper is AARCH32_HELPER");
+}
+
+/// A static AArch32 (ARM EABI5) program for arm64 kernels with 32-bit compat: says "ok",
+/// waits for a line, `setresuid32(-1, ACCOUNT, -1)` (r7 = 208, `svc 0`), "ok", waits,
+/// `setresuid32(-1, 0, -1)`, "ok", waits, exits 0 (3 if a call failed). Hand-assembled, so the
+/// test needs no 32-bit toolchain; a CPU or kernel without AArch32 at EL0 refuses to exec it.
+#[cfg(target_arch = "aarch64")]
+fn aarch32_helper() -> Vec<u8> {
+    const CODE: [u32; 39] = [
+        0xE28F4094,                                                           // add   r4, pc, #0x94      r4 = &"ok\n"
+        0xEB000018,                                                           // bl    say
+        0xEB00001D,                                                           // bl    wait
+        0xE3E00000,                                                           // mvn   r0, #0             -1
+        0xE3000000 | ((ACCOUNT >> 12) << 16) | (1 << 12) | (ACCOUNT & 0xFFF), // movw r1, #ACCOUNT
+        0xE3E02000,                                                           // mvn   r2, #0
+        0xE3A070D0,                                                           // mov   r7, #208           setresuid32
+        0xEF000000,                                                           // svc   0
+        0xE3500000,                                                           // cmp   r0, #0
+        0x1A00000D,                                                           // bne   fail
+        0xEB00000F,                                                           // bl    say
+        0xEB000014,                                                           // bl    wait
+        0xE3E00000,                                                           // mvn   r0, #0
+        0xE3A01000,                                                           // mov   r1, #0
+        0xE3E02000,                                                           // mvn   r2, #0
+        0xE3A070D0,                                                           // mov   r7, #208
+        0xEF000000,                                                           // svc   0
+        0xE3500000,                                                           // cmp   r0, #0
+        0x1A000004,                                                           // bne   fail
+        0xEB000006,                                                           // bl    say
+        0xEB00000B,                                                           // bl    wait
+        0xE3A00000,                                                           // mov   r0, #0
+        0xE3A07001,                                                           // mov   r7, #1             exit
+        0xEF000000,                                                           // svc   0
+        0xE3A00003,                                                           // fail: mov r0, #3
+        0xE3A07001,                                                           // mov   r7, #1
+        0xEF000000,                                                           // svc   0
+        0xE3A00001,                                                           // say:  mov r0, #1
+        0xE1A01004,                                                           // mov   r1, r4
+        0xE3A02003,                                                           // mov   r2, #3
+        0xE3A07004,                                                           // mov   r7, #4             write
+        0xEF000000,                                                           // svc   0
+        0xE12FFF1E,                                                           // bx    lr
+        0xE3A00000,                                                           // wait: mov r0, #0
+        0xE24D1040,                                                           // sub   r1, sp, #64
+        0xE3A02010,                                                           // mov   r2, #16
+        0xE3A07003,                                                           // mov   r7, #3             read
+        0xEF000000,                                                           // svc   0
+        0xE12FFF1E,                                                           // bx    lr
+    ];
+    const BASE: u32 = 0x10000;
+    const HEADERS: u32 = 52 + 32;
+    let size = HEADERS + 4 * CODE.len() as u32 + 4;
+    let mut elf = Vec::new();
+    let mut put = |v: &[u8]| elf.extend_from_slice(v);
+    // ELF32 header: little-endian, EM_ARM (40), ET_EXEC, EABI version 5.
+    put(&[0x7f, b'E', b'L', b'F', 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    for (v, n) in [(2u32, 2), (40, 2), (1, 4), (BASE + HEADERS, 4), (52, 4), (0, 4), (0x0500_0000, 4)] {
+        put(&v.to_le_bytes()[..n]);
+    }
+    for v in [52u16, 32, 1, 40, 0, 0] {
+        put(&v.to_le_bytes());
+    }
+    // One PT_LOAD of the whole file, read and execute.
+    for v in [1u32, 0, BASE, BASE, size, size, 5, 0x1000] {
+        put(&v.to_le_bytes());
+    }
+    for word in CODE {
+        put(&word.to_le_bytes());
+    }
+    put(b"ok\n\0");
+    assert_eq!(elf.len() as u32, size);
+    elf
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -179,6 +299,13 @@ impl Drop for Child {
     }
 }
 
+/// The tests of this file one at a time: each watches [`ACCOUNT`] and makes processes enter it,
+/// so two at once would see each other's helpers in their tables.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn load(test: &str, account: u32, skip_cred_hook: bool) -> Option<EbpfSource> {
     let opts = EbpfOptions { account: Some(account), ring_bytes: Some(1 << 20), skip_cred_hook, ..Default::default() };
     ebpf_harness::load(test, &opts)
@@ -214,6 +341,7 @@ fn euid_in_proc(pid: u32) -> u32 {
 
 #[test]
 fn another_accounts_processes_never_reach_the_ring() {
+    let _serial = serial();
     let Some(mut watched) = load("filter: other account", ACCOUNT, false) else { return };
     // The same workload seen by programs loaded for its own account: it does make records.
     let Some(mut own) = load("filter: own account", OTHER, false) else { return };
@@ -237,8 +365,63 @@ fn another_accounts_processes_never_reach_the_ring() {
     );
 }
 
-/// Entering and leaving by setresuid, with the hook and with the fallback tracepoints.
-fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool) {
+/// Which setresuid the helper calls.
+#[derive(Clone, Copy, PartialEq)]
+enum Abi {
+    /// The 64-bit syscall.
+    Native,
+    /// The 32-bit compat `setresuid32`.
+    Compat,
+}
+
+/// The root helper that enters and leaves the account through `abi`, and the lines it says at
+/// its three steps; `None` (with the reason printed) where this machine cannot run 32-bit code.
+fn enter_leave_helper(test: &str, abi: Abi, dir: &std::path::Path) -> Option<(Child, [&'static str; 3])> {
+    if abi == Abi::Native {
+        return Some((Child::helper("enter_leave", None), ["ready", "entered", "left"]));
+    }
+    #[cfg(target_arch = "aarch64")]
+    let mut child = {
+        let bin = dir.join("aarch32-enter-leave");
+        std::fs::write(&bin, aarch32_helper()).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        match Command::new(&bin).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn() {
+            Ok(mut inner) => {
+                let stdout = BufReader::new(inner.stdout.take().unwrap());
+                Child { inner, stdout }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOEXEC) => {
+                eprintln!("skipped {test}: this CPU or kernel runs no AArch32 programs (exec: {e})");
+                return None;
+            }
+            Err(e) => panic!("{test}: exec of the AArch32 helper: {e}"),
+        }
+    };
+    #[cfg(not(target_arch = "aarch64"))]
+    let mut child = {
+        let _ = dir;
+        Child::helper("enter_leave_compat", None)
+    };
+    // A kernel without 32-bit syscalls kills the helper at its first one, before "ok".
+    let mut first = String::new();
+    child.stdout.read_line(&mut first).unwrap();
+    if first.is_empty() {
+        let status = child.inner.wait().unwrap();
+        assert!(
+            cfg!(target_arch = "x86_64") && status.signal().is_some(),
+            "{test}: the compat helper ended before its first line: {status}"
+        );
+        eprintln!("skipped {test}: this kernel has no 32-bit syscalls (int 0x80 ended the helper: {status})");
+        return None;
+    }
+    assert_eq!(first.trim_end(), "ok", "{test}: the compat helper said {first:?}");
+    Some((child, ["", "ok", "ok"]))
+}
+
+/// Entering and leaving by setresuid (64-bit or 32-bit), with the hook and with the fallback
+/// tracepoints.
+fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool, abi: Abi) {
+    let _serial = serial();
     let Some(mut src) = load(test, ACCOUNT, skip_cred_hook) else { return };
     match (src.cred_tracking(), skip_cred_hook) {
         (CredTracking::Hook, false) | (CredTracking::Syscalls { .. }, true) => {}
@@ -250,46 +433,73 @@ fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool) {
                 "note: {test}: this kernel refuses fentry programs ({hook}); the setuid tracepoints track instead"
             )
         }
+        // Debian's arm64 6.1 kernel has no ftrace direct calls (CONFIG_DYNAMIC_FTRACE_WITH_
+        // DIRECT_CALLS came to arm64 in 6.4): attaching any fentry program fails with the
+        // kernel's ENOTSUPP (524). The daemon logs `WARN setuid_untracked reason=attach_failed
+        // fallback=syscall_tracepoints` there.
+        (CredTracking::Syscalls { hook: hook @ EbpfError::Attach { detail, .. } }, false)
+            if detail.contains("os error 524") =>
+        {
+            eprintln!("note: {test}: this kernel cannot attach fentry programs ({hook}); the fallback tracks instead")
+        }
         (CredTracking::Syscalls { hook }, false) => {
             panic!("the commit_creds hook did not attach on a kernel with BTF: {hook}")
         }
         (other, _) => panic!("{test}: {other:?}"),
     }
-    let mut table = ProcessTable::new(Scope::account(ACCOUNT));
-    let mut child = Child::helper("enter_leave", None);
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut child, lines)) = enter_leave_helper(test, abi, dir.path()) else { return };
     let pid = child.pid();
-    child.expect_line("ready");
+    if !lines[0].is_empty() {
+        child.expect_line(lines[0]);
+    }
+    let mut table = ProcessTable::new(Scope::account(ACCOUNT));
     table_until(&mut src, &mut table, |_| false);
     assert!(table.is_empty(), "root's process is not the account's: {:?}", table.processes());
     child.send_line();
-    child.expect_line("entered");
+    child.expect_line(lines[1]);
     assert_eq!(euid_in_proc(pid), ACCOUNT);
     assert!(
         table_until(&mut src, &mut table, |t| t.processes().iter().any(|p| p.id.pid == pid)),
         "pid {pid} took the account's euid and the table does not hold it"
     );
     child.send_line();
-    child.expect_line("left");
+    child.expect_line(lines[2]);
     assert_eq!(euid_in_proc(pid), 0);
     assert!(
         table_until(&mut src, &mut table, |t| t.is_empty()),
         "pid {pid} went back to root and the table still holds {:?}",
         table.processes()
     );
+    child.send_line();
 }
 
 #[test]
 fn a_root_process_that_setuids_into_the_account_is_tracked_at_once_and_dropped_when_it_leaves() {
-    setuid_enters_and_leaves_at_once("filter: setuid through the hook", false);
+    setuid_enters_and_leaves_at_once("filter: setuid through the hook", false, Abi::Native);
 }
 
 #[test]
 fn without_the_hook_the_setuid_tracepoints_track_the_same() {
-    setuid_enters_and_leaves_at_once("filter: setuid through the tracepoints", true);
+    setuid_enters_and_leaves_at_once("filter: setuid through the tracepoints", true, Abi::Native);
+}
+
+/// `setresuid32` through the hook (which sees every credential change, whatever the ABI).
+#[test]
+fn a_32_bit_setresuid32_into_the_account_is_tracked_at_once_through_the_hook() {
+    setuid_enters_and_leaves_at_once("filter: setresuid32 through the hook", false, Abi::Compat);
+}
+
+/// The fallback's blind spot of old: the per-syscall tracepoints skip compat syscalls, so a
+/// process re-entering the account through `setresuid32` stayed out of the table until the audit.
+#[test]
+fn without_the_hook_a_32_bit_setresuid32_is_tracked_at_once_too() {
+    setuid_enters_and_leaves_at_once("filter: setresuid32 through the tracepoints", true, Abi::Compat);
 }
 
 #[test]
 fn exec_of_a_setuid_root_binary_by_the_account_takes_the_process_out() {
+    let _serial = serial();
     let Some(mut src) = load("filter: set-user-ID exec", ACCOUNT, false) else { return };
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
