@@ -78,8 +78,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use guard_common::{
-    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, SetuidSyscalls, TaskRecord, ALL_ACCOUNTS, COMM_LEN,
-    CPU_RUN_ENTRIES, DEFAULT_RING_BYTES, PF_KTHREAD, TASK_MARK_BROKEN, TASK_MARK_END,
+    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, SetuidSyscalls, TaskRecord, ALL_ACCOUNTS, COMM_LEN, CPU_RUN_ENTRIES,
+    DEFAULT_RING_BYTES, PF_KTHREAD, TASK_MARK_BROKEN, TASK_MARK_END,
 };
 
 /// The watched account's uid (effective uid, initial user namespace), or [`ALL_ACCOUNTS`].

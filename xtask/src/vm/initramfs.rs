@@ -57,9 +57,12 @@ pub struct Payload<'a> {
     /// Where the programs and libraries come from for a guest of another architecture than the
     /// build machine's (None: the build machine's own, found with `ldd`).
     pub userland: Option<&'a Userland>,
-    /// Extra files `(guest path, mode, host file)` (the package scenario's .deb and script).
-    pub extra: Vec<(String, u32, PathBuf)>,
+    /// Extra files (the package scenario's .deb).
+    pub extra: Vec<ExtraFile>,
 }
+
+/// A file the image carries besides the fixed layout: `(guest path, mode, host file)`.
+pub type ExtraFile = (String, u32, PathBuf);
 
 /// A library as `(guest path, file to copy)`.
 type Library = (PathBuf, PathBuf);

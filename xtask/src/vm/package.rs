@@ -14,18 +14,19 @@
 //! binary, root, the ebpf backend) ends a pile of six probes over a threshold of 3 and a timeout
 //! of 5 s; then `dpkg -r` and `--purge` leave no `/usr/bin/guard-user`. What systemd adds (the
 //! unit, install, check) is architecture-independent and covered by the x86_64 systemd guest.
-use std::path::PathBuf;
-
 use anyhow::Context as _;
 
-use super::payload::{self, Built, GuestTest};
+use super::{
+    initramfs::ExtraFile,
+    payload::{self, Built, GuestTest},
+};
 use crate::{arch::Arch, build_ebpf, dist};
 
 /// The guest's path of the package.
 const DEB: &str = "opt/guard/guard-user.deb";
 
 /// The test binaries' place in the image holds this scenario's script instead.
-pub fn payload(arch: Arch) -> anyhow::Result<(Built, Vec<(String, u32, PathBuf)>)> {
+pub fn payload(arch: Arch) -> anyhow::Result<(Built, Vec<ExtraFile>)> {
     let deb = dist::build(&dist::Options { revision: "1".into(), arch, ..Default::default() })?;
     println!("vm: package scenario with {} as /{DEB}", deb.display());
     let script = build_ebpf::target_dir().join("vm/package-guest.sh");
