@@ -236,6 +236,8 @@ fn add_host_tools(image: &mut Image) -> anyhow::Result<()> {
 /// database that lists the unpacked packages.
 fn add_userland_tools(image: &mut Image, userland: &Userland) -> anyhow::Result<()> {
     let mut libraries = Vec::new();
+    // dpkg, what it runs or insists on finding (ldconfig, start-stop-daemon), and what the
+    // package scenario's script and the maintainer scripts call.
     let dpkg_tools = [
         "dpkg",
         "dpkg-deb",
@@ -243,6 +245,8 @@ fn add_userland_tools(image: &mut Image, userland: &Userland) -> anyhow::Result<
         "dpkg-split",
         "dpkg-divert",
         "dpkg-trigger",
+        "ldconfig",
+        "start-stop-daemon",
         "tar",
         "sed",
         "find",
@@ -253,10 +257,17 @@ fn add_userland_tools(image: &mut Image, userland: &Userland) -> anyhow::Result<
         "cp",
         "touch",
         "head",
+        "tail",
         "wc",
         "sort",
-        "tail",
-        "setpriv",
+        "seq",
+        "rmdir",
+        "uname",
+        "basename",
+        "dirname",
+        "readlink",
+        "expr",
+        "stat",
     ];
     let required = HOST_TOOLS.iter().map(|&t| (t, true));
     let optional = OPTIONAL_HOST_TOOLS.iter().chain(dpkg_tools.iter()).map(|&t| (t, false));

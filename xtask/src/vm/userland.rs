@@ -30,9 +30,11 @@ use crate::{
 
 /// What the guests run besides guard's own binaries: the shell and coreutils the tests call,
 /// grep, util-linux (`unshare`, `setpriv`), Redis (server and cli, for parity with the x86_64
-/// guests, whose image has them when the host does), dpkg for the package scenario, and the C
-/// library and libgcc the Rust binaries link.
-pub const PACKAGES: &[&str] = &["bash", "coreutils", "grep", "util-linux", "redis-tools", "dpkg", "libc6", "libgcc-s1"];
+/// guests, whose image has them when the host does), dpkg (and libc-bin's `ldconfig`, which dpkg
+/// insists on finding) for the package scenario, and the C library and libgcc the Rust binaries
+/// link.
+pub const PACKAGES: &[&str] =
+    &["bash", "coreutils", "grep", "util-linux", "redis-tools", "dpkg", "libc-bin", "libc6", "libgcc-s1"];
 
 /// Debian's arm64 packages unpacked into one root.
 pub struct Userland {
