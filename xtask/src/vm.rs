@@ -93,6 +93,11 @@ pub struct Options {
     /// guests run only the binaries that depend on the kernel (`vm/suite.rs`).
     #[arg(long)]
     pub all_tests: bool,
+    /// Guests of another architecture than the build machine's (arm64) run only the binaries
+    /// whose outcome can depend on the architecture (`vm/suite.rs`, `ARCH_DEPENDENT`): CI's
+    /// arm64 guest, to fit CI's time.
+    #[arg(long, conflicts_with = "all_tests")]
+    pub arch_subset: bool,
     /// Arguments for `cargo test --no-run` instead of `--workspace` (after `--`, e.g.
     /// `-- -p guard-user --lib`).
     #[arg(last = true)]
@@ -290,6 +295,7 @@ fn image(
         cargo_args: &opts.cargo_args,
         all_tests: opts.all_tests,
         own_filters: !opts.test_args.is_empty(),
+        arch_subset: opts.arch_subset,
     };
     let (built, extra) =
         if opts.package { package::payload(arch)? } else { (payload::build(&selection, ebpf_object)?, Vec::new()) };

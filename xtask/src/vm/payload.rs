@@ -74,6 +74,8 @@ pub struct Selection<'a> {
     pub all_tests: bool,
     /// The developer gave test filters of their own: the suite's filters would widen them.
     pub own_filters: bool,
+    /// For another architecture: only [`suite::ARCH_DEPENDENT`]'s binaries.
+    pub arch_subset: bool,
 }
 
 pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Result<Built> {
@@ -90,7 +92,7 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
         test_args.push("--workspace".into());
     } else {
         // A cross build reuses nothing of the host's: build only what the guests run.
-        test_args.extend(guest_targets().into_iter().map(OsString::from));
+        test_args.extend(guest_targets(selection.arch_subset).into_iter().map(OsString::from));
     }
     let artifacts = cargo_artifacts(&test_args, arch, ebpf_object, &packages)?;
     let stripped_dir = build_ebpf::target_dir().join(if arch.is_host() {
@@ -118,6 +120,9 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
     for a in artifacts.iter().filter(|a| a.test) {
         let name = a.guest_name();
         let place = suite::place(&name)?;
+        if selection.arch_subset && !arch.is_host() && !suite::ARCH_DEPENDENT.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
         let only = match place {
             Place::Guests { only, .. } => only,
             Place::Host { why } if !selection.all_tests => {
@@ -159,14 +164,16 @@ pub fn guard_user(ebpf_object: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// `cargo test --no-run` arguments that build exactly the test binaries [`suite::SUITE`]
-/// places in the guests: `-p <package>` for each of their packages, `--lib` and `--test <name>`
+/// places in the guests (only [`suite::ARCH_DEPENDENT`]'s with `arch_subset`): `-p <package>` for each of their packages, `--lib` and `--test <name>`
 /// for each binary (cargo applies every target filter to every selected package, and a
 /// package without that target simply has nothing to build for it).
-pub fn guest_targets() -> Vec<String> {
+pub fn guest_targets(arch_subset: bool) -> Vec<String> {
     let mut packages = Vec::new();
     let mut targets = Vec::new();
     for (name, place) in suite::SUITE {
-        if !matches!(place, Place::Guests { .. }) {
+        if !matches!(place, Place::Guests { .. })
+            || (arch_subset && !suite::ARCH_DEPENDENT.iter().any(|(n, _)| n == name))
+        {
             continue;
         }
         let (package, target) = name.split_once('.').expect("suite names are <package>.<target>");

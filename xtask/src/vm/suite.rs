@@ -139,6 +139,23 @@ pub const SUITE: &[(&str, Place)] = &[
     ("integration-tests.supervise", Place::Host { why: "sd_notify sockets, signals and the watchdog" }),
 ];
 
+/// The guest binaries whose outcome can depend on the machine's architecture, not only on the
+/// kernel: what `--arch-subset` keeps in a guest of another architecture than the build
+/// machine's (CI's arm64 guest, to stay inside CI's time). The others (cgroups, pid namespaces,
+/// /proc files, exec's limits, replays) test the kernel's generic code, which the x86_64 guests
+/// of the same kernel versions cover; `cargo xtask vm --arch arm64` runs them all.
+pub const ARCH_DEPENDENT: &[(&str, &str)] = &[
+    ("guard-user.lib", "BTF offsets of the architecture's structures, the setuid family's syscall numbers"),
+    ("guard-user.ebpf_source", "the BPF JIT and verifier of the architecture"),
+    ("guard-user.ebpf_filter", "the credential hook or its fallback, the 32-bit compat syscalls"),
+    ("guard-user.task_iter", "the task iterator through the JIT"),
+    ("guard-user.kernel_names", "names read by the programs through the JIT"),
+    ("guard-user.cpu_runtime", "sched_stat_runtime through the JIT"),
+    ("guard-user.matcher_sandbox", "seccomp: the architecture's syscall numbers and audit arch"),
+    ("integration-tests.daemon", "the whole guard end to end"),
+    ("integration-tests.sessions", "session lineage from setuid events (the fallback on arm64 6.1)"),
+];
+
 /// Host tooling: never in a guest, whatever the options.
 pub const HOST_TOOLING: &[&str] = &["xtask", "vm-init"];
 
@@ -198,6 +215,13 @@ mod tests {
             }
         }
         assert!(unplaced.is_empty(), "add these to xtask/src/vm/suite.rs: {unplaced:?}");
+    }
+
+    #[test]
+    fn the_architecture_dependent_binaries_are_guest_binaries() {
+        for (name, _) in ARCH_DEPENDENT {
+            assert!(matches!(place(name), Ok(Place::Guests { .. })), "{name} is not a guest binary");
+        }
     }
 
     #[test]
