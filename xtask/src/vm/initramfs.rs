@@ -268,6 +268,7 @@ fn add_userland_tools(image: &mut Image, userland: &Userland) -> anyhow::Result<
         "readlink",
         "expr",
         "stat",
+        "diff",
     ];
     let required = HOST_TOOLS.iter().map(|&t| (t, true));
     let optional = OPTIONAL_HOST_TOOLS.iter().chain(dpkg_tools.iter()).map(|&t| (t, false));
@@ -299,6 +300,10 @@ fn add_userland_tools(image: &mut Image, userland: &Userland) -> anyhow::Result<
         image.mkdir(dir, Owner::root(0o755));
     }
     image.text("var/lib/dpkg/status", 0o644, userland.dpkg_status());
+    image.text("var/lib/dpkg/info/format", 0o644, "1\n".into());
+    for (name, list) in userland.dpkg_lists() {
+        image.text(&format!("var/lib/dpkg/info/{name}"), 0o644, list.clone());
+    }
     image.text("var/lib/dpkg/available", 0o644, String::new());
     image.text("etc/dpkg/dpkg.cfg", 0o644, String::new());
     Ok(())
@@ -341,8 +346,13 @@ fn image_path(host: &Path) -> String {
 }
 
 /// The libraries `binary` loads: from `ldd` on the build machine, else from the guest's own
-/// packages ([`Userland::libraries`]).
+/// packages ([`Userland::libraries`]). A script (the package scenario's) loads none itself.
 fn shared_libraries(binary: &Path, userland: Option<&Userland>) -> anyhow::Result<Vec<Library>> {
+    let mut magic = [0u8; 4];
+    let is_elf = std::io::Read::read_exact(&mut fs::File::open(binary)?, &mut magic).is_ok() && magic == *b"\x7fELF";
+    if !is_elf {
+        return Ok(Vec::new());
+    }
     if let Some(userland) = userland {
         return userland.libraries(binary);
     }

@@ -29,12 +29,24 @@ use crate::{
 };
 
 /// What the guests run besides guard's own binaries: the shell and coreutils the tests call,
-/// grep, util-linux (`unshare`, `setpriv`), Redis (server and cli, for parity with the x86_64
+/// grep, sed, find and diff (Essential packages, so nothing depends on them; dpkg wants diff), util-linux (`unshare`, `setpriv`), Redis (server and cli, for parity with the x86_64
 /// guests, whose image has them when the host does), dpkg (and libc-bin's `ldconfig`, which dpkg
 /// insists on finding) for the package scenario, and the C library and libgcc the Rust binaries
 /// link.
-pub const PACKAGES: &[&str] =
-    &["bash", "coreutils", "grep", "util-linux", "redis-tools", "dpkg", "libc-bin", "libc6", "libgcc-s1"];
+pub const PACKAGES: &[&str] = &[
+    "bash",
+    "coreutils",
+    "grep",
+    "sed",
+    "findutils",
+    "diffutils",
+    "util-linux",
+    "redis-tools",
+    "dpkg",
+    "libc-bin",
+    "libc6",
+    "libgcc-s1",
+];
 
 /// Debian's arm64 packages unpacked into one root.
 pub struct Userland {
@@ -42,6 +54,10 @@ pub struct Userland {
     pub root: PathBuf,
     /// `Package`, `Version`, `Architecture`, … of every unpacked package (their control files).
     controls: Vec<String>,
+    /// Each package's dpkg file list, as `(info file name, text)`: without them dpkg believes a
+    /// package it removes owns `/lib` alone, and removing guard-user took the `/lib` link (and
+    /// with it the loader) away.
+    lists: Vec<(String, String)>,
 }
 
 impl Userland {
@@ -55,17 +71,27 @@ impl Userland {
         let record = dir.join("debs");
         let names: String = debs.iter().filter_map(|d| d.file_name()?.to_str()).map(|n| format!("{n}\n")).collect();
         let controls_file = dir.join("controls");
-        if fs::read_to_string(&record).ok().as_deref() == Some(names.as_str()) && root.is_dir() {
+        let lists_dir = dir.join("lists");
+        if fs::read_to_string(&record).ok().as_deref() == Some(names.as_str()) && root.is_dir() && lists_dir.is_dir() {
             let controls = fs::read_to_string(&controls_file)?.split("\n\n").map(String::from).collect();
+            let mut lists = Vec::new();
+            for entry in fs::read_dir(&lists_dir)? {
+                let path = entry?.path();
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+                lists.push((name, fs::read_to_string(&path)?));
+            }
             println!("vm: {} user space: {} packages (cached in {})", arch.debian(), debs.len(), root.display());
-            return Ok(Userland { arch, root, controls });
+            return Ok(Userland { arch, root, controls, lists });
         }
         println!("vm: {} user space: unpacking {} packages into {}", arch.debian(), debs.len(), root.display());
         if root.exists() {
             fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
         }
         fs::create_dir_all(&root)?;
+        let _ = fs::remove_dir_all(&lists_dir);
+        fs::create_dir_all(&lists_dir)?;
         let mut controls = Vec::new();
+        let mut lists = Vec::new();
         for deb in &debs {
             run_checked(
                 Command::new("dpkg-deb").arg("-x").arg(deb).arg(&root),
@@ -75,12 +101,32 @@ impl Userland {
             if !out.status.success() {
                 bail!("dpkg-deb -f {} failed: {}", deb.display(), String::from_utf8_lossy(&out.stderr).trim());
             }
-            controls.push(String::from_utf8_lossy(&out.stdout).trim_end().to_string());
+            let control = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+            let field = |name: &str| {
+                control.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim).unwrap_or_default()
+            };
+            // dpkg's info files are `<package>:<arch>.list` for `Multi-Arch: same` packages.
+            let info = match field("Multi-Arch") {
+                "same" => format!("{}:{}.list", field("Package"), arch.debian()),
+                _ => format!("{}.list", field("Package")),
+            };
+            let tar = Command::new("sh")
+                .args(["-c", "dpkg-deb --fsys-tarfile \"$1\" | tar -t", "sh"])
+                .arg(deb)
+                .output()
+                .context("dpkg-deb --fsys-tarfile | tar -t")?;
+            if !tar.status.success() {
+                bail!("listing {} failed: {}", deb.display(), String::from_utf8_lossy(&tar.stderr).trim());
+            }
+            let list = dpkg_list(&String::from_utf8_lossy(&tar.stdout));
+            fs::write(lists_dir.join(&info), &list)?;
+            lists.push((info, list));
+            controls.push(control);
         }
         fs::write(&controls_file, controls.join("\n\n"))?;
         // Written last: its presence marks the root complete.
         fs::write(&record, names)?;
-        Ok(Userland { arch, root, controls })
+        Ok(Userland { arch, root, controls, lists })
     }
 
     /// A program of the root by name (`bash`), where Debian puts programs.
@@ -145,6 +191,11 @@ impl Userland {
         text
     }
 
+    /// `/var/lib/dpkg/info/<name>.list` files for the guest, one per unpacked package.
+    pub fn dpkg_lists(&self) -> &[(String, String)] {
+        &self.lists
+    }
+
     /// The library `name` in the root's search path, as `(guest path, file)`.
     fn find_library(&self, name: &str) -> Option<(PathBuf, PathBuf)> {
         let gnu = self.arch.gnu();
@@ -172,6 +223,16 @@ impl Userland {
     }
 }
 
+/// A dpkg file list (`/.`, `/bin`, `/bin/bash`) from `tar -t` of a package's data (`./`,
+/// `./bin/`, `./bin/bash`).
+fn dpkg_list(tar: &str) -> String {
+    tar.lines()
+        .map(|l| l.trim_start_matches('.').trim_end_matches('/'))
+        .map(|p| if p.is_empty() { "/.".to_string() } else { p.to_string() })
+        .map(|p| p + "\n")
+        .collect()
+}
+
 /// `[Requesting program interpreter: /lib/ld-linux-aarch64.so.1]` and `(NEEDED) Shared library: [libc.so.6]`.
 fn parse_readelf(text: &str) -> (Option<String>, Vec<String>) {
     let bracketed = |line: &str, after: &str| -> Option<String> {
@@ -187,6 +248,14 @@ fn parse_readelf(text: &str) -> (Option<String>, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tar_listings_become_dpkg_file_lists() {
+        assert_eq!(
+            dpkg_list("./\n./bin/\n./bin/bash\n./usr/share/doc/bash/\n"),
+            "/.\n/bin\n/bin/bash\n/usr/share/doc/bash\n"
+        );
+    }
 
     #[test]
     fn readelf_gives_the_loader_and_the_needed_libraries() {
