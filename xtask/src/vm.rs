@@ -235,8 +235,22 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     // The systemd guest waits until no kernel is left to start: it runs beside the last one.
     let systemd_job = std::sync::Mutex::new(opts.with_systemd);
     let systemd_result = std::sync::Mutex::new(None);
+    // The systemd guest is the build machine's architecture: it boots the amd64 kernels named
+    // (`--kernel 6.1`, `amd64-6.1`), its default (6.12) when they are all or none.
+    let systemd_kernels: Vec<String> = kernels::by_arch(&opts.kernel, &opts.arch)?
+        .into_iter()
+        .find(|(arch, _)| *arch == Arch::Amd64)
+        .map(|(_, names)| names)
+        .unwrap_or_default();
     let run_systemd = || -> anyhow::Result<()> {
-        let source = Options { systemd: true, package: false, with_systemd: false, ..opts.clone() };
+        let source = Options {
+            systemd: true,
+            package: false,
+            with_systemd: false,
+            kernel: systemd_kernels.clone(),
+            arch: vec![Arch::Amd64],
+            ..opts.clone()
+        };
         systemd::run(&source)?;
         systemd::run(&Options { package: true, ..source })
     };
