@@ -191,6 +191,76 @@ pub fn log_value_capped(bytes: &[u8], max: usize) -> String {
     out
 }
 
+/// Bytes of a command line that any output shows (`explain`, `match`, `tree`, `holders`): the
+/// account may make one 1 MiB long, and root's terminal and memory are not its to fill.
+pub const SHOWN_CMDLINE_BYTES: usize = 4096;
+
+/// A command line as guard's output shows it: its first [`SHOWN_CMDLINE_BYTES`] bytes and how
+/// many bytes were left out. Build it once from the bytes read and keep it instead of them; it
+/// costs at most 4 KiB whatever the command line.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ShownCmdline {
+    head: Box<[u8]>,
+    omitted: usize,
+}
+
+impl ShownCmdline {
+    /// The shown part of `text`, a whole command line.
+    pub fn of(text: &[u8]) -> ShownCmdline {
+        ShownCmdline::of_prefix(text, text.len())
+    }
+
+    /// The shown part of a command line of `total` bytes that starts with `prefix` (at least
+    /// [`SHOWN_CMDLINE_BYTES`] of it, or all of it).
+    pub fn of_prefix(prefix: &[u8], total: usize) -> ShownCmdline {
+        let head = &prefix[..prefix.len().min(SHOWN_CMDLINE_BYTES).min(total)];
+        ShownCmdline { head: head.into(), omitted: total - head.len() }
+    }
+
+    /// The bytes shown.
+    pub fn head(&self) -> &[u8] {
+        &self.head
+    }
+
+    /// Bytes of the command line left out after [`ShownCmdline::head`].
+    pub fn omitted(&self) -> usize {
+        self.omitted
+    }
+
+    /// The command line's length.
+    pub fn total(&self) -> usize {
+        self.head.len() + self.omitted
+    }
+
+    /// The shown bytes as text, bytes that are not UTF-8 replaced by U+FFFD (`--json`'s
+    /// `cmdline`).
+    pub fn lossy(&self) -> String {
+        String::from_utf8_lossy(&self.head).into_owned()
+    }
+
+    /// One log value of the shown bytes ([`log_value`]; `--json`'s `cmdline_escaped`).
+    pub fn log_value(&self) -> String {
+        log_value(&self.head)
+    }
+
+    /// What a terminal line shows: the escaped bytes ([`text`]), then `…[+<n> bytes]` when
+    /// some were left out. The marker cannot be part of the escaped text (a `[` after `…` is
+    /// never written by the escaping), so a reader always tells a cut line from a whole one.
+    pub fn line(&self) -> String {
+        let mut out = text(&self.head);
+        if self.omitted > 0 {
+            let _ = write!(out, "…[+{} bytes]", self.omitted);
+        }
+        out
+    }
+}
+
+impl fmt::Display for ShownCmdline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.line())
+    }
+}
+
 /// Displays bytes in their escaped form, e.g. `format!("{}", Escaped(path.as_os_str().as_bytes()))`.
 pub struct Escaped<'a>(pub &'a [u8]);
 
@@ -328,6 +398,23 @@ mod tests {
             assert!(cmd.starts_with(&bytes), "{max}: {t}");
         }
         assert_eq!(text_capped(b"short", 10), "short");
+    }
+
+    #[test]
+    fn a_command_line_is_shown_as_its_first_4_kib_and_the_bytes_left_out() {
+        let huge = vec![b'a'; 1 << 20];
+        let shown = ShownCmdline::of(&huge);
+        assert_eq!((shown.head().len(), shown.omitted(), shown.total()), (4096, (1 << 20) - 4096, 1 << 20));
+        assert_eq!(shown.line(), format!("{}…[+{} bytes]", "a".repeat(4096), (1 << 20) - 4096));
+        let short = ShownCmdline::of(b"sleep 30\nx");
+        assert_eq!((short.line(), short.omitted()), ("sleep 30\\nx".to_string(), 0));
+        // The head is escaped like any account text: nothing in it can end the line.
+        let mut hostile = b"x\n\x1b[2J\n".repeat(2000);
+        hostile.extend_from_slice(b"\nKILLED pid=1");
+        let line = ShownCmdline::of(&hostile).line();
+        assert!(!line.contains(['\n', '\x1b']) && line.ends_with(" bytes]"), "{line}");
+        assert_eq!(ShownCmdline::of_prefix(b"abc", 10).line(), "abc…[+7 bytes]");
+        assert_eq!(ShownCmdline::of(b"a b").log_value(), "\"a b\"");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //!   their guard-common types). [`machine`]: the machine's
 //!   process count (what `ps -e` lists) without a table of every process.
 //! - [`lineage`]: which session each process of the account was forked into (`sessions`).
+//! - [`budget`]: what every reader of account data may read and hold (bytes, deadline).
 //! - [`procfs`]: reading /proc (bootstrap, resync, audit, the `procfs` backend, identity checks).
 //! - [`btf`], [`ebpf`]: structure offsets from the running kernel's BTF; loading and attaching the
 //!   BPF programs, draining the ring buffer, the kernel's lost-event counter.
@@ -34,6 +35,7 @@
 pub mod account;
 pub mod bounded_json;
 pub mod btf;
+pub mod budget;
 pub mod cmd;
 pub mod comm;
 pub mod config;

@@ -138,7 +138,8 @@ fn bool01(b: bool) -> f64 {
 /// `guard_warned_names`, `guard_repeat_offenders`, `guard_pegged_processes`,
 /// `guard_flagged_age_seconds{name}`, `guard_flagged_time_left_seconds{name}`,
 /// `guard_kills_total`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
-/// `guard_lost_events_total`, `guard_resyncs_total`, `guard_mirror_dropped_total`; while sessions
+/// `guard_lost_events_total`, `guard_resyncs_total`, `guard_cmdlines_unread_total`,
+/// `guard_mirror_dropped_total`; while sessions
 /// are on, `guard_sessions{stage}`, `guard_session_leftovers`, `guard_lineage_processes`,
 /// `guard_leftovers_total`, `guard_reaped_total`, `guard_leftovers_stopped_total`,
 /// `guard_lineage_untracked_total`.
@@ -254,6 +255,12 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         s.lost_events as f64,
     );
     w.one("guard_resyncs_total", Counter, "Rebuilds of the live table from /proc (RESYNC lines).", s.resyncs as f64);
+    w.one(
+        "guard_cmdlines_unread_total",
+        Counter,
+        "Command lines a tick could not read within its reading time (each protected for that tick, read again).",
+        s.cmdlines_unread_total as f64,
+    );
     w.one(
         "guard_mirror_dropped_total",
         Counter,

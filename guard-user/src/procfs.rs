@@ -3,14 +3,12 @@
 //!
 //! Field meanings: proc(5). `stat` field 22 (`starttime`) is `task->start_boottime` in clock
 //! ticks (fs/proc/array.c), the same clock the BPF programs report in ns.
-use std::{
-    fs,
-    io::{self, Read},
-};
+use std::{fs, io};
 
 use guard_common::PF_KTHREAD;
 
 use crate::{
+    budget::{Budget, Fill, Stop, PROC_FILE_BYTES},
     comm::Comm,
     event::{ProcId, ProcState},
 };
@@ -144,16 +142,17 @@ impl ProcDir {
         }
     }
 
-    fn read_at(&self, path: &std::ffi::CStr, buf: &mut Vec<u8>) -> Option<()> {
+    fn open_at(&self, path: &std::ffi::CStr) -> Option<fs::File> {
         use std::os::fd::{AsRawFd, FromRawFd};
         // SAFETY: openat on a valid dirfd; the fd is owned by the File from here on.
         let fd = unsafe { libc::openat(self.fd.as_raw_fd(), path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        let mut f = unsafe { fs::File::from_raw_fd(fd) };
-        buf.clear();
-        f.read_to_end(buf).ok()?;
+        (fd >= 0).then(|| unsafe { fs::File::from_raw_fd(fd) })
+    }
+
+    /// A small /proc file, at most [`PROC_FILE_BYTES`] of it (what the scan needs is at its start).
+    fn read_at(&self, path: &std::ffi::CStr, buf: &mut Vec<u8>) -> Option<()> {
+        let mut f = self.open_at(path)?;
+        Budget::bytes(PROC_FILE_BYTES).fill(&mut f, PROC_FILE_BYTES, buf).ok()?;
         Some(())
     }
 
@@ -186,20 +185,64 @@ impl ProcDir {
     }
 }
 
-/// The command line as docs/configuration.md defines it: NUL-separated arguments joined by single spaces,
-/// no trailing space. `None` when the process is gone. Kernel threads and zombies have an
-/// empty one.
-pub fn cmdline(pid: u32) -> Option<Vec<u8>> {
-    let mut raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    if raw.last() == Some(&0) {
+/// What reading one command line gave (see [`read_cmdline`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmdRead {
+    /// The buffer holds it: the whole command line, or, when it is longer than the `max` asked
+    /// for, its first `max + 1` bytes (so the caller knows it cannot be matched whole).
+    Text,
+    /// The process is gone (or was never there).
+    Gone,
+    /// The budget stopped the read before the end: its deadline, or its bytes.
+    Stopped(Stop),
+}
+
+/// The command line as docs/configuration.md defines it: NUL-separated arguments joined by
+/// single spaces, no trailing space; kernel threads and zombies have an empty one. Read into
+/// `buf` through `budget`: at most `max + 1` bytes, in [`crate::budget::CHUNK`]s with the
+/// deadline checked between them, so a process that makes its own memory slow to read (the
+/// kernel reads a command line page by page under the process's memory-map lock) costs at most
+/// one chunk past the deadline.
+pub fn read_cmdline(pid: u32, max: usize, budget: &mut Budget, buf: &mut Vec<u8>) -> CmdRead {
+    buf.clear();
+    if let Err(stop) = budget.in_time() {
+        return CmdRead::Stopped(stop);
+    }
+    let path = std::ffi::CString::new(format!("{pid}/cmdline")).expect("no NUL in a number");
+    let Some(mut f) = proc_fd().and_then(|p| p.open_at(&path)) else { return CmdRead::Gone };
+    match budget.fill(&mut f, max.saturating_add(1), buf) {
+        Ok(Fill::Stopped(stop)) => return CmdRead::Stopped(stop),
+        Ok(Fill::Whole | Fill::Full) => {}
+        Err(_) => return CmdRead::Gone,
+    }
+    join_arguments(buf, max);
+    CmdRead::Text
+}
+
+/// NULs between arguments become spaces; the last argument's NUL goes (unless the text was cut).
+fn join_arguments(raw: &mut Vec<u8>, max: usize) {
+    if raw.len() <= max && raw.last() == Some(&0) {
         raw.pop();
     }
-    for b in &mut raw {
+    for b in raw.iter_mut() {
         if *b == 0 {
             *b = b' ';
         }
     }
-    Some(raw)
+}
+
+/// Whether process `pid` is there (its /proc directory opens; a zombie is there too).
+pub fn exists(pid: u32) -> bool {
+    let path = std::ffi::CString::new(format!("{pid}/cmdline")).expect("no NUL in a number");
+    proc_fd().and_then(|p| p.open_at(&path)).is_some()
+}
+
+/// [`read_cmdline`] for tools that show what they read (`record`): whole up to 1 MiB + 1, with no
+/// deadline. `None` when the process is gone.
+pub fn cmdline(pid: u32) -> Option<Vec<u8>> {
+    let max = crate::pattern::Limits::default().max_text_bytes;
+    let mut buf = Vec::new();
+    (read_cmdline(pid, max, &mut Budget::bytes(usize::MAX), &mut buf) == CmdRead::Text).then_some(buf)
 }
 
 /// The live processes of `euid` with their group CPU time in ns (`stat` fields 14 and 15,
@@ -234,23 +277,6 @@ pub fn parse_stat_cpu(buf: &[u8]) -> Option<u64> {
     // rest starts at field 3; fields 14 and 15 are rest[11] and rest[12].
     let mut f = rest.split_ascii_whitespace().skip(11);
     Some(f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?)
-}
-
-/// [`cmdline`], reading at most `max + 1` bytes: a command line longer than `max` comes back
-/// longer than `max` (cut), so the caller knows it cannot be matched whole.
-pub fn cmdline_capped(pid: u32, max: usize) -> Option<Vec<u8>> {
-    let f = fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
-    let mut raw = Vec::new();
-    f.take(max as u64 + 1).read_to_end(&mut raw).ok()?;
-    if raw.len() <= max && raw.last() == Some(&0) {
-        raw.pop();
-    }
-    for b in &mut raw {
-        if *b == 0 {
-            *b = b' ';
-        }
-    }
-    Some(raw)
 }
 
 /// When the machine booted, unix seconds (`btime` of `/proc/stat`), read once: with a start time

@@ -85,6 +85,13 @@ pub struct Status {
     /// Session roots and their leftovers (docs/configuration.md `sessions`); absent when off.
     #[serde(default)]
     pub sessions: Option<SessionsStatus>,
+    /// Processes whose command line the last tick could not read in time, so it protected them
+    /// for that tick (`SKIPPED … reason=read_budget` when enforced) and reads them again.
+    #[serde(default)]
+    pub cmdlines_unread: u64,
+    /// The same, summed over every tick since the daemon started.
+    #[serde(default)]
+    pub cmdlines_unread_total: u64,
 }
 
 /// The sessions as the last tick saw them, for `status` and `guard-user tree`.

@@ -5,6 +5,7 @@
 //! Needs root and /sys/kernel/btf/vmlinux; without them the test prints why and passes.
 mod ebpf_harness;
 
+use guard_test::guard_test;
 use std::{
     os::unix::process::CommandExt as _,
     process::{Child, Command, Stdio},
@@ -47,19 +48,18 @@ fn spawn(uid: u32, script: &str) -> Child {
 }
 
 /// The BPF programs (accounting maps of `entries`, default when `None`) and the accounting taken
-/// out of them; `None`, with the reason printed, where they cannot load: not root, a kernel
-/// without BTF, a build without the BPF object (plain `cargo test`; `cargo xtask test` has it).
-fn load(test: &str, entries: Option<u32>) -> Option<(EbpfSource, RuntimeCpu)> {
+/// out of them (the tests declare `needs = [root, ebpf]`).
+fn load(entries: Option<u32>) -> (EbpfSource, RuntimeCpu) {
     let opts = EbpfOptions { ring_bytes: Some(64 << 10), cpu_run_entries: entries, ..Default::default() };
-    let mut src = ebpf_harness::load(test, &opts)?;
+    let mut src = ebpf_harness::load(&opts);
     let rt = src.take_cpu_runtime().expect("offered once").expect("the accounting program loads");
-    Some((src, rt))
+    (src, rt)
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_sample_holds_the_busy_processes_of_the_account_and_none_of_its_idle_ones() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some((mut src, mut rt)) = load("cpu_runtime", None) else { return };
+    let (mut src, mut rt) = load(None);
     assert!(src.take_cpu_runtime().is_none(), "taken twice");
     let it = src.task_iter().expect("the task iterator loads").clone();
 
@@ -112,21 +112,16 @@ fn a_sample_holds_the_busy_processes_of_the_account_and_none_of_its_idle_ones() 
 /// Hostile: the account runs more processes in one interval than the accounting map holds. That
 /// sample is an error (the stall watch skips the tick; it never takes the overflow for calm), and
 /// the next interval is sampled as usual.
-#[test]
+#[guard_test(needs = [root, ebpf, pid_space])]
 fn more_processes_than_the_map_holds_make_one_sample_an_error_then_it_recovers() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pid_max: u64 =
-        std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
     // The maps shrunk to 256 entries (the daemon's hold 16,384), so a few hundred processes
-    // overflow them.
+    // overflow them. Pids are handed out in a cycle: n in a row are distinct while the cycle has
+    // room for them (`pid_space`: kernel.pid_max of 8192 or more).
     let entries = 256u32;
     let n = entries as u64 + 400;
-    // Pids are handed out in a cycle: n in a row are distinct while the cycle has room for them.
-    if pid_max < n + 4096 {
-        eprintln!("skipped cpu_runtime overflow: pid_max {pid_max} would reuse pids among the {n} processes");
-        return;
-    }
-    let Some((_src, mut rt)) = load("cpu_runtime overflow", Some(entries)) else { return };
+    assert!(n + 4096 <= guard_test::need::PID_SPACE);
+    let (_src, mut rt) = load(Some(entries));
     assert!(rt.sample(STORM_UID).unwrap().is_empty());
     let mut storm = Command::new("bash")
         .args(["-c", &format!("for ((i = 0; i < {n}; i++)); do ( : ) & done; wait")])
@@ -150,10 +145,10 @@ fn more_processes_than_the_map_holds_make_one_sample_an_error_then_it_recovers()
 
 /// Watching root: kernel threads (uid 0, children of kthreadd) never appear, as in the task
 /// iterator's view.
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn kernel_threads_are_never_sampled_even_for_root() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some((_src, mut rt)) = load("cpu_runtime kthreads", None) else { return };
+    let (_src, mut rt) = load(None);
     assert!(rt.sample(0).unwrap().is_empty());
     std::thread::sleep(Duration::from_millis(1000));
     let s = rt.sample(0).unwrap();
@@ -168,11 +163,11 @@ fn kernel_threads_are_never_sampled_even_for_root() {
 /// The daemon sets a minimum age (the shortest `peggedFor`): a process younger than that makes no
 /// entry, however hard it spins (a fork storm's processes never cost the sample anything), while
 /// one older than that is in every sample it ran in; the young one joins once it is old enough.
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_young_spinner_is_not_accounted_until_it_is_old_enough_and_an_old_one_is() {
     const MIN_AGE: Duration = Duration::from_secs(3);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some((_src, mut rt)) = load("cpu_runtime young", None) else { return };
+    let (_src, mut rt) = load(None);
     rt.set_min_age(MIN_AGE);
     let mut kids = Kids(vec![spawn(UID, "while :; do :; done")]);
     let old = kids.0[0].id();
@@ -195,3 +190,5 @@ fn a_young_spinner_is_not_accounted_until_it_is_old_enough_and_an_old_one_is() {
         "the young spinner's first accounted interval holds its CPU since it turned 3 s old: {busy} ns"
     );
 }
+
+guard_test::main!();

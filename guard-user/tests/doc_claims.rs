@@ -4,6 +4,7 @@
 //! metrics file name rule, whom a bare `run` guards, what the machine's process count counts, the
 //! packaged unit and its man pages, the config's man page, the demo config of the README, and
 //! the monitoring examples' metric names.
+use guard_test::guard_test;
 use std::{
     collections::BTreeSet,
     fs,
@@ -27,11 +28,6 @@ fn read(rel: &str) -> String {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// One `$ cat NAME` + file + `$ guard-user validate … NAME` + output transcript of a doc.
@@ -78,7 +74,7 @@ fn transcripts(doc: &str) -> Vec<Transcript> {
     out
 }
 
-#[test]
+#[guard_test]
 fn the_validate_transcripts_of_the_configuration_doc_are_what_validate_prints() {
     let doc = read("docs/configuration.md");
     let transcripts = transcripts(&doc);
@@ -104,7 +100,7 @@ fn the_validate_transcripts_of_the_configuration_doc_are_what_validate_prints() 
     }
 }
 
-#[test]
+#[guard_test]
 fn status_without_a_status_file_says_what_operations_md_quotes() {
     let doc = read("docs/operations.md");
     let quoted = doc
@@ -120,7 +116,7 @@ fn status_without_a_status_file_says_what_operations_md_quotes() {
     assert_eq!(text(&o.stderr).trim_end(), want);
 }
 
-#[test]
+#[guard_test]
 fn a_metrics_file_node_exporter_would_not_read_is_refused_before_the_daemon_starts() {
     let dir = tempfile::tempdir().unwrap();
     let me = unsafe { libc::getuid() }.to_string();
@@ -139,12 +135,8 @@ fn a_metrics_file_node_exporter_would_not_read_is_refused_before_the_daemon_star
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_bare_run_as_root_asks_for_an_account_instead_of_guarding_root() {
-    if !is_root() {
-        eprintln!("skipped: needs root (a bare run as another user guards that user, as documented)");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     for args in [&["run", "--dry-run"][..], &["--dry-run"][..], &[][..]] {
         let o = guard().args(args).arg("--home").arg(dir.path()).env_remove("SUDO_USER").output().unwrap();
@@ -164,7 +156,7 @@ fn listed_by_ps() -> u64 {
     fs::read_dir("/proc").unwrap().flatten().filter(numeric).count() as u64
 }
 
-#[test]
+#[guard_test]
 fn the_machine_process_count_is_what_ps_e_lists_as_metrics_md_says() {
     let doc = read("docs/metrics.md");
     assert!(
@@ -185,7 +177,7 @@ fn the_machine_process_count_is_what_ps_e_lists_as_metrics_md_says() {
     panic!("/proc never held still for two listings in a row");
 }
 
-#[test]
+#[guard_test]
 fn the_packaged_unit_is_what_the_binary_prints_and_names_the_man_pages() {
     let o = guard().args(["__unit", "--bin-dir", "/usr/bin"]).output().unwrap();
     assert!(o.status.success(), "{o:?}");
@@ -198,7 +190,7 @@ fn the_packaged_unit_is_what_the_binary_prints_and_names_the_man_pages() {
     assert!(!text(&o.stdout).contains("man:"), "{}", text(&o.stdout));
 }
 
-#[test]
+#[guard_test]
 fn the_config_man_page_and_doc_name_every_key_with_its_default() {
     let page = read("packaging/man/guard-config.json.5");
     let doc = read("docs/configuration.md");
@@ -221,7 +213,7 @@ fn the_config_man_page_and_doc_name_every_key_with_its_default() {
     assert!(page.contains(&format!("default \\fB[{}]\\fR", excludes.join(", "))), "the default excludes");
 }
 
-#[test]
+#[guard_test]
 fn the_readme_demo_config_is_valid_and_shows_a_pile_within_two_minutes() {
     let bytes = fs::read(repo("config/demo-config.json")).unwrap();
     let c = config::parse(&bytes, Path::new("/home/guard-demo")).unwrap();
@@ -236,7 +228,7 @@ fn the_readme_demo_config_is_valid_and_shows_a_pile_within_two_minutes() {
     assert!(readme.contains("for i in 1 2 3 4 5 6;"), "the README's pile");
 }
 
-#[test]
+#[guard_test]
 fn the_monitoring_examples_name_only_metrics_guard_writes() {
     let status = guard::status::Status {
         user: "alice".into(),
@@ -278,3 +270,5 @@ fn the_monitoring_examples_name_only_metrics_guard_writes() {
         assert!(written.contains(name), "{file} uses {name}, which guard-user does not write");
     }
 }
+
+guard_test::main!();

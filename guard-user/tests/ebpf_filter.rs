@@ -5,20 +5,24 @@
 //! raw syscall tracepoints where the hook is left out, for the 64-bit setuid family and the
 //! 32-bit compat one (`setresuid32` by `int 0x80` on x86_64, by an AArch32 program on arm64).
 //!
-//! Needs root and /sys/kernel/btf/vmlinux; without them each test prints why and passes.
-//! Children that must fork, exec, rename or change uid are this test binary re-executed with
-//! `GUARD_FILTER_HELPER=<mode>`: a constructor runs the mode before libtest starts and exits.
-//! Every wait is bounded; [`Child`] kills and reaps its process on drop.
+//! Needs root and the ebpf backend (`needs = [root, ebpf]`); the 32-bit tests a kernel that runs
+//! 32-bit programs (`compat32`). Every test holds the host-wide test lock: they all watch
+//! [`ACCOUNT`] and make processes enter it, so two at once (here or in another run on the host)
+//! would see each other's helpers in their tables. Children that must fork, exec,
+//! rename or change uid are this test binary re-executed as a helper mode
+//! (`guard_test::child`). Every wait is bounded; a `Child` kills and reaps its process on drop.
 mod ebpf_harness;
 
 use std::{
-    io::{BufRead, BufReader, Write},
-    os::unix::{
-        fs::PermissionsExt,
-        process::{CommandExt, ExitStatusExt},
-    },
-    process::{Command, Stdio},
+    os::unix::{fs::PermissionsExt, process::CommandExt},
+    process::Command,
     time::{Duration, Instant},
+};
+
+use guard_test::{
+    child::{next_line, say, Child},
+    guard_test,
+    serial::serial,
 };
 
 use guard::{
@@ -27,39 +31,22 @@ use guard::{
     table::{ProcessTable, Scope},
 };
 
-const HELPER_ENV: &str = "GUARD_FILTER_HELPER";
 const WAIT: Duration = Duration::from_secs(10);
 /// The watched account, and another one (uids no other test uses).
 const ACCOUNT: u32 = 4247;
 const OTHER: u32 = 4248;
 
 // ---------------------------------------------------------------------------------------------
-// The helper side (runs in the child, before main).
+// The helper side (runs in the child instead of the tests).
 
-#[used]
-#[link_section = ".init_array"]
-static HELPER: extern "C" fn() = helper_main;
-
-extern "C" fn helper_main() {
-    let Ok(mode) = std::env::var(HELPER_ENV) else { return };
-    match mode.as_str() {
+fn helper_main(mode: &str) {
+    match mode {
         "workload" => helper_workload(),
         "enter_leave" => helper_enter_leave(),
         "enter_leave_compat" => helper_enter_leave_compat(),
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
-fn next_line() {
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
 }
 
 fn set_name(name: &str) {
@@ -117,8 +104,7 @@ fn helper_enter_leave() {
 
 /// [`helper_enter_leave`] through the 32-bit compat syscall `setresuid32` (`int 0x80`, which a
 /// 64-bit program may use too: the kernel runs it as an ia32 syscall). Says "ok" at each step
-/// like [`AARCH32_HELPER`]; a kernel without ia32 emulation kills it with SIGSEGV at the first
-/// `int 0x80` (a harmless `getuid32`), before it says anything.
+/// like the AArch32 helper ([`aarch32_helper`]), the first after a harmless `getuid32`.
 #[cfg(target_arch = "x86_64")]
 fn helper_enter_leave_compat() {
     /// `int 0x80` with the ia32 syscall number and three arguments; returns eax.
@@ -155,7 +141,7 @@ fn helper_enter_leave_compat() {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn helper_enter_leave_compat() {
-    unreachable!("on this architecture the compat helper is AARCH32_HELPER");
+    unreachable!("on this architecture the compat helper is aarch32_helper's program");
 }
 
 /// A static AArch32 (ARM EABI5) program for arm64 kernels with 32-bit compat: says "ok",
@@ -233,82 +219,9 @@ fn aarch32_helper() -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // The test side.
 
-/// A spawned child, killed and reaped on drop.
-struct Child {
-    inner: std::process::Child,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Child {
-    fn spawn(cmd: &mut Command) -> Child {
-        let mut inner = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
-        let stdout = BufReader::new(inner.stdout.take().unwrap());
-        Child { inner, stdout }
-    }
-
-    fn helper(mode: &str, uid: Option<u32>) -> Child {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.env(HELPER_ENV, mode);
-        if let Some(uid) = uid {
-            cmd.uid(uid).gid(uid);
-        }
-        Child::spawn(&mut cmd)
-    }
-
-    fn pid(&self) -> u32 {
-        self.inner.id()
-    }
-
-    /// Reads one line the child says (bounded: a watchdog kills a child that says nothing).
-    fn expect_line(&mut self, want: &str) {
-        let pid = self.pid() as i32;
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if rx.recv_timeout(WAIT).is_err() {
-                // SAFETY: our unreaped child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        });
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let _ = tx.send(());
-        watchdog.join().unwrap();
-        assert_eq!(line.trim_end(), want, "child {pid} said {line:?}");
-    }
-
-    fn send_line(&mut self) {
-        self.inner.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    }
-
-    fn wait(&mut self) {
-        let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
-            if self.inner.try_wait().unwrap().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("child {} did not end within {WAIT:?}", self.pid());
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.inner.kill();
-        let _ = self.inner.wait();
-    }
-}
-
-/// The tests of this file one at a time: each watches [`ACCOUNT`] and makes processes enter it,
-/// so two at once would see each other's helpers in their tables.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn load(test: &str, account: u32, skip_cred_hook: bool) -> Option<EbpfSource> {
+fn load(account: u32, skip_cred_hook: bool) -> EbpfSource {
     let opts = EbpfOptions { account: Some(account), ring_bytes: Some(1 << 20), skip_cred_hook, ..Default::default() };
-    ebpf_harness::load(test, &opts)
+    ebpf_harness::load(&opts)
 }
 
 /// Every record the ring holds now.
@@ -339,20 +252,26 @@ fn euid_in_proc(pid: u32) -> u32 {
     line.split_whitespace().nth(2).unwrap().parse().unwrap()
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn another_accounts_processes_never_reach_the_ring() {
     let _serial = serial();
-    let Some(mut watched) = load("filter: other account", ACCOUNT, false) else { return };
+    let mut watched = load(ACCOUNT, false);
     // The same workload seen by programs loaded for its own account: it does make records.
-    let Some(mut own) = load("filter: own account", OTHER, false) else { return };
+    let mut own = load(OTHER, false);
     drain(&mut watched);
     drain(&mut own);
-    let mut child = Child::helper("workload", Some(OTHER));
+    let mut child = Child::helper_as("workload", OTHER);
     child.expect_line("done");
     child.wait();
-    std::thread::sleep(Duration::from_millis(300));
+    // Both rings see the same events as they happen: once the own account's ring holds the
+    // whole workload, whatever leaked into the watched one is there too.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while seen.len() < 60 && Instant::now() < deadline {
+        seen.extend(drain(&mut own));
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let leaked = drain(&mut watched);
-    let seen = drain(&mut own);
     // 20 × (fork, exec, exit) of /bin/true, a fork and its exit, two renames, 3 × (fork, exec,
     // exit) from threads, the helper's own exec and exit: well over 60 records.
     assert!(seen.len() >= 60, "the workload made {} records for its own account: {seen:?}", seen.len());
@@ -375,54 +294,32 @@ enum Abi {
 }
 
 /// The root helper that enters and leaves the account through `abi`, and the lines it says at
-/// its three steps; `None` (with the reason printed) where this machine cannot run 32-bit code.
-fn enter_leave_helper(test: &str, abi: Abi, dir: &std::path::Path) -> Option<(Child, [&'static str; 3])> {
+/// its three steps (the compat helpers say "ok" once before the first).
+fn enter_leave_helper(abi: Abi, dir: &std::path::Path) -> (Child, [&'static str; 3]) {
     if abi == Abi::Native {
-        return Some((Child::helper("enter_leave", None), ["ready", "entered", "left"]));
+        return (Child::helper("enter_leave"), ["ready", "entered", "left"]);
     }
     #[cfg(target_arch = "aarch64")]
     let mut child = {
         let bin = dir.join("aarch32-enter-leave");
         std::fs::write(&bin, aarch32_helper()).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        match Command::new(&bin).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn() {
-            Ok(mut inner) => {
-                let stdout = BufReader::new(inner.stdout.take().unwrap());
-                Child { inner, stdout }
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOEXEC) => {
-                eprintln!("skipped {test}: this CPU or kernel runs no AArch32 programs (exec: {e})");
-                return None;
-            }
-            Err(e) => panic!("{test}: exec of the AArch32 helper: {e}"),
-        }
+        Child::spawn(&mut Command::new(&bin))
     };
     #[cfg(not(target_arch = "aarch64"))]
     let mut child = {
         let _ = dir;
-        Child::helper("enter_leave_compat", None)
+        Child::helper("enter_leave_compat")
     };
-    // A kernel without 32-bit syscalls kills the helper at its first one, before "ok".
-    let mut first = String::new();
-    child.stdout.read_line(&mut first).unwrap();
-    if first.is_empty() {
-        let status = child.inner.wait().unwrap();
-        assert!(
-            cfg!(target_arch = "x86_64") && status.signal().is_some(),
-            "{test}: the compat helper ended before its first line: {status}"
-        );
-        eprintln!("skipped {test}: this kernel has no 32-bit syscalls (int 0x80 ended the helper: {status})");
-        return None;
-    }
-    assert_eq!(first.trim_end(), "ok", "{test}: the compat helper said {first:?}");
-    Some((child, ["", "ok", "ok"]))
+    child.expect_line("ok");
+    (child, ["", "ok", "ok"])
 }
 
 /// Entering and leaving by setresuid (64-bit or 32-bit), with the hook and with the fallback
 /// tracepoints.
 fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool, abi: Abi) {
     let _serial = serial();
-    let Some(mut src) = load(test, ACCOUNT, skip_cred_hook) else { return };
+    let mut src = load(ACCOUNT, skip_cred_hook);
     match (src.cred_tracking(), skip_cred_hook) {
         (CredTracking::Hook, false) | (CredTracking::Syscalls { .. }, true) => {}
         // This development VM's kernel (6.18.44-fc) refuses every fentry program before its
@@ -430,7 +327,7 @@ fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool, abi: Abi) 
         // available"). The VM guests' kernels attach the hook; here the fallback is what runs.
         (CredTracking::Syscalls { hook: hook @ EbpfError::Permission { .. } }, false) => {
             eprintln!(
-                "note: {test}: this kernel refuses fentry programs ({hook}); the setuid tracepoints track instead"
+                "note: {test}: this kernel refuses fentry programs ({hook}); the raw syscall tracepoints track instead"
             )
         }
         // Debian's arm64 6.1 kernel has no ftrace direct calls (CONFIG_DYNAMIC_FTRACE_WITH_
@@ -448,7 +345,7 @@ fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool, abi: Abi) 
         (other, _) => panic!("{test}: {other:?}"),
     }
     let dir = tempfile::tempdir().unwrap();
-    let Some((mut child, lines)) = enter_leave_helper(test, abi, dir.path()) else { return };
+    let (mut child, lines) = enter_leave_helper(abi, dir.path());
     let pid = child.pid();
     if !lines[0].is_empty() {
         child.expect_line(lines[0]);
@@ -461,46 +358,47 @@ fn setuid_enters_and_leaves_at_once(test: &str, skip_cred_hook: bool, abi: Abi) 
     assert_eq!(euid_in_proc(pid), ACCOUNT);
     assert!(
         table_until(&mut src, &mut table, |t| t.processes().iter().any(|p| p.id.pid == pid)),
-        "pid {pid} took the account's euid and the table does not hold it"
+        "{test}: pid {pid} took the account's euid and the table does not hold it"
     );
     child.send_line();
     child.expect_line(lines[2]);
     assert_eq!(euid_in_proc(pid), 0);
     assert!(
         table_until(&mut src, &mut table, |t| t.is_empty()),
-        "pid {pid} went back to root and the table still holds {:?}",
+        "{test}: pid {pid} went back to root and the table still holds {:?}",
         table.processes()
     );
     child.send_line();
+    assert!(child.wait().success(), "{test}: the helper failed");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_root_process_that_setuids_into_the_account_is_tracked_at_once_and_dropped_when_it_leaves() {
     setuid_enters_and_leaves_at_once("filter: setuid through the hook", false, Abi::Native);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn without_the_hook_the_setuid_tracepoints_track_the_same() {
     setuid_enters_and_leaves_at_once("filter: setuid through the tracepoints", true, Abi::Native);
 }
 
 /// `setresuid32` through the hook (which sees every credential change, whatever the ABI).
-#[test]
+#[guard_test(needs = [root, ebpf, compat32])]
 fn a_32_bit_setresuid32_into_the_account_is_tracked_at_once_through_the_hook() {
     setuid_enters_and_leaves_at_once("filter: setresuid32 through the hook", false, Abi::Compat);
 }
 
 /// The fallback's blind spot of old: the per-syscall tracepoints skip compat syscalls, so a
 /// process re-entering the account through `setresuid32` stayed out of the table until the audit.
-#[test]
+#[guard_test(needs = [root, ebpf, compat32])]
 fn without_the_hook_a_32_bit_setresuid32_is_tracked_at_once_too() {
     setuid_enters_and_leaves_at_once("filter: setresuid32 through the tracepoints", true, Abi::Compat);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn exec_of_a_setuid_root_binary_by_the_account_takes_the_process_out() {
     let _serial = serial();
-    let Some(mut src) = load("filter: set-user-ID exec", ACCOUNT, false) else { return };
+    let mut src = load(ACCOUNT, false);
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.path().join("root-sleep");
@@ -527,3 +425,5 @@ fn exec_of_a_setuid_root_binary_by_the_account_takes_the_process_out() {
         table.processes()
     );
 }
+
+guard_test::main!(helpers = helper_main);

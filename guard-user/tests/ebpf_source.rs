@@ -1,17 +1,17 @@
 //! The `ebpf` event source against the running kernel: real processes, real tracepoints.
 //!
-//! Needs root and /sys/kernel/btf/vmlinux; without them each test prints why and passes.
-//! Children that must create threads, rename themselves or change uid are this test binary
-//! re-executed with `GUARD_EBPF_HELPER=<mode>`: a constructor runs the mode before libtest
-//! starts (so the helper is single-threaded until it makes its own threads) and exits.
-//! Every wait is bounded; [`Child`] kills and reaps its process on drop.
+//! Needs root and the ebpf backend (`needs = [root, ebpf]`). Children that must create threads,
+//! rename themselves or change uid are this test binary re-executed as a helper mode
+//! (`guard_test::child`): the mode runs instead of the tests (so the helper is single-threaded
+//! until it makes its own threads) and exits. Every wait is bounded; a `Child` kills and reaps
+//! its process on drop.
 mod ebpf_harness;
 
-use std::{
-    io::{BufRead, BufReader, Write},
-    os::unix::fs::PermissionsExt,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
+use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
+
+use guard_test::{
+    child::{say, wait_for_eof, Child},
+    guard_test,
 };
 
 use guard::{
@@ -20,21 +20,15 @@ use guard::{
     event::{Event, StateKind},
 };
 
-const HELPER_ENV: &str = "GUARD_EBPF_HELPER";
 const WAIT: Duration = Duration::from_secs(5);
-/// How long a helper may take to end (a hang's bound, not a speed requirement).
+/// How long the forking helper may take to end (a hang's bound, not a speed requirement).
 const CHILD_END: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
-// The helper side (runs in the child, before main).
+// The helper side (runs in the child instead of the tests).
 
-#[used]
-#[link_section = ".init_array"]
-static HELPER: extern "C" fn() = helper_main;
-
-extern "C" fn helper_main() {
-    let Ok(mode) = std::env::var(HELPER_ENV) else { return };
-    match mode.as_str() {
+fn helper_main(mode: &str) {
+    match mode {
         "threads" => helper_threads(),
         "rename" => helper_rename(),
         "setuid" => helper_setuid(),
@@ -45,17 +39,6 @@ extern "C" fn helper_main() {
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
-/// Blocks until the test closes our stdin.
-fn wait_for_eof() {
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
 }
 
 fn set_name(name: &str) {
@@ -162,79 +145,11 @@ fn helper_unprivileged_load() {
 // ---------------------------------------------------------------------------------------------
 // The test side.
 
-/// A spawned child, killed and reaped on drop.
-struct Child {
-    inner: std::process::Child,
-    stdout: Option<BufReader<std::process::ChildStdout>>,
-}
-
-impl Child {
-    fn spawn(cmd: &mut Command) -> Child {
-        let mut inner = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
-        let stdout = inner.stdout.take().map(BufReader::new);
-        Child { inner, stdout }
-    }
-
-    fn helper(mode: &str) -> Child {
-        Child::spawn(Command::new(std::env::current_exe().unwrap()).env(HELPER_ENV, mode))
-    }
-
-    fn pid(&self) -> u32 {
-        self.inner.id()
-    }
-
-    /// Reads one line the helper says (bounded: the helper's own steps are short, and a hung
-    /// helper is killed by the watchdog thread).
-    fn expect_line(&mut self, want: &str) {
-        let pid = self.pid() as i32;
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if rx.recv_timeout(WAIT).is_err() {
-                // SAFETY: signals the child we spawned (not yet reaped, so the pid is ours).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        });
-        let mut line = String::new();
-        self.stdout.as_mut().unwrap().read_line(&mut line).unwrap();
-        let _ = tx.send(());
-        watchdog.join().unwrap();
-        assert_eq!(line.trim_end(), want, "helper {pid} said {line:?}");
-    }
-
-    fn send_line(&mut self) {
-        self.inner.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    }
-
-    fn close_stdin(&mut self) {
-        self.inner.stdin.take();
-    }
-
-    /// Waits (bounded) for the child to end. The bound only catches a hang: 400 forks took
-    /// longer than [`WAIT`] in an arm64 guest under TCG, so a child gets [`CHILD_END`].
-    fn wait(&mut self) {
-        let deadline = Instant::now() + CHILD_END;
-        while Instant::now() < deadline {
-            if self.inner.try_wait().unwrap().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("child {} did not end within {CHILD_END:?}", self.pid());
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.inner.kill();
-        let _ = self.inner.wait();
-    }
-}
-
 /// The source watching root's processes (the children here run as root; one that changes its
 /// uid leaves the account), or None (with the reason printed) where this machine cannot run the
 /// test.
-fn load(ring_bytes: Option<u32>) -> Option<EbpfSource> {
-    ebpf_harness::load("ebpf_source", &EbpfOptions { account: Some(0), ring_bytes, ..Default::default() })
+fn load(ring_bytes: Option<u32>) -> EbpfSource {
+    ebpf_harness::load(&EbpfOptions { account: Some(0), ring_bytes, ..Default::default() })
 }
 
 /// Drains events of `pid` into `seen` until `done(seen)` or the deadline; returns `done`.
@@ -297,9 +212,9 @@ fn name(e: &Event) -> Option<String> {
     }
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn sleep_child_gives_fork_exec_and_exit_with_proc_identity() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     let parent_name = comm_of_this_thread();
     let mut child = Child::spawn(Command::new("sleep").arg("0.5"));
     let pid = child.pid();
@@ -330,9 +245,9 @@ async fn sleep_child_gives_fork_exec_and_exit_with_proc_identity() {
     }
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn exec_of_a_setuid_binary_reports_the_new_effective_uid() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("nobody-sleep");
     std::fs::copy("/bin/sleep", &bin).unwrap();
@@ -360,9 +275,9 @@ async fn exec_of_a_setuid_binary_reports_the_new_effective_uid() {
     assert_eq!(count(&seen, |e| matches!(e, Event::State { kind: StateKind::Rename, .. })), 0, "{seen:?}");
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn threads_give_one_fork_and_only_the_last_exit_counts() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     let mut child = Child::helper("threads");
     let pid = child.pid();
     child.expect_line("joined");
@@ -379,9 +294,9 @@ async fn threads_give_one_fork_and_only_the_last_exit_counts() {
     assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn renaming_the_leader_gives_rename_and_renaming_a_thread_does_not() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     let mut child = Child::helper("rename");
     let pid = child.pid();
     child.expect_line("renamed");
@@ -394,9 +309,9 @@ async fn renaming_the_leader_gives_rename_and_renaming_a_thread_does_not() {
     assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn setresuid_of_the_leader_gives_setuid_with_the_new_euid() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     if matches!(src.cred_tracking(), CredTracking::Audit { .. }) {
         panic!("neither the credential hook nor the setuid tracepoints attached: {:?}", src.cred_tracking());
     }
@@ -415,9 +330,9 @@ async fn setresuid_of_the_leader_gives_setuid_with_the_new_euid() {
     assert_eq!(setuids[0].id.start_ticks, start);
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn when_the_leader_exits_first_the_last_thread_reports_exit_with_the_leaders_start() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     let mut child = Child::helper("leader_exits_first");
     let pid = child.pid();
     child.expect_line("ready");
@@ -438,9 +353,9 @@ async fn when_the_leader_exits_first_the_last_thread_reports_exit_with_the_leade
     assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn exec_from_a_thread_keeps_the_pid_and_the_leaders_start() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     let mut child = Child::helper("exec_from_thread");
     let pid = child.pid();
     child.expect_line("ready");
@@ -459,11 +374,13 @@ async fn exec_from_a_thread_keeps_the_pid_and_the_leaders_start() {
     assert!(seen.iter().all(|e| e.id().start_ticks == start), "{start}: {seen:?}");
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn a_full_ring_counts_lost_records() {
-    let Some(mut src) = load(Some(4096)) else { return };
+    let mut src = load(Some(4096));
     assert_eq!(src.lost(), 0);
-    let mut child = Child::helper("forks");
+    // The bound only catches a hang: 400 forks took longer than the default in an arm64 guest
+    // under TCG.
+    let mut child = Child::helper("forks").within(CHILD_END);
     child.wait();
     let lost = src.lost();
     assert!(lost > 0, "400 forks and exits into a 4096-byte ring lost nothing");
@@ -475,7 +392,7 @@ async fn a_full_ring_counts_lost_records() {
     assert!(src.lost() >= lost);
 }
 
-#[test]
+#[guard_test]
 fn ring_sizes_that_are_not_a_power_of_two_of_at_least_a_page_are_refused() {
     for bytes in [0, 1000, 2048, 3 << 12] {
         let e =
@@ -484,9 +401,9 @@ fn ring_sizes_that_are_not_a_power_of_two_of_at_least_a_page_are_refused() {
     }
 }
 
-#[tokio::test]
+#[guard_test(needs = [root, ebpf])]
 async fn readable_returns_while_records_remain_after_a_partial_drain() {
-    let Some(mut src) = load(None) else { return };
+    let mut src = load(None);
     for _ in 0..3 {
         Child::spawn(&mut Command::new("true")).wait();
     }
@@ -525,9 +442,9 @@ async fn readable_returns_while_records_remain_after_a_partial_drain() {
 
 /// The kernel side batches wake-ups: a reader asleep on an empty ring is woken once the
 /// unread records reach 1/16 of the ring (here 16 KiB: 1 KiB, about 21 records), not before.
-#[tokio::test(flavor = "current_thread")]
+#[guard_test(needs = [root, ebpf])]
 async fn a_sleeping_reader_is_woken_once_the_ring_is_a_sixteenth_full() {
-    let Some(mut src) = load(Some(16 * 1024)) else { return };
+    let mut src = load(Some(16 * 1024));
     tokio::time::sleep(Duration::from_millis(100)).await;
     src.drain(usize::MAX, |_| {});
     let waiter = async {
@@ -548,12 +465,13 @@ async fn a_sleeping_reader_is_woken_once_the_ring_is_a_sixteenth_full() {
     );
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn loading_without_privileges_is_permission_denied() {
-    if load(None).is_none() {
-        return;
-    }
+    // Root loads them here (the test's need); the helper without privileges may not.
+    drop(load(None));
     let mut child = Child::helper("unprivileged_load");
     child.expect_line("permission_denied");
     child.wait();
 }
+
+guard_test::main!(helpers = helper_main);

@@ -5,6 +5,7 @@
 //! every config rejection's reason starts with `config_malformed` or `config_missing` (what the
 //! `ERROR` line and `check` print); every record that decodes re-encodes to an equal event; the
 //! matcher always answers, in time, and agrees with glibc wherever glibc decides quickly.
+use guard_test::{guard_test, rng::Rng};
 use std::{
     path::Path,
     time::{Duration, Instant},
@@ -16,28 +17,6 @@ use guard::{
     pattern::{Limits, MatchOutcome, Matcher, Pattern, PatternError, PatternSetError},
 };
 use guard_common::RawEvent;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn byte(&mut self) -> u8 {
-        self.next() as u8
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len())]
-    }
-}
 
 const HOME: &str = "/home/fuzz";
 
@@ -147,13 +126,13 @@ fn random_config(rng: &mut Rng) -> Vec<u8> {
                 s.push_str(&format!("\"{}\":", rng.pick(&keys)));
                 let v = match rng.below(6) {
                     0 => rng.pick(FRAGMENTS).to_string(),
-                    1 => (rng.next() as i64 % 100_000).to_string(),
+                    1 => (rng.next_u64() as i64 % 100_000).to_string(),
                     2 => format!("\"{}{}\"", rng.below(1000), rng.pick(&["h", "m", "s", "", "d", "ms"])),
                     3 => format!(
                         "[{}]",
                         (0..rng.below(4)).map(|_| rng.pick(FRAGMENTS).to_string()).collect::<Vec<_>>().join(",")
                     ),
-                    4 => format!("{}", f64::from_bits(rng.next())).replace("NaN", "0").replace("inf", "1"),
+                    4 => format!("{}", f64::from_bits(rng.next_u64())).replace("NaN", "0").replace("inf", "1"),
                     _ => format!(
                         "[\"{}\"]",
                         (0..rng.below(12))
@@ -191,7 +170,7 @@ fn random_config(rng: &mut Rng) -> Vec<u8> {
     }
 }
 
-#[test]
+#[guard_test]
 fn fifty_thousand_random_and_mutated_configs_never_panic_and_reject_with_a_config_reason() {
     let mut rng = Rng(0x5eed_c0f1_6000_0001);
     let mut accepted = 0;
@@ -206,7 +185,7 @@ fn fifty_thousand_random_and_mutated_configs_never_panic_and_reject_with_a_confi
     assert!(accepted > 1_000, "only {accepted} of 50000 configs parsed");
 }
 
-#[test]
+#[guard_test]
 fn a_mebibyte_of_whitespace_around_an_object_parses() {
     let mut bytes = vec![b' '; 1 << 20];
     bytes.extend_from_slice(br#"{"threshold": 7}"#);
@@ -228,7 +207,7 @@ fn a_mebibyte_of_whitespace_around_an_object_parses() {
     assert!(matches!(e, ConfigError::Missing { .. }) && e.to_string().starts_with("config_missing path="), "{e}");
 }
 
-#[test]
+#[guard_test]
 fn a_huge_value_makes_a_short_one_line_reason() {
     let big = format!(r#"{{"excludes": "{}\n{}"}}"#, "x".repeat(1 << 19), "é".repeat(1 << 10));
     let e = config::parse(big.replace('\n', "\\n").as_bytes(), Path::new(HOME)).unwrap_err().to_string();
@@ -236,7 +215,7 @@ fn a_huge_value_makes_a_short_one_line_reason() {
     assert!(e.len() < 300 && !e.contains('\n'), "reason of {} bytes", e.len());
 }
 
-#[test]
+#[guard_test]
 fn deep_nesting_in_every_position_is_an_error_not_a_stack_overflow() {
     let n = 100_000;
     for (open, close) in [("[", "]"), ("{\"a\":", "}")] {
@@ -252,7 +231,7 @@ fn deep_nesting_in_every_position_is_an_error_not_a_stack_overflow() {
     }
 }
 
-#[test]
+#[guard_test]
 fn non_utf8_bytes_in_strings_and_keys_are_rejected_as_malformed() {
     for bad in [&b"\xff"[..], b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80abc", b"\xc0\xaf"] {
         for template in [
@@ -275,7 +254,7 @@ fn non_utf8_bytes_in_strings_and_keys_are_rejected_as_malformed() {
     assert!(e.starts_with("config_malformed stateFile"), "{e}");
 }
 
-#[test]
+#[guard_test]
 fn two_hundred_thousand_random_records_decode_or_are_rejected_without_panicking() {
     let mut rng = Rng(0xdec0_de00_2000_0002);
     let size = RawEvent::SIZE;
@@ -406,7 +385,7 @@ fn reference(pattern: &str, text: &[u8]) -> Option<Reference> {
     }
 }
 
-#[test]
+#[guard_test]
 fn random_hostile_eres_through_the_bounded_matcher_always_answer_and_agree_with_glibc() {
     let limits = Limits { per_match: Duration::from_millis(100), ..Limits::default() };
     let mut matcher = Matcher::new(env!("CARGO_BIN_EXE_guard-user").into(), limits.clone());
@@ -485,3 +464,5 @@ fn random_hostile_eres_through_the_bounded_matcher_always_answer_and_agree_with_
     assert!(decided > cases / 2 && agreed > cases / 2, "decided {decided}, agreed {agreed} of {cases}");
     assert!(budget_where_fast * 50 <= decided, "{budget_where_fast} Budget where glibc decided fast");
 }
+
+guard_test::main!();

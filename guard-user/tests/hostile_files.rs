@@ -3,8 +3,9 @@
 //! comes out: a clear error naming the file and the fix, at once, without reading anything the
 //! account could not read itself (docs/operations.md, docs/architecture.md).
 //!
-//! Needs root (it reads as a test account through `setfsuid`); without root every test prints
-//! why and passes as skipped. The account is only a uid/gid here: no passwd entry is needed.
+//! Needs root (it reads as a test account through `setfsuid`): `needs = [root]`. The account is
+//! only a uid/gid here: no passwd entry is needed.
+use guard_test::guard_test;
 use std::{
     fs,
     io::{Read, Write},
@@ -34,14 +35,6 @@ const ACCOUNT: FsIdentity = FsIdentity { uid: UID, gid: UID };
 const SECRET: &str = "root-secret-3f9a";
 /// Generous: a read that blocks would hang for good, so any bound proves it did not.
 const PROMPT: Duration = Duration::from_secs(2);
-
-fn root(test: &str) -> bool {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped {test}: needs root (it reads as another uid through setfsuid)");
-        return false;
-    }
-    true
-}
 
 /// A home owned by the account, mode 0755, under /tmp.
 struct Home(tempfile::TempDir);
@@ -107,11 +100,8 @@ fn config_error(home: &Home, path: &Path) -> ConfigError {
     e
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn root_read_is_refused_even_with_cap_dac_read_search() {
-    if !root("root_read_is_refused_even_with_cap_dac_read_search") {
-        return;
-    }
     let caps = thread_effective_caps();
     assert!(caps & (1 << CAP_DAC_READ_SEARCH) != 0, "the test process must hold CAP_DAC_READ_SEARCH: {caps:#x}");
     // Inside the account's scope the kernel (or the scope itself) has cleared the DAC overrides.
@@ -153,11 +143,8 @@ fn root_read_is_refused_even_with_cap_dac_read_search() {
     assert!(e.contains("permission denied to uid 4201") && !e.contains(SECRET), "{e}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_directory_the_account_cannot_search_hides_a_world_readable_file() {
-    if !root("a_directory_the_account_cannot_search_hides_a_world_readable_file") {
-        return;
-    }
     let home = Home::new();
     let dir = tempfile::Builder::new().prefix("guard-private-").tempdir_in("/tmp").unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
@@ -174,11 +161,8 @@ fn a_directory_the_account_cannot_search_hides_a_world_readable_file() {
     assert!(config_error(&home, &link).is_permission_denied());
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_config_linked_into_the_accounts_checkout_is_read() {
-    if !root("a_config_linked_into_the_accounts_checkout_is_read") {
-        return;
-    }
     let home = Home::new();
     fs::create_dir(home.p("checkout")).unwrap();
     chown(home.p("checkout"), Some(UID), Some(UID)).unwrap();
@@ -190,11 +174,8 @@ fn a_config_linked_into_the_accounts_checkout_is_read() {
     assert_eq!(c.threshold, 7);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_link_to_a_root_process_pipe_is_refused_and_its_bytes_stay_unread() {
-    if !root("a_link_to_a_root_process_pipe_is_refused_and_its_bytes_stay_unread") {
-        return;
-    }
     let (reader, mut writer) = std::io::pipe().unwrap();
     let kept = reader.try_clone().unwrap();
     let mut child = KillOnDrop(Command::new("sleep").arg("60").stdin(reader).stdout(Stdio::null()).spawn().unwrap());
@@ -235,11 +216,8 @@ fn pending(f: &impl AsRawFd) -> usize {
     n as usize
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_fifo_as_config_state_or_status_returns_at_once_and_keeps_its_bytes() {
-    if !root("a_fifo_as_config_state_or_status_returns_at_once_and_keeps_its_bytes") {
-        return;
-    }
     let home = Home::new();
     let (config_path, state_path, status_path) =
         (home.p("guard-config.json"), home.p("guard-daemon-state.json"), home.p("guard-status.json"));
@@ -261,11 +239,8 @@ fn a_fifo_as_config_state_or_status_returns_at_once_and_keeps_its_bytes() {
     assert_eq!(pending(&holder), 2);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn devices_sparse_files_directories_and_sockets_are_refused_by_what_they_are() {
-    if !root("devices_sparse_files_directories_and_sockets_are_refused_by_what_they_are") {
-        return;
-    }
     let home = Home::new();
     let link = |name: &str, to: &Path| {
         let p = home.p(name);
@@ -297,11 +272,8 @@ fn devices_sparse_files_directories_and_sockets_are_refused_by_what_they_are() {
     assert!(e.ends_with("reason=too_large max_bytes=4194304"), "{e}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn deep_json_and_huge_numbers_in_a_real_config_are_clear_errors_with_fixes() {
-    if !root("deep_json_and_huge_numbers_in_a_real_config_are_clear_errors_with_fixes") {
-        return;
-    }
     let home = Home::new();
     for (json, reason, fix) in [
         (format!(r#"{{"x": {}{}}}"#, "[".repeat(100_000), "]".repeat(100_000)), "config_malformed json", "JSON syntax"),
@@ -322,11 +294,8 @@ fn deep_json_and_huge_numbers_in_a_real_config_are_clear_errors_with_fixes() {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_status_file_that_is_not_ours_is_named_without_quoting_its_content() {
-    if !root("a_status_file_that_is_not_ours_is_named_without_quoting_its_content") {
-        return;
-    }
     let home = Home::new();
     let path = home.file("guard-status.json", format!(r#"{{"version": 1, "user": "{SECRET}"}}"#).as_bytes());
     let e = prompt("status", || status::read(&path, ACCOUNT)).unwrap_err().to_string();
@@ -347,11 +316,8 @@ fn a_status_file_that_is_not_ours_is_named_without_quoting_its_content() {
 
 /// A thread that reads as the account leaves the process's other threads as root. (A thread
 /// *spawned* inside a scope inherits it, as clone(2) copies credentials: the readers never spawn.)
-#[test]
+#[guard_test(needs = [root])]
 fn the_identity_switch_is_per_thread() {
-    if !root("the_identity_switch_is_per_thread") {
-        return;
-    }
     let s = secret();
     let (go, wait) = std::sync::mpsc::channel::<()>();
     let other = std::thread::spawn({
@@ -371,11 +337,8 @@ fn the_identity_switch_is_per_thread() {
 
 /// Under `SECBIT_NO_SETUID_FIXUP` the kernel keeps the DAC capabilities across setfsuid; the
 /// scope then clears them itself, so the secret stays unreadable, and gives them back after.
-#[test]
+#[guard_test(needs = [root])]
 fn the_scope_drops_dac_capabilities_itself_when_the_kernel_fixup_is_off() {
-    if !root("the_scope_drops_dac_capabilities_itself_when_the_kernel_fixup_is_off") {
-        return;
-    }
     const PR_SET_SECUREBITS: libc::c_int = 28;
     const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
     let s = secret();
@@ -399,11 +362,8 @@ fn the_scope_drops_dac_capabilities_itself_when_the_kernel_fixup_is_off() {
 
 /// The account can edit its status file: a name holding a newline or a terminal escape comes
 /// back printable, so `status` and `check` cannot be made to print a forged row.
-#[test]
+#[guard_test(needs = [root])]
 fn names_in_an_edited_status_file_come_back_printable() {
-    if !root("names_in_an_edited_status_file_come_back_printable") {
-        return;
-    }
     let home = Home::new();
     let mut s = status::Status::default();
     s.names.push(status::NameStatus { name: "x\n  forged 99\u{1b}[2J".into(), ..Default::default() });
@@ -416,11 +376,8 @@ fn names_in_an_edited_status_file_come_back_printable() {
 
 /// Times in the status file feed `Duration::from_secs_f64(now - t)` in `status` and `check`: a
 /// planted `1e300` is refused at the read instead of panicking them.
-#[test]
+#[guard_test(needs = [root])]
 fn a_status_file_with_numbers_out_of_range_is_refused() {
-    if !root("a_status_file_with_numbers_out_of_range_is_refused") {
-        return;
-    }
     let home = Home::new();
     for (field, value) in
         [("last_tick_unix", "1e300"), ("started_at_unix", "-1e300"), ("interval_secs", "18446744073709551615")]
@@ -432,3 +389,5 @@ fn a_status_file_with_numbers_out_of_range_is_refused() {
         assert!(e.contains("holds a number out of range"), "{field}: {e}");
     }
 }
+
+guard_test::main!();

@@ -6,6 +6,7 @@
 //! fields come from the outputs, the expectations from the docs.
 mod replay_harness;
 
+use guard_test::guard_test;
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
@@ -132,7 +133,7 @@ fn status_outputs() -> (Vec<Value>, Vec<guard::status::Status>) {
     (outputs, statuses)
 }
 
-#[test]
+#[guard_test]
 fn status_json_has_exactly_the_documented_fields() {
     let (outputs, _) = status_outputs();
     check("status --json", &outputs);
@@ -156,7 +157,15 @@ fn probe(dir: &Path, name: &str, args: &[&str]) -> Child {
     if !exe.exists() {
         std::fs::copy("/bin/sleep", &exe).unwrap();
     }
-    Command::new(&exe).args(args).spawn().unwrap()
+    let child = Command::new(&exe).args(args).spawn().unwrap();
+    // Exec'd once /proc shows its own name and arguments (not the test's, as right after fork).
+    let (pid, want) = (child.id(), format!("{}\0{}\0", exe.display(), args.join("\0")));
+    guard_test::wait::until(Duration::from_secs(10), &format!("{name} ({pid}) to exec"), || {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        (comm.trim_end() == name && cmdline == want.as_bytes()).then_some(())
+    });
+    child
 }
 
 /// A process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
@@ -189,7 +198,7 @@ fn run(args: &[&str], home: &Path) -> Value {
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
 }
 
-#[test]
+#[guard_test]
 fn explain_json_has_exactly_the_documented_fields() {
     let bin = tempfile::tempdir().unwrap();
     // Three of a name no other process has; one is protected by a pattern.
@@ -198,7 +207,6 @@ fn explain_json_has_exactly_the_documented_fields() {
         probe(bin.path(), "gjsonprobe", &["1000", "2"]),
         probe(bin.path(), "gjsonprobe", &["1000", "3"]),
     ]);
-    std::thread::sleep(Duration::from_millis(200));
     let mut outputs = Vec::new();
     // Flagged a minute ago (the state file as the daemon writes it), not flagged yet, excluded.
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
@@ -227,12 +235,11 @@ fn explain_json_has_exactly_the_documented_fields() {
     check("explain NAME --json", &outputs);
 }
 
-#[test]
+#[guard_test]
 fn tree_json_has_exactly_the_documented_fields() {
     let (_, statuses) = status_outputs();
     let bin = tempfile::tempdir().unwrap();
     let probes = Probes(vec![probe(bin.path(), "gjsonroot", &["1000"]), probe(bin.path(), "gjsonkid", &["1000"])]);
-    std::thread::sleep(Duration::from_millis(200));
     let (root, kid) = (probes.0[0].id(), probes.0[1].id());
     let uid = unsafe { libc::geteuid() };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
@@ -258,3 +265,5 @@ fn tree_json_has_exactly_the_documented_fields() {
     assert!(listed.clone().any(|p| p["pid"] == kid), "the live kid is listed: {outputs:#?}");
     check("tree --json", &outputs);
 }
+
+guard_test::main!();

@@ -3,19 +3,23 @@
 //! /proc/PID/comm), the task iterator, the /proc scan, and the enforcer's identity check all
 //! agree with /proc at every length, and with names made of the bytes that break parsers.
 //!
-//! Needs root and /sys/kernel/btf/vmlinux; without them each test prints why and passes.
-//! Named processes are this test binary re-executed with `GUARD_NAMES_HELPER=<mode>` (through
-//! a symlink named as the case wants, for exec): a constructor names the process, says `ready`
-//! and waits for its stdin to close. [`Child`] kills and reaps its process on drop.
+//! Needs root and the ebpf backend (`needs = [root, ebpf]`). Named processes are this test
+//! binary re-executed as a helper mode (`guard_test::child`; through a symlink named as the case
+//! wants, for exec): the helper names the process, says `ready` and waits for its stdin to
+//! close. A `Child` kills and reaps its process on drop.
 mod ebpf_harness;
 
 use std::{
     collections::HashMap,
     ffi::OsStr,
-    io::{BufRead, BufReader, Write},
     os::unix::ffi::OsStrExt,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
+};
+
+use guard_test::{
+    child::{say, wait_for_eof, Child, HELPER_ENV},
+    guard_test,
 };
 
 use guard::{
@@ -27,18 +31,12 @@ use guard::{
     table::{ProcessTable, Scope},
 };
 
-const HELPER_ENV: &str = "GUARD_NAMES_HELPER";
 const WAIT: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------------------------------------
-// The helper side (runs in the child, before main).
+// The helper side (runs in the child instead of the tests).
 
-#[used]
-#[link_section = ".init_array"]
-static HELPER: extern "C" fn() = helper_main;
-
-extern "C" fn helper_main() {
-    let Ok(mode) = std::env::var(HELPER_ENV) else { return };
+fn helper_main(mode: &str) {
     match mode.split_once(':') {
         None if mode == "exec" => {}
         Some(("prctl", hex)) => {
@@ -58,11 +56,8 @@ extern "C" fn helper_main() {
         }
         _ => panic!("unknown helper mode {mode}"),
     }
-    let mut out = std::io::stdout();
-    writeln!(out, "ready").unwrap();
-    out.flush().unwrap();
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
-    std::process::exit(0);
+    say("ready");
+    wait_for_eof();
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -105,43 +100,6 @@ impl Case {
     }
 }
 
-/// A spawned helper, killed and reaped on drop.
-struct Child {
-    inner: std::process::Child,
-}
-
-impl Child {
-    fn spawn(cmd: &mut Command) -> Child {
-        let mut inner = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn");
-        let stdout = inner.stdout.take().unwrap();
-        let pid = inner.id() as i32;
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if rx.recv_timeout(WAIT).is_err() {
-                // SAFETY: signals our unreaped child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        });
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        let _ = tx.send(());
-        watchdog.join().unwrap();
-        assert_eq!(line.trim_end(), "ready", "helper {pid}");
-        Child { inner }
-    }
-
-    fn pid(&self) -> u32 {
-        self.inner.id()
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.inner.kill();
-        let _ = self.inner.wait();
-    }
-}
-
 /// Starts one process per (way, name); exec cases run through symlinks in `dir`.
 fn spawn_cases(dir: &std::path::Path, names: &[Vec<u8>]) -> Vec<Case> {
     let me = std::env::current_exe().unwrap();
@@ -167,7 +125,9 @@ fn spawn_cases(dir: &std::path::Path, names: &[Vec<u8>]) -> Vec<Case> {
                     c
                 }
             };
-            cases.push(Case { how, given: given.clone(), child: Child::spawn(&mut cmd) });
+            let mut child = Child::spawn(&mut cmd);
+            child.expect_line("ready");
+            cases.push(Case { how, given: given.clone(), child });
         }
     }
     cases
@@ -233,8 +193,8 @@ fn disagreements(src: &EbpfSource, table: &ProcessTable, cases: &[Case]) -> Vec<
 
 /// Spawns the cases with the BPF programs attached and compares every source once the events
 /// are in (bounded: on a disagreement it keeps draining until the deadline, then reports).
-fn all_sources_agree(test: &str, names: &[Vec<u8>]) {
-    let Some(mut src) = ebpf_harness::load(test, &EbpfOptions::default()) else { return };
+fn all_sources_agree(names: &[Vec<u8>]) {
+    let mut src = ebpf_harness::load(&EbpfOptions::default());
     if let Some(e) = src.task_iter_problem() {
         panic!("the task iterator did not load on a kernel with BTF: {e}");
     }
@@ -255,15 +215,15 @@ fn all_sources_agree(test: &str, names: &[Vec<u8>]) {
     }
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn every_source_reports_the_name_the_kernel_keeps_at_every_length() {
     // 0 to 15 bytes, and 20 (the kernel keeps the first 15, the 15-byte case's name).
     let alphabet = b"n123456789abcdefghij";
     let names: Vec<Vec<u8>> = (0..=15).chain([20]).map(|n| alphabet[..n].to_vec()).collect();
-    all_sources_agree("kernel names by length", &names);
+    all_sources_agree(&names);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn hostile_fifteen_byte_names_round_trip_through_proc_and_the_identity_check() {
     // The bytes that break a /proc parser: `)` and spaces that fake stat's field separator, a
     // newline that fakes a line end (also as the last byte, where /proc/PID/comm adds its own),
@@ -277,5 +237,7 @@ fn hostile_fifteen_byte_names_round_trip_through_proc_and_the_identity_check() {
     for n in &names {
         assert_eq!(n.len(), 15, "{n:?}");
     }
-    all_sources_agree("hostile kernel names", &names);
+    all_sources_agree(&names);
 }
+
+guard_test::main!(helpers = helper_main);

@@ -20,6 +20,7 @@ use guard::{
     },
     safefs::FsIdentity,
 };
+use guard_test::{guard_test, rng::Rng};
 
 #[derive(Debug, PartialEq)]
 struct Line {
@@ -178,17 +179,12 @@ fn hostile() -> Vec<Vec<u8>> {
     for s in ["a\u{2028}b", "a\u{2029}b", "\u{85}", "\u{9b}31m", "\u{202e}gnp.exe", "\u{feff}", "café ✓", "\u{a0}"] {
         v.push(s.as_bytes().to_vec());
     }
-    // Pseudo-random byte strings (xorshift, fixed seed).
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    // Pseudo-random byte strings (fixed seed).
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for _ in 0..5_000 {
         let mut s = Vec::new();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        for _ in 0..x % 40 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+        for _ in 0..rng.next_u64() % 40 {
+            let x = rng.next_u64();
             // Bias towards the interesting bytes.
             s.push(match x % 4 {
                 0 => b" =\"\\\n\r\t"[(x >> 8) as usize % 7],
@@ -218,7 +214,7 @@ fn written(lines: &[LogLine]) -> Vec<(String, Line)> {
     out
 }
 
-#[test]
+#[guard_test]
 fn every_hostile_value_round_trips_through_a_real_log_file() {
     let values = hostile();
     let mut lines = Vec::new();
@@ -275,7 +271,7 @@ fn one_of_each(name: Comm) -> Vec<LogLine> {
     ]
 }
 
-#[test]
+#[guard_test]
 fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_keys() {
     let name = Comm::new(b"x KILLED pid=1\n");
     let lines = one_of_each(name);
@@ -321,7 +317,7 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
     assert_eq!(bodies[19], r#"ERROR state_unwritable path="/home/u/my state.json""#);
 }
 
-#[test]
+#[guard_test]
 fn docs_log_md_names_every_kind_of_line() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log.md")).unwrap();
     for line in one_of_each(Comm::new(b"x")) {
@@ -330,7 +326,7 @@ fn docs_log_md_names_every_kind_of_line() {
     }
 }
 
-#[test]
+#[guard_test]
 fn a_comm_holding_every_byte_is_logged_and_read_back_exactly() {
     let chunks: Vec<Vec<u8>> = (0..=255u8).collect::<Vec<_>>().chunks(15).map(<[u8]>::to_vec).collect();
     let lines: Vec<LogLine> = chunks
@@ -345,7 +341,7 @@ fn a_comm_holding_every_byte_is_logged_and_read_back_exactly() {
     }
 }
 
-#[test]
+#[guard_test]
 fn the_parser_rejects_forgeries_it_would_otherwise_accept() {
     // The parser is strict: the forms the writer never produces are errors, so the round trip
     // above proves the writer produced none of them.
@@ -369,7 +365,7 @@ fn the_parser_rejects_forgeries_it_would_otherwise_accept() {
 }
 
 /// An error's text in a `WARN` field is escaped like any value.
-#[test]
+#[guard_test]
 fn an_error_text_is_escaped_like_any_value() {
     let e = std::io::Error::other("bad\nthing");
     let parsed = written(&[LogLine::Warn(Notice::new("redis_unreachable").with("error", e.to_string()))]);
@@ -402,7 +398,7 @@ fn field<'a>(line: &'a Line, key: &str) -> &'a [u8] {
         .unwrap_or_else(|| panic!("no {key} in {line:?}"))
 }
 
-#[test]
+#[guard_test]
 fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_and_fix() {
     let huge = "x\n\u{1b}[2J ".repeat(300_000);
     let deep = format!("{}{}", "[".repeat(120), "]".repeat(120));
@@ -455,7 +451,7 @@ fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_
     assert_eq!(field(&lines[0], "reason"), br#""30" is a string"#);
 }
 
-#[test]
+#[guard_test]
 fn a_bad_list_element_and_a_bad_pattern_name_their_index() {
     let lines = config_error_lines(&[
         r#"{"excludes": ["bash", 7]}"#.to_string(),
@@ -471,3 +467,5 @@ fn a_bad_list_element_and_a_bad_pattern_name_their_index() {
     assert_eq!(field(&lines[1], "index"), b"1");
     assert_eq!(field(&lines[1], "reason"), b"is 1100 bytes long, more than 1024");
 }
+
+guard_test::main!();

@@ -3,6 +3,7 @@
 //!
 //! Timing assertions are sanity bounds (several times what the bound allows), never tight: the
 //! machine is shared. What each test pins is the outcome (`Budget`, `TooCostly`, recovery).
+use guard_test::guard_test;
 use std::time::{Duration, Instant};
 
 use guard::pattern::{CostReason, Limits, MatchOutcome, Matcher, PatternSetError};
@@ -36,7 +37,7 @@ const HUNGRY: &str = "(a*)*\\1";
 /// Recurses without end inside glibc: overflows any stack.
 const OVERFLOW: &str = "()(\\1\\1)+";
 
-#[test]
+#[guard_test]
 fn shipped_patterns_give_the_first_matching_index() {
     let mut m = Matcher::new(exe(), Limits::default());
     m.set_patterns(&shipped()).unwrap();
@@ -53,7 +54,7 @@ fn shipped_patterns_give_the_first_matching_index() {
     assert_eq!(m.stats().budget, 0);
 }
 
-#[test]
+#[guard_test]
 fn back_reference_blowup_on_100k_texts_is_budget_within_the_bound_and_the_next_call_works() {
     let mut m = Matcher::new(exe(), Limits::default());
     m.set_patterns(&list(&[HUNGRY])).unwrap();
@@ -76,7 +77,7 @@ fn back_reference_blowup_on_100k_texts_is_budget_within_the_bound_and_the_next_c
     assert_eq!(m.classify(&[b"agentihooks swarm tick", b"sleep 1"], in_secs(10)), vec![Matched(0), NoMatch]);
 }
 
-#[test]
+#[guard_test]
 fn a_regexec_past_per_match_is_killed_and_the_text_is_budget() {
     let limits = Limits::default();
     let mut m = Matcher::new(exe(), limits);
@@ -91,7 +92,7 @@ fn a_regexec_past_per_match_is_killed_and_the_text_is_budget() {
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
-#[test]
+#[guard_test]
 fn a_stack_overflowing_back_reference_is_budget_and_only_the_worker_dies() {
     let mut m = Matcher::new(exe(), Limits::default());
     m.set_patterns(&list(&[OVERFLOW])).unwrap();
@@ -105,7 +106,7 @@ fn a_stack_overflowing_back_reference_is_budget_and_only_the_worker_dies() {
     assert_eq!(m.classify(&[b"aaaa", b"b"], in_secs(10)), vec![NoMatch, Matched(0)]);
 }
 
-#[test]
+#[guard_test]
 fn nested_repeat_counts_are_too_costly_before_anything_compiles() {
     let mut m = Matcher::new(exe(), Limits::default());
     let started = Instant::now();
@@ -120,7 +121,7 @@ fn nested_repeat_counts_are_too_costly_before_anything_compiles() {
     assert!(took < Duration::from_secs(1), "{took:?}");
 }
 
-#[test]
+#[guard_test]
 fn compile_cost_the_static_estimate_lets_through_is_bounded_in_the_worker() {
     // 2001 nodes, under the static limit, but glibc needs ~33 MB for it: the worker's heap
     // limit refuses it.
@@ -142,7 +143,7 @@ fn compile_cost_the_static_estimate_lets_through_is_bounded_in_the_worker() {
     assert_eq!(m.classify(&[b"agentihooks swarm prober"], in_secs(10)), vec![Matched(3)]);
 }
 
-#[test]
+#[guard_test]
 fn ten_thousand_patterns_a_megabyte_pattern_and_a_nul_are_refused_without_a_worker() {
     let mut m = Matcher::new(exe(), Limits::default());
     let many: Vec<String> = (0..10_000).map(|i| format!("pattern{i}")).collect();
@@ -156,7 +157,7 @@ fn ten_thousand_patterns_a_megabyte_pattern_and_a_nul_are_refused_without_a_work
     assert_eq!(m.stats().spawns, 0);
 }
 
-#[test]
+#[guard_test]
 fn an_invalid_pattern_reports_regerror_and_is_not_recompiled_until_the_list_changes() {
     let mut m = Matcher::new(exe(), Limits::default());
     let bad = list(&["fine", "(unclosed"]);
@@ -172,7 +173,7 @@ fn an_invalid_pattern_reports_regerror_and_is_not_recompiled_until_the_list_chan
     assert_eq!(m.classify(&[b"fine"], in_secs(5)), vec![Budget]);
 }
 
-#[test]
+#[guard_test]
 fn the_same_list_twice_is_compiled_once_in_the_same_worker() {
     let mut m = Matcher::new(exe(), Limits::default());
     m.set_patterns(&shipped()).unwrap();
@@ -189,7 +190,7 @@ fn the_same_list_twice_is_compiled_once_in_the_same_worker() {
     assert_eq!(m.classify(&[b"sleep 1"], in_secs(5)), vec![Matched(0)]);
 }
 
-#[test]
+#[guard_test]
 fn a_worker_killed_mid_call_costs_that_text_only_and_the_call_goes_on() {
     let limits = Limits { per_match: Duration::from_secs(30), ..Limits::default() };
     let mut m = Matcher::new(exe(), limits);
@@ -211,7 +212,7 @@ fn a_worker_killed_mid_call_costs_that_text_only_and_the_call_goes_on() {
     assert_ne!(m.worker_pid(), Some(pid), "a new worker");
 }
 
-#[test]
+#[guard_test]
 fn a_worker_killed_between_calls_is_replaced_without_a_budget() {
     let mut m = Matcher::new(exe(), Limits::default());
     m.set_patterns(&shipped()).unwrap();
@@ -228,7 +229,7 @@ fn a_worker_killed_between_calls_is_replaced_without_a_budget() {
     assert_eq!((m.stats().budget, m.stats().spawns, m.stats().compiles), (0, 2, 2));
 }
 
-#[test]
+#[guard_test]
 fn an_undecidable_pattern_does_not_hide_a_later_match() {
     let limits = Limits::default();
     let mut m = Matcher::new(exe(), limits);
@@ -242,7 +243,7 @@ fn an_undecidable_pattern_does_not_hide_a_later_match() {
     assert_eq!(m.stats().kills, 2);
 }
 
-#[test]
+#[guard_test]
 fn three_strikes_stop_a_pattern_for_the_rest_of_the_round_only() {
     let limits = Limits::default();
     let mut m = Matcher::new(exe(), limits);
@@ -260,7 +261,7 @@ fn three_strikes_stop_a_pattern_for_the_rest_of_the_round_only() {
     assert_eq!(m.classify(&[b"aac"], in_secs(10)), vec![Matched(0)]);
 }
 
-#[test]
+#[guard_test]
 fn the_round_deadline_bounds_the_whole_call() {
     let limits = Limits { per_match: Duration::from_secs(30), strikes: 1000, ..Limits::default() };
     let mut m = Matcher::new(exe(), limits);
@@ -277,7 +278,7 @@ fn the_round_deadline_bounds_the_whole_call() {
     assert_eq!(m.classify(&[b"aac"], in_secs(10)), vec![Matched(0)]);
 }
 
-#[test]
+#[guard_test]
 fn texts_over_the_size_limit_are_budget_without_reaching_the_worker() {
     let limits = Limits { max_text_bytes: 1000, ..Limits::default() };
     let mut m = Matcher::new(exe(), limits);
@@ -287,7 +288,7 @@ fn texts_over_the_size_limit_are_budget_without_reaching_the_worker() {
     assert_eq!(m.classify(&[&at_limit, &over], in_secs(10)), vec![Matched(0), Budget]);
 }
 
-#[test]
+#[guard_test]
 fn an_empty_list_matches_nothing_and_starts_no_worker() {
     let mut m = Matcher::new(exe(), Limits::default());
     m.set_patterns(&[]).unwrap();
@@ -295,7 +296,7 @@ fn an_empty_list_matches_nothing_and_starts_no_worker() {
     assert_eq!(m.stats().spawns, 0);
 }
 
-#[test]
+#[guard_test]
 fn many_texts_in_one_call_keep_their_order() {
     let mut m = Matcher::new(exe(), Limits::default());
     m.set_patterns(&list(&["7$", "^1"])).unwrap();
@@ -315,7 +316,7 @@ fn many_texts_in_one_call_keep_their_order() {
     }
 }
 
-#[test]
+#[guard_test]
 fn a_broken_worker_binary_is_a_worker_error_and_texts_are_protected() {
     let mut m = Matcher::new("/bin/true".into(), Limits::default());
     let e = m.set_patterns(&shipped()).unwrap_err();
@@ -323,7 +324,7 @@ fn a_broken_worker_binary_is_a_worker_error_and_texts_are_protected() {
     assert_eq!(m.classify(&[b"sleep 1"], in_secs(5)), vec![Budget]);
 }
 
-#[test]
+#[guard_test]
 fn a_worker_that_used_half_its_cpu_backstop_is_replaced_between_calls_without_a_budget() {
     // A one-second backstop: half of it is 0 whole seconds, so every worker is "worn" at the next
     // round, while it still has a second of CPU to serve this one.
@@ -339,7 +340,7 @@ fn a_worker_that_used_half_its_cpu_backstop_is_replaced_between_calls_without_a_
     assert!(std::fs::read_to_string(format!("/proc/{first}/stat")).is_err());
 }
 
-#[test]
+#[guard_test]
 fn a_matcher_moves_into_a_blocking_tick_thread() {
     fn assert_send<T: Send>() {}
     assert_send::<Matcher>();
@@ -356,3 +357,5 @@ fn a_matcher_moves_into_a_blocking_tick_thread() {
     assert_eq!(m.classify(&[b"agentihooks swarm tick"], in_secs(10)), vec![Matched(0)]);
     assert_eq!(m.stats().spawns, 1);
 }
+
+guard_test::main!();

@@ -2,14 +2,17 @@
 //! an unfinished text stands, and the daemon's verdict cache (`daemon::verdicts`) makes an
 //! unchanged process cost one match, not one per tick, even under a hostile pattern list. Real
 //! worker processes; work is counted in texts sent to the worker, never in seconds.
+use guard_test::guard_test;
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
 };
 
 use guard::{
+    budget::{Pool, HELD_CMDLINE_BYTES},
     comm::Comm,
     daemon::{
+        cmdlines::CmdlineReader,
         recording::FakeProcs,
         verdicts::{verdicts, Ask, VerdictCache, Work},
     },
@@ -23,6 +26,11 @@ fn exe() -> std::path::PathBuf {
     env!("CARGO_BIN_EXE_guard-user").into()
 }
 
+/// The daemon's reader with time to read everything (what is measured here is the matcher).
+fn reader(procs: &mut FakeProcs) -> CmdlineReader<'_> {
+    CmdlineReader::new(procs, Pool::new(HELD_CMDLINE_BYTES), in_secs(60), Duration::from_secs(10))
+}
+
 fn in_secs(s: u64) -> Instant {
     Instant::now() + Duration::from_secs(s)
 }
@@ -30,7 +38,7 @@ fn in_secs(s: u64) -> Instant {
 /// Seconds on 300 bytes of `a` (it reaches the time bound); instant on `aac`, which it matches.
 const SLOW: &str = "(a|aa)*\\1c";
 
-#[test]
+#[guard_test]
 fn a_text_on_which_three_patterns_overran_is_budget_without_trying_the_rest() {
     let mut m = Matcher::new(exe(), Limits::default());
     // Five patterns that each overrun on the text, then one that matches it.
@@ -44,7 +52,7 @@ fn a_text_on_which_three_patterns_overran_is_budget_without_trying_the_rest() {
     assert_eq!((m.stats().kills, m.stats().texts), (3, 3), "{:?}", m.stats());
 }
 
-#[test]
+#[guard_test]
 fn a_round_hands_back_where_an_unfinished_text_stands_and_a_later_round_goes_on_from_there() {
     // One strike: the first overrun strikes SLOW out for the round.
     let mut m = Matcher::new(exe(), Limits { strikes: 1, ..Limits::default() });
@@ -95,7 +103,7 @@ fn hostile_world() -> (AccountView, FakeProcs) {
     (view, procs)
 }
 
-#[test]
+#[guard_test]
 fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_nothing_changes() {
     let list = hostile_list();
     let config = guard::config::parse(
@@ -117,20 +125,20 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     let mut tick = |cache: &mut VerdictCache, matcher: &mut Matcher, budget: Duration| {
         let ask =
             Ask { view: &view, config: &config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + budget };
-        verdicts(cache, &mut procs, matcher, ask)
+        verdicts(cache, &mut reader(&mut procs), matcher, ask)
     };
     let started = Instant::now();
     let (first, work) = tick(&mut cache, &mut matcher, Duration::from_secs(60));
     let after_first = matcher.stats();
     println!("first tick: {:?}, {work:?}, {after_first:?}", started.elapsed());
     assert!(first.values().all(|v| *v == CmdVerdict::Budget), "every process protected: {first:?}");
-    assert_eq!(work, Work { cached: 0, asked: 6, unsettled: 0 }, "all six settled in the first tick");
+    assert_eq!((work.cached, work.asked, work.unsettled), (0, 6, 0), "all six settled in the first tick");
     // Three failures (overrun or out of memory) per text at most, not 128.
     assert!(after_first.kills <= 18 && after_first.texts <= 6 * 3 + 6 * after_first.kills, "{after_first:?}");
     for n in 2..=6 {
         let (v, work) = tick(&mut cache, &mut matcher, Duration::from_secs(60));
         assert_eq!(v, first, "tick {n}: the same verdicts");
-        assert_eq!(work, Work { cached: 6, asked: 0, unsettled: 0 }, "tick {n}");
+        assert_eq!(work, Work { cached: 6, ..Work::default() }, "tick {n}");
     }
     let s = matcher.stats();
     assert_eq!((s.texts, s.kills, s.spawns), (after_first.texts, after_first.kills, after_first.spawns), "{s:?}");
@@ -138,7 +146,7 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     // One process rewrites its argv: it alone is matched again.
     cmdlines.lock().unwrap().get_mut(&5000).unwrap().push(b'a');
     let (_, work) = tick(&mut cache, &mut matcher, Duration::from_secs(60));
-    assert_eq!(work, Work { cached: 5, asked: 1, unsettled: 0 });
+    assert_eq!((work.cached, work.asked, work.unsettled), (5, 1, 0));
 
     // Without the cache (main before issue 25), every tick pays again for all six.
     let mut none = VerdictCache::with_cap(0);
@@ -150,7 +158,7 @@ fn a_hostile_pattern_list_is_matched_in_the_first_tick_and_never_again_while_not
     }
 }
 
-#[test]
+#[guard_test]
 fn under_the_daemons_round_budget_a_hostile_list_settles_in_a_few_ticks_then_costs_nothing() {
     let list = hostile_list();
     let config = guard::config::parse(
@@ -172,7 +180,7 @@ fn under_the_daemons_round_budget_a_hostile_list_settles_in_a_few_ticks_then_cos
     for n in 1..=20 {
         let ask =
             Ask { view: &view, config: &config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + budget };
-        let (v, work) = verdicts(&mut cache, &mut procs, &mut matcher, ask);
+        let (v, work) = verdicts(&mut cache, &mut reader(&mut procs), &mut matcher, ask);
         assert!(v.values().all(|v| *v == CmdVerdict::Budget), "tick {n}: every process protected throughout");
         println!("tick {n}: {work:?} {:?}", matcher.stats());
         if work.unsettled == 0 {
@@ -185,7 +193,12 @@ fn under_the_daemons_round_budget_a_hostile_list_settles_in_a_few_ticks_then_cos
     for _ in 0..5 {
         let ask =
             Ask { view: &view, config: &config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + budget };
-        assert_eq!(verdicts(&mut cache, &mut procs, &mut matcher, ask).1, Work { cached: 6, asked: 0, unsettled: 0 });
+        assert_eq!(
+            verdicts(&mut cache, &mut reader(&mut procs), &mut matcher, ask).1,
+            Work { cached: 6, ..Work::default() }
+        );
     }
     assert_eq!(matcher.stats(), before, "settled after {settled_after} ticks: no work since");
 }
+
+guard_test::main!();

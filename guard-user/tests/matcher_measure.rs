@@ -1,6 +1,7 @@
 //! The numbers behind the bounds in `pattern::limits` (ignored by default: it measures, it
 //! does not judge). Run it in release, where the daemon runs:
 //! `cargo test --release -p guard-user --test matcher_measure -- --ignored --nocapture`
+use guard_test::guard_test;
 use std::time::{Duration, Instant};
 
 use guard::pattern::{Limits, MatchOutcome, Matcher, Pattern};
@@ -32,8 +33,7 @@ fn cmdlines(n: usize) -> Vec<Vec<u8>> {
     (0..n).map(|i| format!("{} {i}", shapes[i % shapes.len()]).into_bytes()).collect()
 }
 
-#[test]
-#[ignore = "measurement; run with --ignored --nocapture in release"]
+#[guard_test(ignore = "measurement; run with --ignored --nocapture in release")]
 fn measure_the_bounded_matcher() {
     let shipped: Vec<String> = guard::config::DEFAULT_EXCLUDE_COMMANDS.iter().map(|s| s.to_string()).collect();
     let far = || Instant::now() + Duration::from_secs(120);
@@ -136,3 +136,5 @@ fn measure_the_bounded_matcher() {
     let e = m.set_patterns(&["a{1,2000}".to_string()]).unwrap_err();
     println!("a{{1,2000}}: refused in {}: {e}", ms(t.elapsed()));
 }
+
+guard_test::main!();

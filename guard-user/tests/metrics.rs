@@ -1,5 +1,6 @@
 //! The metrics file (docs/metrics.md): the exact text for a known tick, hostile process names, and the
 //! whole output read back by a real Prometheus parser (Debian's python3-prometheus-client).
+use guard_test::guard_test;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -158,12 +159,15 @@ guard_lost_events_total{user="alice"} 0
 # HELP guard_resyncs_total Rebuilds of the live table from /proc (RESYNC lines).
 # TYPE guard_resyncs_total counter
 guard_resyncs_total{user="alice"} 1
+# HELP guard_cmdlines_unread_total Command lines a tick could not read within its reading time (each protected for that tick, read again).
+# TYPE guard_cmdlines_unread_total counter
+guard_cmdlines_unread_total{user="alice"} 0
 # HELP guard_mirror_dropped_total Events the swarm Redis mirror dropped (queue full while Redis was away, or rejected).
 # TYPE guard_mirror_dropped_total counter
 guard_mirror_dropped_total{user="alice"} 0
 "#;
 
-#[test]
+#[guard_test]
 fn a_known_tick_renders_exactly() {
     assert_eq!(render_tick(&tick()), GOLDEN);
 }
@@ -215,7 +219,7 @@ fn hostile_tick() -> Tick {
     t
 }
 
-#[test]
+#[guard_test]
 fn hostile_names_stay_inside_their_label() {
     let text = render_tick(&hostile_tick());
     for line in text.lines() {
@@ -233,7 +237,7 @@ fn hostile_names_stay_inside_their_label() {
     assert_eq!(named, TOP_NAMES, "the top names only");
 }
 
-#[test]
+#[guard_test]
 fn the_text_escape_is_one_to_one() {
     let names = hostile_names();
     let escaped: BTreeSet<String> = names.iter().map(|n| escape_for_terminal(n)).collect();
@@ -243,7 +247,7 @@ fn the_text_escape_is_one_to_one() {
     assert_eq!(escape_for_terminal("caf\u{e9}".as_bytes()), "caf\u{e9}");
 }
 
-#[test]
+#[guard_test]
 fn the_largest_names_are_kept_and_duplicates_merge() {
     let mut m = tick();
     m.more.names = (0..150u32).map(|i| (Comm::new(format!("n{i:03}").as_bytes()), i)).collect();
@@ -256,7 +260,7 @@ fn the_largest_names_are_kept_and_duplicates_merge() {
     assert!(text.contains("guard_names{user=\"alice\"} 150\n"), "{text}");
 }
 
-#[test]
+#[guard_test]
 fn an_invalid_config_leaves_its_values_out_and_says_so() {
     let mut m = tick();
     (m.more.threshold, m.more.timeout_secs) = (None, None);
@@ -265,18 +269,6 @@ fn an_invalid_config_leaves_its_values_out_and_says_so() {
     assert!(text.contains("# TYPE guard_threshold gauge\n# HELP guard_timeout_seconds"), "{text}");
     assert!(!text.contains("guard_timeout_seconds{"), "{text}");
     assert!(text.contains("guard_config_error{user=\"alice\"} 1\n"), "{text}");
-}
-
-/// A Python with `prometheus_client`: the PATH's first, else Debian's (`python3-prometheus-client`
-/// installs for /usr/bin/python3, which a pyenv or venv on PATH does not see).
-fn python_with_prometheus_client() -> Option<&'static str> {
-    ["python3", "/usr/bin/python3"].into_iter().find(|py| {
-        Command::new(py)
-            .args(["-c", "import prometheus_client.parser"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
 }
 
 /// Families as Python's parser reads them: name → (type, help, samples (name, labels, value)).
@@ -312,15 +304,11 @@ json.dump(out, sys.stdout)
 
 /// What the renderer meant, read from its own text by splitting on known structure; compared with
 /// what the real parser understood.
-#[test]
+#[guard_test(needs = [prometheus_client])]
 fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
-    let Some(python) = python_with_prometheus_client() else {
-        eprintln!(
-            "skipping: no python3 with prometheus_client (apt-get install python3-prometheus-client, \
-             or pip install prometheus_client)"
-        );
-        return;
-    };
+    // The PATH's python3 first, else Debian's (`python3-prometheus-client` installs for
+    // /usr/bin/python3, which a pyenv or venv on PATH does not see).
+    let python = guard_test::need::prometheus_python().expect("the need says there is one");
     for m in [tick(), hostile_tick()] {
         let text = render_tick(&m);
         let parsed = parse_with_prometheus_client(python, &text);
@@ -361,3 +349,5 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
         assert_eq!(parsed["guard_last_tick_timestamp_seconds"].2[0].2, m.status.last_tick);
     }
 }
+
+guard_test::main!();

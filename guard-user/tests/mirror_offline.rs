@@ -1,8 +1,10 @@
 //! The swarm Redis mirror's parts that need no server (docs/operations.md): which endpoint, how it is
 //! printed, the `check` lines and the fleet table. The server tests are in redis_mirror.rs.
+use guard_test::guard_test;
 use std::time::{Duration, UNIX_EPOCH};
 
 use guard::cmd::fleet::{fleet_exit_code, fleet_json, fleet_table};
+use guard::mirror::query::Read;
 use guard::mirror::{check_lines, Endpoint, Heartbeat, MirrorError};
 
 const SECRET: &str = "secret";
@@ -18,6 +20,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         dry_run: false,
         last_tick: 1_000_000,
         flagged: vec!["sleep".into()],
+        flagged_omitted: 0,
         kills: 3,
         lost_events: 1,
         resyncs: 2,
@@ -27,7 +30,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
     }
 }
 
-#[test]
+#[guard_test]
 fn endpoint_follows_spec_precedence() {
     let hive = "redis://hive:1/0";
     let swarm = "redis://swarm:2/0";
@@ -61,7 +64,7 @@ fn endpoint_follows_spec_precedence() {
     }
 }
 
-#[test]
+#[guard_test]
 fn redacted_endpoint_has_no_credentials() {
     let cases = [
         ("redis://:secret@h:1/0", "redis://h:1/0"),
@@ -85,13 +88,14 @@ fn redacted_endpoint_has_no_credentials() {
     }
 }
 
-#[test]
+#[guard_test]
 fn check_lines_name_the_redacted_endpoint() {
     let endpoint = Endpoint::new("redis://:secret@10.0.0.5:6379/0");
-    let ok: Result<Option<Heartbeat>, MirrorError> = Ok(Some(heartbeat("alice", 1)));
+    let read = |value| Ok(Read { value, written_by: None });
+    let ok: Result<Read<Option<Heartbeat>>, MirrorError> = read(Some(heartbeat("alice", 1)));
     assert_eq!(check_lines(&endpoint, "box1", "alice", &ok), None);
     assert_eq!(
-        check_lines(&endpoint, "box1", "alice", &Ok(None)).as_deref(),
+        check_lines(&endpoint, "box1", "alice", &read(None)).as_deref(),
         Some("no heartbeat for box1:alice on redis://10.0.0.5:6379/0")
     );
     let down = Err(MirrorError::Timeout { endpoint: endpoint.redacted(), what: "connect" });
@@ -101,7 +105,7 @@ fn check_lines_name_the_redacted_endpoint() {
     );
 }
 
-#[test]
+#[guard_test]
 fn fleet_table_aligns_its_columns() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let mut a = heartbeat("alice", 10);
@@ -113,7 +117,7 @@ fn fleet_table_aligns_its_columns() {
     b.backend = "procfs".into();
     b.flagged = vec!["sleep".into(), "yes".into()];
     b.kills = 12345;
-    let table = fleet_table(&[a, b], now);
+    let table = fleet_table(&[a, b], now, None);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
     let header = lines[0];
@@ -131,13 +135,13 @@ fn fleet_table_aligns_its_columns() {
     assert!(table.lines().all(|l| !l.ends_with(' ')), "trailing spaces in\n{table}");
 }
 
-#[test]
+#[guard_test]
 fn a_hostile_heartbeat_is_one_row_of_the_fleet_table() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let mut hb = heartbeat("alice\nbob  box2", 1);
     hb.host = "box1\r\u{1b}[2K".into();
     hb.flagged = vec!["a\nb".into(), "\u{202e}x".into(), "c\\x0a".into()];
-    let table = fleet_table(&[hb, heartbeat("carol", 2)], now);
+    let table = fleet_table(&[hb, heartbeat("carol", 2)], now, None);
     assert_eq!(table.lines().count(), 3, "{table}");
     assert!(!table.contains(['\r', '\u{1b}', '\u{202e}']), "{table:?}");
     let row = table.lines().nth(1).unwrap();
@@ -146,15 +150,15 @@ fn a_hostile_heartbeat_is_one_row_of_the_fleet_table() {
     assert!(row.contains("a\\nb,\\xe2\\x80\\xaex,c\\\\x0a"), "{row:?}");
 }
 
-#[test]
+#[guard_test]
 fn a_guard_whose_config_is_invalid_is_an_unhealthy_row_with_the_reason() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let ok = heartbeat("alice", 1);
     let reason = r#"config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#;
     let broken = Heartbeat { config_error: Some(reason.into()), ..heartbeat("bob", 2) };
     let stale = Heartbeat { last_tick: 1_000_000 - 121, ..heartbeat("carol", 3) };
-    assert_eq!(fleet_exit_code(std::slice::from_ref(&ok), now), std::process::ExitCode::SUCCESS);
-    let table = fleet_table(&[ok.clone(), broken.clone(), stale.clone()], now);
+    assert_eq!(fleet_exit_code(std::slice::from_ref(&ok), now, None), std::process::ExitCode::SUCCESS);
+    let table = fleet_table(&[ok.clone(), broken.clone(), stale.clone()], now, None);
     let lines: Vec<&str> = table.lines().collect();
     let at = lines[0].find("HEALTH").expect("a HEALTH column");
     assert_eq!(&lines[1][at..], "ok", "{table}");
@@ -162,21 +166,23 @@ fn a_guard_whose_config_is_invalid_is_an_unhealthy_row_with_the_reason() {
     assert_eq!(lines[2][at..], format!("CONFIG INVALID: {reason}"), "{table}");
     assert_eq!(&lines[3][at..], "STALE", "{table}");
     for unhealthy in [&broken, &stale] {
-        assert_eq!(fleet_exit_code(&[ok.clone(), unhealthy.clone()], now), std::process::ExitCode::from(1));
+        assert_eq!(fleet_exit_code(&[ok.clone(), unhealthy.clone()], now, None), std::process::ExitCode::from(1));
     }
-    let json: serde_json::Value = serde_json::from_str(&fleet_json(&[broken, stale], now)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&fleet_json(&[broken, stale], now, None)).unwrap();
     assert_eq!(json[0]["config_error"], reason);
     assert_eq!((json[0]["stale"].as_bool(), json[1]["stale"].as_bool()), (Some(false), Some(true)));
     assert_eq!(json[1]["config_error"], serde_json::Value::Null);
 }
 
-#[test]
+#[guard_test]
 fn a_hostile_config_error_in_a_heartbeat_stays_in_its_cell() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let hb = Heartbeat { config_error: Some("x\nbox9  mallory\r\u{1b}[2K\u{202e}".into()), ..heartbeat("alice", 1) };
-    let table = fleet_table(&[hb.clone(), heartbeat("carol", 2)], now);
+    let table = fleet_table(&[hb.clone(), heartbeat("carol", 2)], now, None);
     assert_eq!(table.lines().count(), 3, "{table}");
     assert!(!table.contains(['\r', '\u{1b}', '\u{202e}']), "{table:?}");
-    let json = fleet_json(&[hb], now);
+    let json = fleet_json(&[hb], now, None);
     assert!(!json.contains(['\r', '\u{1b}', '\u{202e}']), "{json:?}");
 }
+
+guard_test::main!();

@@ -1,6 +1,7 @@
 //! What operators read from the real binary: `guard-user validate` on broken and valid configs,
 //! and the daemon's stdout under systemd (`JOURNAL_STREAM`) carrying syslog priorities while
 //! its log file does not.
+use guard_test::guard_test;
 use std::{
     fs,
     io::{BufRead, BufReader},
@@ -24,7 +25,7 @@ fn stdout_lines(o: &Output) -> Vec<String> {
     String::from_utf8(o.stdout.clone()).unwrap().lines().map(str::to_string).collect()
 }
 
-#[test]
+#[guard_test]
 fn validate_prints_every_problem_with_its_fix_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let o = validate(dir.path(), r#"{"threshold": "30", "timeout": "5124095576030431h", "excludeCommands": ["(a"]}"#);
@@ -49,7 +50,7 @@ fn validate_prints_every_problem_with_its_fix_and_exits_1() {
     assert!(lines[1].starts_with(r#"stallWatch.peggedFor: "1s" is shorter than 10s"#), "{lines:?}");
 }
 
-#[test]
+#[guard_test]
 fn validate_refuses_an_unknown_key_naming_the_one_it_resembles_and_refuses_a_fifo_at_once() {
     // An unknown key is an error for validate (the daemon only warns, and runs on the default:
     // a misspelt key would otherwise pass CI silently). It was a warning with exit 0 before.
@@ -79,7 +80,7 @@ fn validate_refuses_an_unknown_key_naming_the_one_it_resembles_and_refuses_a_fif
     );
 }
 
-#[test]
+#[guard_test]
 fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_match_much() {
     let dir = tempfile::tempdir().unwrap();
     for (pattern, index) in [("a||b", 1), (".*", 1), ("^", 1), ("$", 1), ("()", 1), ("x|(^|[ /])*", 1)] {
@@ -105,12 +106,8 @@ fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_
 /// The daemon under "systemd": stdout is a pipe that `JOURNAL_STREAM` names. Its echoed lines
 /// carry `<N>`; the log file's lines do not. Runs as root for the `nobody` account, in dry run
 /// with an unreachable threshold, so it ends nothing.
-#[test]
+#[guard_test(needs = [root])]
 fn the_journal_gets_syslog_priorities_and_the_log_file_does_not() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped the_journal_gets_syslog_priorities_and_the_log_file_does_not: the daemon needs root");
-        return;
-    }
     let home = tempfile::Builder::new().prefix("guard-journal-").tempdir_in("/tmp").unwrap();
     chown(home.path(), Some(65534), Some(65534)).unwrap();
     fs::write(home.path().join("guard-config.json"), r#"{"threshold": 0}"#).unwrap();
@@ -156,3 +153,5 @@ fn the_journal_gets_syslog_priorities_and_the_log_file_does_not() {
     assert!(log.contains(&format!("{error}\n")), "{log}");
     assert!(log.lines().all(|l| l.as_bytes()[0].is_ascii_digit()), "{log}");
 }
+
+guard_test::main!();

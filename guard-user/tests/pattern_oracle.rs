@@ -8,6 +8,7 @@
 //!
 //! The same corpus runs twice: through the raw in-process `Pattern`, and through the bounded
 //! `Matcher` (sandboxed worker process, frames, static checks), which must not change a verdict.
+use guard_test::{guard_test, rng::Rng};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,27 +105,6 @@ const EDGE_TEXTS: &[&[u8]] = &[
     b"\xe2\x82\xac", b"aaa{", b"a}b$", b"$x^", b"*a+", b".", b"||",
 ];
 
-/// A tiny xorshift64* generator: deterministic, so the corpus is the same on every run.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())]
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
-
 const LITERALS: &[&str] = &["a", "b", "c", "x", " ", "/", "-", "_", "A", "1", "é", "\t", "\n"];
 const CLASSES: &[&str] = &[
     "alpha", "digit", "space", "upper", "lower", "punct", "alnum", "blank", "cntrl", "graph", "print", "xdigit",
@@ -141,7 +121,7 @@ const QUANTIFIERS: &[&str] = &[
 
 /// One bracket expression, sometimes malformed: `]` first, `-` at either end, `^` negation,
 /// ranges, classes, collating symbols, equivalence classes, backslashes.
-fn bracket(rng: &mut XorShift) -> String {
+fn bracket(rng: &mut Rng) -> String {
     let mut s = String::from("[");
     if rng.chance(30) {
         s.push('^');
@@ -154,12 +134,12 @@ fn bracket(rng: &mut XorShift) -> String {
     }
     for _ in 0..1 + rng.below(3) {
         match rng.below(8) {
-            0 => s.push_str(&format!("[:{}:]", rng.pick(CLASSES))),
-            1 => s.push_str(rng.pick(&["a-c", "c-a", "a-a", "--/", " -/", "0-9", "A-Z", "a-\\"])),
+            0 => s.push_str(&format!("[:{}:]", *rng.pick(CLASSES))),
+            1 => s.push_str(rng.pick::<&str>(&["a-c", "c-a", "a-a", "--/", " -/", "0-9", "A-Z", "a-\\"])),
             2 => s.push('\\'),
-            3 => s.push_str(rng.pick(&["[.a.]", "[.-.]", "[=a=]", "[.space.]", "[:alpha:"])),
-            4 => s.push_str(rng.pick(&["[", "|", "(", ")", "*", ".", "$", "^", "{"])),
-            _ => s.push_str(rng.pick(LITERALS)),
+            3 => s.push_str(rng.pick::<&str>(&["[.a.]", "[.-.]", "[=a=]", "[.space.]", "[:alpha:"])),
+            4 => s.push_str(rng.pick::<&str>(&["[", "|", "(", ")", "*", ".", "$", "^", "{"])),
+            _ => s.push_str(rng.pick::<&str>(LITERALS)),
         }
     }
     if rng.chance(15) {
@@ -172,7 +152,7 @@ fn bracket(rng: &mut XorShift) -> String {
 }
 
 /// One atom (possibly a group holding a smaller expression), maybe quantified.
-fn piece(rng: &mut XorShift, depth: usize) -> String {
+fn piece(rng: &mut Rng, depth: usize) -> String {
     let mut s = match rng.below(12) {
         0..=3 => rng.pick(LITERALS).to_string(),
         4 => ".".to_string(),
@@ -184,13 +164,13 @@ fn piece(rng: &mut XorShift, depth: usize) -> String {
         _ => rng.pick(&["agentihooks", "swarm", "tick", "[.]", "( |$)", "(^|[ /])"]).to_string(),
     };
     if rng.chance(30) {
-        s.push_str(rng.pick(QUANTIFIERS));
+        s.push_str(rng.pick::<&str>(QUANTIFIERS));
     }
     s
 }
 
 /// A sequence of pieces, sometimes anchored, sometimes with (possibly empty) alternatives.
-fn expression(rng: &mut XorShift, depth: usize) -> String {
+fn expression(rng: &mut Rng, depth: usize) -> String {
     let mut s = String::new();
     if rng.chance(20) {
         s.push('^');
@@ -208,12 +188,12 @@ fn expression(rng: &mut XorShift, depth: usize) -> String {
 }
 
 /// A short text over the bytes patterns talk about, plus non-ASCII and non-UTF-8 bytes.
-fn text(rng: &mut XorShift, pattern: &str) -> Vec<u8> {
+fn text(rng: &mut Rng, pattern: &str) -> Vec<u8> {
     const EXTRA: &[u8] = b"abcxA1_ -/.]\\[(){}|*+?^$\t\n\x01\x7f\x80\xe9\xff\xc3\xa9";
     let from_pattern = pattern.as_bytes();
     let len = rng.below(13);
     (0..len)
-        .map(|_| if !from_pattern.is_empty() && rng.chance(60) { rng.pick(from_pattern) } else { rng.pick(EXTRA) })
+        .map(|_| if !from_pattern.is_empty() && rng.chance(60) { *rng.pick(from_pattern) } else { *rng.pick(EXTRA) })
         .collect()
 }
 
@@ -234,7 +214,7 @@ fn corpus() -> Vec<Case> {
             add(pattern, text);
         }
     }
-    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for _ in 0..1500 {
         let pattern = expression(&mut rng, 0);
         for _ in 0..3 {
@@ -308,13 +288,11 @@ done"#;
     Some(verdicts)
 }
 
-#[test]
+#[guard_test]
 fn every_verdict_equals_bash() {
     let cases = corpus();
-    let Some(expected) = bash_verdicts(&cases) else {
-        eprintln!("skipping the pattern oracle: bash is not installed");
-        return;
-    };
+    // bash is the oracle, and every test host's shell: no need of its own.
+    let expected = bash_verdicts(&cases).expect("bash, the oracle");
     let count = |v: Verdict| expected.iter().filter(|&&e| e == v).count();
     println!(
         "pattern oracle: {} cases, bash says {} match, {} other, {} invalid",
@@ -379,13 +357,10 @@ fn bounded_verdicts(cases: &[Case]) -> Vec<Option<Verdict>> {
     verdicts
 }
 
-#[test]
+#[guard_test]
 fn every_verdict_through_the_bounded_matcher_equals_bash() {
     let cases = corpus();
-    let Some(expected) = bash_verdicts(&cases) else {
-        eprintln!("skipping the bounded pattern oracle: bash is not installed");
-        return;
-    };
+    let expected = bash_verdicts(&cases).expect("bash, the oracle");
     let ours = bounded_verdicts(&cases);
     let undecided: Vec<&str> =
         cases.iter().zip(&ours).filter(|(_, o)| o.is_none()).map(|(c, _)| c.pattern.as_str()).collect();
@@ -419,3 +394,5 @@ fn every_verdict_through_the_bounded_matcher_equals_bash() {
         mismatches.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
     );
 }
+
+guard_test::main!();

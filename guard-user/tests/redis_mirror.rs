@@ -5,6 +5,7 @@
 //! `redis-server` binary the server tests print why and pass without checking anything
 //! (`cargo xtask test` installs one). Waits poll for the state they need with generous bounds;
 //! nothing asserts how long a call took.
+use guard_test::guard_test;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,6 +22,16 @@ use redis_harness::{capture_warnings, free_port, wait_for, warnings, HungServer,
 
 const SECRET: &str = "secret";
 
+/// One account's heartbeat as `check` reads it, without who wrote it (a redis-server here).
+async fn beat(endpoint: &Endpoint, user: &str) -> Result<Option<Heartbeat>, MirrorError> {
+    read_heartbeat(endpoint, "box1", user, None).await.map(|r| r.value)
+}
+
+/// Every heartbeat as `status --fleet` reads them.
+async fn listed(endpoint: &Endpoint) -> Result<Vec<Heartbeat>, MirrorError> {
+    fleet(endpoint).await.map(|r| r.value.beats)
+}
+
 fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
@@ -36,6 +47,7 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         dry_run: false,
         last_tick: now_secs(),
         flagged: vec!["sleep".into()],
+        flagged_omitted: 0,
         kills: 3,
         lost_events: 1,
         resyncs: 2,
@@ -68,23 +80,25 @@ async fn xlen(conn: &mut MultiplexedConnection) -> u64 {
     redis::cmd("XLEN").arg(STREAM_KEY).query_async(conn).await.expect("XLEN")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn heartbeat_is_written_with_its_ttl_and_expires() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn);
     let hb = heartbeat("alice", 4242);
     mirror.heartbeat(hb.clone(), Duration::from_secs(2));
 
     wait_for(Duration::from_secs(10), "the heartbeat", || async {
-        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+        matches!(beat(&endpoint, "alice").await, Ok(Some(_)))
     })
     .await;
-    let read = read_heartbeat(&endpoint, "box1", "alice").await.expect("read the heartbeat");
+    let read = beat(&endpoint, "alice").await.expect("read the heartbeat");
     assert_eq!(read.as_ref(), Some(&hb));
-    assert_eq!(check_lines(&endpoint, "box1", "alice", &Ok(read)), None);
+    assert_eq!(
+        check_lines(&endpoint, "box1", "alice", &Ok(guard::mirror::query::Read { value: read, written_by: None })),
+        None
+    );
 
     let mut conn = server.conn().await;
     let ttl: i64 = redis::cmd("TTL").arg(heartbeat_key("box1", "alice")).query_async(&mut conn).await.unwrap();
@@ -112,24 +126,23 @@ async fn heartbeat_is_written_with_its_ttl_and_expires() {
     assert!(value["last_tick"].is_u64(), "last_tick is unix seconds: {json}");
 
     wait_for(Duration::from_secs(6), "the heartbeat to expire", || async {
-        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(None))
+        matches!(beat(&endpoint, "alice").await, Ok(None))
     })
     .await;
-    let missing = read_heartbeat(&endpoint, "box1", "alice").await;
+    let missing = read_heartbeat(&endpoint, "box1", "alice", None).await;
     assert_eq!(
         check_lines(&endpoint, "box1", "alice", &missing),
         Some(format!("no heartbeat for box1:alice on redis://127.0.0.1:{}/0", server.port))
     );
-    assert_eq!(read_heartbeat(&endpoint, "box1", "bob").await.unwrap(), None);
+    assert_eq!(beat(&endpoint, "bob").await.unwrap(), None);
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn events_reach_the_stream_with_their_fields() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), None, warn);
     mirror.event(StreamEvent {
         event: "FLAGGED".into(),
         pid: None,
@@ -195,12 +208,11 @@ async fn events_reach_the_stream_with_their_fields() {
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn stream_stays_near_its_maxlen() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let (warn, _warned) = capture_warnings();
-    let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(server.endpoint(), "box1".into(), "alice".into(), None, warn);
     const TOTAL: u64 = 25_000;
     const CHUNK: u64 = 500; // below the queue's capacity, so nothing is dropped
     for start in (0..TOTAL).step_by(CHUNK as usize) {
@@ -236,16 +248,15 @@ async fn stream_stays_near_its_maxlen() {
     assert_eq!(mirror.dropped(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
-    require_redis_server!();
     let mut server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn);
     mirror.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
     wait_for(Duration::from_secs(10), "the first heartbeat", || async {
-        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+        matches!(beat(&endpoint, "alice").await, Ok(Some(_)))
     })
     .await;
 
@@ -259,7 +270,7 @@ async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
     .await;
     let unreachable = format!("redis_unreachable endpoint=redis://127.0.0.1:{}/0", server.port);
     assert_eq!(warnings(&warned), std::slice::from_ref(&unreachable));
-    assert!(read_heartbeat(&endpoint, "box1", "alice").await.is_err());
+    assert!(beat(&endpoint, "alice").await.is_err());
 
     // While Redis is down, calls return at once and nothing grows past its bound.
     let queued = 3 * EVENT_QUEUE_CAPACITY as u64;
@@ -277,7 +288,7 @@ async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
 
     server.restart();
     wait_for(Duration::from_secs(45), "the heartbeat after the restart", || async {
-        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.pid == 3)
+        matches!(beat(&endpoint, "alice").await, Ok(Some(hb)) if hb.pid == 3)
     })
     .await;
     let m = mirror.clone();
@@ -299,11 +310,11 @@ async fn outage_warns_once_and_recovery_restores_the_heartbeat() {
     assert_eq!(warnings(&warned), [unreachable, recovered]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(multi_thread)]
 async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
     let hung = HungServer::start();
     let endpoint = Endpoint::new(format!("redis://:{SECRET}@127.0.0.1:{}/0", hung.port));
-    let read = tokio::time::timeout(Duration::from_secs(5), read_heartbeat(&endpoint, "box1", "alice"))
+    let read = tokio::time::timeout(Duration::from_secs(5), read_heartbeat(&endpoint, "box1", "alice", None))
         .await
         .expect("read_heartbeat returns within its bound");
     let err = read.expect_err("a hung Redis gives an error");
@@ -316,11 +327,11 @@ async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
             hung.port
         ))
     );
-    let listed = tokio::time::timeout(Duration::from_secs(10), fleet(&endpoint)).await.expect("fleet returns");
+    let listed = tokio::time::timeout(Duration::from_secs(10), listed(&endpoint)).await.expect("fleet returns");
     assert!(listed.is_err());
 
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn);
     mirror.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
     mirror.event(killed(1, 1));
     let w = Arc::clone(&warned);
@@ -341,17 +352,16 @@ async fn hung_redis_bounds_reads_and_never_holds_up_callers() {
     assert_eq!(lines, [format!("redis_unreachable endpoint=redis://127.0.0.1:{}/0", hung.port)]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn passwords_never_appear_in_errors_or_warnings() {
-    require_redis_server!();
     let mut server = RedisServer::start(Some(SECRET));
     let endpoint = server.endpoint();
     assert!(endpoint.url.contains(SECRET));
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn.clone());
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn.clone());
     mirror.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
     wait_for(Duration::from_secs(10), "the heartbeat behind a password", || async {
-        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+        matches!(beat(&endpoint, "alice").await, Ok(Some(_)))
     })
     .await;
 
@@ -368,18 +378,18 @@ async fn passwords_never_appear_in_errors_or_warnings() {
     ];
     for url in &wrong {
         let endpoint = Endpoint::new(url);
-        match read_heartbeat(&endpoint, "box1", "alice").await {
+        match beat(&endpoint, "alice").await {
             Ok(found) => panic!("{} read {found:?}", endpoint.redacted()),
             Err(err) => errors.push(err),
         }
-        let listed = fleet(&endpoint).await;
+        let listed = listed(&endpoint).await;
         errors.push(listed.expect_err("fleet with bad credentials"));
     }
     // A mirror with the wrong password warns like an outage.
-    let bad = Mirror::spawn(Endpoint::new(&wrong[0]), "box1".into(), "alice".into(), warn.clone());
+    let bad = Mirror::spawn(Endpoint::new(&wrong[0]), "box1".into(), "alice".into(), None, warn.clone());
     bad.heartbeat(heartbeat("alice", 9), Duration::from_secs(60));
     // An unusable URL is said once and then discarded.
-    let invalid = Mirror::spawn(Endpoint::new(&wrong[5]), "box1".into(), "alice".into(), warn.clone());
+    let invalid = Mirror::spawn(Endpoint::new(&wrong[5]), "box1".into(), "alice".into(), None, warn.clone());
     invalid.event(killed(1, 1));
 
     server.stop();
@@ -416,14 +426,13 @@ async fn passwords_never_appear_in_errors_or_warnings() {
     assert_eq!(invalid.pending_events(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn fleet_lists_every_heartbeat_but_not_the_stream() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, _warned) = capture_warnings();
-    let alice = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn.clone());
-    let bob = Mirror::spawn(endpoint.clone(), "box1".into(), "bob".into(), warn);
+    let alice = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn.clone());
+    let bob = Mirror::spawn(endpoint.clone(), "box1".into(), "bob".into(), None, warn);
     alice.heartbeat(heartbeat("alice", 1), Duration::from_secs(60));
     bob.heartbeat(heartbeat("bob", 2), Duration::from_secs(60));
     alice.event(killed(5, 31));
@@ -435,12 +444,12 @@ async fn fleet_lists_every_heartbeat_but_not_the_stream() {
     wait_for(Duration::from_secs(10), "both heartbeats and the event", || {
         let mut conn = conn.clone();
         let endpoint = endpoint.clone();
-        async move { xlen(&mut conn).await == 1 && fleet(&endpoint).await.is_ok_and(|f| f.len() == 2) }
+        async move { xlen(&mut conn).await == 1 && listed(&endpoint).await.is_ok_and(|f| f.len() == 2) }
     })
     .await;
-    let listed = fleet(&endpoint).await.unwrap();
+    let listed = listed(&endpoint).await.unwrap();
     assert_eq!(listed, [heartbeat_like(&listed[0], "alice", 1), heartbeat_like(&listed[1], "bob", 2)]);
-    let table = fleet_table(&listed, SystemTime::now());
+    let table = fleet_table(&listed, SystemTime::now(), None);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
     let user_col = lines[0].find("USER").unwrap();
@@ -453,13 +462,12 @@ fn heartbeat_like(stored: &Heartbeat, user: &str, pid: u32) -> Heartbeat {
     Heartbeat { last_tick: stored.last_tick, ..heartbeat(user, pid) }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn dropping_the_mirror_still_sends_what_was_queued() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn);
     let clone = mirror.clone();
     clone.heartbeat(heartbeat("alice", 7), Duration::from_secs(60));
     for i in 0..600 {
@@ -474,7 +482,7 @@ async fn dropping_the_mirror_still_sends_what_was_queued() {
     })
     .await;
     assert_eq!(xlen(&mut conn).await, 600);
-    assert!(matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.pid == 7));
+    assert!(matches!(beat(&endpoint, "alice").await, Ok(Some(hb)) if hb.pid == 7));
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
@@ -482,13 +490,12 @@ async fn dropping_the_mirror_still_sends_what_was_queued() {
 const HOSTILE_NAMES: [&str; 6] =
     ["a b\r\nname x", "x\"}{=,\\ ts 1", "*3\r\n$4\r\nPING\r\n", "\u{1b}[2J\u{fffd}\u{202e}", "", "fifteen-bytes-x"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn);
     for name in HOSTILE_NAMES {
         mirror.event(StreamEvent { name: Some(name.into()), ..killed(9, 31) });
     }
@@ -514,22 +521,21 @@ async fn a_hostile_name_stays_one_field_in_the_stream_and_the_heartbeat() {
         assert_eq!(fields[4].1, name.as_bytes(), "{name:?}");
     }
     wait_for(Duration::from_secs(10), "the hostile heartbeat", || async {
-        matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(_)))
+        matches!(beat(&endpoint, "alice").await, Ok(Some(_)))
     })
     .await;
-    assert_eq!(read_heartbeat(&endpoint, "box1", "alice").await.unwrap(), Some(hb));
+    assert_eq!(beat(&endpoint, "alice").await.unwrap(), Some(hb));
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[guard_test(needs = [redis], multi_thread)]
 async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once() {
     use guard::cmd::fleet::fleet_exit_code;
     use guard::daemon::report::ConfigOutage;
-    require_redis_server!();
     let server = RedisServer::start(None);
     let endpoint = server.endpoint();
     let (warn, warned) = capture_warnings();
-    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), warn);
+    let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn);
     let error =
         guard::config::parse(br#"{"threshold": "30"}"#, std::path::Path::new("/home/alice")).unwrap_err().log_reason();
     let mut outage = ConfigOutage::default();
@@ -547,15 +553,15 @@ async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once(
         mirror.heartbeat(hb, Duration::from_secs(180));
         if tick == 2 {
             wait_for(Duration::from_secs(10), "the broken heartbeat", || async {
-                matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.last_tick == now as u64)
+                matches!(beat(&endpoint, "alice").await, Ok(Some(hb)) if hb.last_tick == now as u64)
             })
             .await;
-            let hb = read_heartbeat(&endpoint, "box1", "alice").await.unwrap().unwrap();
+            let hb = beat(&endpoint, "alice").await.unwrap().unwrap();
             assert_eq!(hb.config_error.as_deref(), Some(error.as_str()), "the ERROR line's reason, as logged");
-            let listed = fleet(&endpoint).await.unwrap();
-            let table = fleet_table(&listed, SystemTime::now());
+            let listed = listed(&endpoint).await.unwrap();
+            let table = fleet_table(&listed, SystemTime::now(), None);
             assert!(table.lines().nth(1).unwrap().ends_with(&format!("CONFIG INVALID: {error}")), "{table}");
-            assert_eq!(fleet_exit_code(&listed, SystemTime::now()), std::process::ExitCode::from(1));
+            assert_eq!(fleet_exit_code(&listed, SystemTime::now(), None), std::process::ExitCode::from(1));
         }
     }
     wait_for(Duration::from_secs(10), "the mended heartbeat", || {
@@ -563,13 +569,13 @@ async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once(
         let endpoint = endpoint.clone();
         async move {
             xlen(&mut conn).await == 2
-                && matches!(read_heartbeat(&endpoint, "box1", "alice").await, Ok(Some(hb)) if hb.config_error.is_none())
+                && matches!(beat(&endpoint, "alice").await, Ok(Some(hb)) if hb.config_error.is_none())
         }
     })
     .await;
-    let listed = fleet(&endpoint).await.unwrap();
-    assert_eq!(fleet_exit_code(&listed, SystemTime::now()), std::process::ExitCode::SUCCESS);
-    assert!(fleet_table(&listed, SystemTime::now()).lines().nth(1).unwrap().ends_with("  ok"));
+    let listed = listed(&endpoint).await.unwrap();
+    assert_eq!(fleet_exit_code(&listed, SystemTime::now(), None), std::process::ExitCode::SUCCESS);
+    assert!(fleet_table(&listed, SystemTime::now(), None).lines().nth(1).unwrap().ends_with("  ok"));
     // One event when it broke, one when it was mended: not one per tick, and about no process.
     let entries = stream_entries(&mut conn).await;
     assert_eq!(entries.len(), 2, "{entries:?}");
@@ -583,3 +589,5 @@ async fn a_config_error_reaches_the_heartbeat_and_the_fleet_and_the_stream_once(
     }
     assert!(warnings(&warned).is_empty(), "{:?}", warnings(&warned));
 }
+
+guard_test::main!();

@@ -2,6 +2,7 @@
 //! command lines the account padded past the matcher's cap, about an empty pattern list, about a
 //! flag clock a dip drops, and about piles under excluded names. The same cases against the real
 //! daemon and real processes are in tests/tests/redteam.rs.
+use guard_test::guard_test;
 use std::{
     collections::{BTreeMap, HashMap},
     path::Path,
@@ -9,9 +10,11 @@ use std::{
 };
 
 use guard::{
+    budget::{Pool, HELD_CMDLINE_BYTES},
     comm::Comm,
     config::{self, Config},
     daemon::{
+        cmdlines::CmdlineReader,
         effects::Classifier,
         recording::{FakeProcs, InProcessClassifier},
         verdicts::{verdicts, Ask, VerdictCache},
@@ -44,11 +47,12 @@ fn verdicts_of(config: &Config, view: &AccountView, procs: &mut FakeProcs, match
     let clocks = FlagClocks::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     let ask = Ask { view, config, clocks: &clocks, matcher_ok, deadline };
-    let (v, _) = verdicts(&mut VerdictCache::default(), procs, &mut classifier, ask);
+    let mut reader = CmdlineReader::new(procs, Pool::new(HELD_CMDLINE_BYTES), deadline, Duration::from_secs(5));
+    let (v, _) = verdicts(&mut VerdictCache::default(), &mut reader, &mut classifier, ask);
     [10, 11].map(|pid| v[&ProcId { pid, start_ticks: 1 }]).to_vec()
 }
 
-#[test]
+#[guard_test]
 fn with_no_pattern_nothing_is_protected_whatever_the_length_or_the_matchers_health() {
     let config = cfg(r#"{"excludeCommands": []}"#);
     let (view, mut procs) = pile(MAX + 1, "pile --x");
@@ -57,7 +61,7 @@ fn with_no_pattern_nothing_is_protected_whatever_the_length_or_the_matchers_heal
     assert_eq!(verdicts_of(&config, &view, &mut procs, false), [CmdVerdict::End, CmdVerdict::End]);
 }
 
-#[test]
+#[guard_test]
 fn with_patterns_a_command_line_over_the_cap_is_protected_as_too_long_not_as_a_slow_match() {
     let config = cfg("{}");
     let (view, mut procs) = pile(MAX + 1, "pile --x");
@@ -68,7 +72,7 @@ fn with_patterns_a_command_line_over_the_cap_is_protected_as_too_long_not_as_a_s
     assert_eq!(Limits::default().max_text_bytes, MAX);
 }
 
-#[test]
+#[guard_test]
 fn a_too_long_command_line_is_skipped_with_its_own_reason_and_counted_as_a_skip() {
     let config = cfg(r#"{"threshold": 2, "timeout": "0s", "excludes": []}"#);
     let (view, _) = pile(0, "");
@@ -93,7 +97,7 @@ fn a_too_long_command_line_is_skipped_with_its_own_reason_and_counted_as_a_skip(
 /// A flag clock dropped by a dip under the threshold (or a name excluded now) restarts the
 /// name's `timeout`: an account that times a dip at a tick starts it over at will. The drop is a
 /// line of its own, with how long the clock had run, so it is never silent.
-#[test]
+#[guard_test]
 fn a_dropped_flag_clock_is_logged_with_how_long_it_had_run() {
     let config = cfg(r#"{"threshold": 3, "timeout": "1h", "excludes": ["gone"]}"#);
     let (pile, gone, away) = (Comm::new(b"pile"), Comm::new(b"gone"), Comm::new(b"away"));
@@ -133,7 +137,7 @@ fn a_dropped_flag_clock_is_logged_with_how_long_it_had_run() {
 
 /// A pile renamed to an excluded name (`BASH`: excludes ignore case, as docs/configuration.md
 /// says) is never flagged or ended, by design; its status row says so, so it is not invisible.
-#[test]
+#[guard_test]
 fn a_pile_under_an_excluded_name_is_shown_in_status_as_excluded_not_hidden() {
     let config = cfg(r#"{"threshold": 3}"#);
     let (shout, quiet, work) = (Comm::new(b"BASH"), Comm::new(b"sh"), Comm::new(b"work"));
@@ -152,3 +156,5 @@ fn a_pile_under_an_excluded_name_is_shown_in_status_as_excluded_not_hidden() {
     // `sh` is excluded but under the threshold: no row; `work` is on its way (half or more).
     assert_eq!(rows, [("BASH", 40, true, false), ("work", 2, false, false)]);
 }
+
+guard_test::main!();

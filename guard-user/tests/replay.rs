@@ -3,12 +3,13 @@
 //! The fixtures are in tests/fixtures/ (see DEVELOPERS.md for how they were recorded).
 mod replay_harness;
 
+use guard_test::guard_test;
 use std::{path::PathBuf, time::Duration};
 
 use guard::daemon::{Control, Stopped};
 use replay_harness::{replay, Setup, PILE_CONFIG};
 
-#[test]
+#[guard_test]
 fn a_pile_is_flagged_then_ended_at_its_timeout_sparing_the_excluded_wrappers() {
     let r = replay(Setup { fixture: "handmade-pile.trace", config: PILE_CONFIG, ..Default::default() });
     assert_eq!(
@@ -47,7 +48,7 @@ fn a_pile_is_flagged_then_ended_at_its_timeout_sparing_the_excluded_wrappers() {
     assert_eq!(extra, [("due_in_secs", "120"), ("ends", "3"), ("skips", "2")]);
 }
 
-#[test]
+#[guard_test]
 fn a_dry_run_verifies_and_logs_dry_run_but_sends_nothing() {
     let r = replay(Setup { fixture: "handmade-pile.trace", config: PILE_CONFIG, dry_run: true, ..Default::default() });
     assert_eq!(r.lines("DRY_RUN").len(), 3, "{:#?}", r.log);
@@ -57,7 +58,7 @@ fn a_dry_run_verifies_and_logs_dry_run_but_sends_nothing() {
     assert!(r.log[0].contains("dry_run=1"));
 }
 
-#[test]
+#[guard_test]
 fn a_pattern_that_matches_everything_is_warned_once_per_list_and_honoured() {
     // `a||b` protects every process of the pile: flagged, warned, never ended. The warning is
     // said once for the list, and again when the config brings another such list.
@@ -78,7 +79,7 @@ fn a_pattern_that_matches_everything_is_warned_once_per_list_and_honoured() {
     assert!(!r.log.iter().any(|l| l.contains("pattern_matches_all")), "{:#?}", r.log);
 }
 
-#[test]
+#[guard_test]
 fn a_process_that_changes_identity_after_sigterm_is_not_logged_killed() {
     let r = replay(Setup {
         fixture: "handmade-pile.trace",
@@ -93,7 +94,7 @@ fn a_process_that_changes_identity_after_sigterm_is_not_logged_killed() {
     assert!(r.log.contains(&"TICK_COMPLETE flagged=1 kills=2 errors=0".to_string()));
 }
 
-#[test]
+#[guard_test]
 fn an_unwritable_state_file_never_delays_enforcement() {
     let r = replay(Setup {
         fixture: "handmade-pile.trace",
@@ -109,7 +110,7 @@ fn an_unwritable_state_file_never_delays_enforcement() {
     assert!(r.log.contains(&"TICK_COMPLETE flagged=1 kills=3 errors=1".to_string()));
 }
 
-#[test]
+#[guard_test]
 fn a_restart_resumes_the_flag_clock_from_the_state_file() {
     let r = replay(Setup {
         fixture: "two-names.trace",
@@ -128,7 +129,7 @@ fn a_restart_resumes_the_flag_clock_from_the_state_file() {
     assert_eq!(r.signals(), vec![(false, vec![400, 401, 402])], "only alpha is due: {:#?}", r.log);
 }
 
-#[test]
+#[guard_test]
 fn lost_events_are_made_good_by_a_resync_and_a_reused_pid_is_a_new_process() {
     let r = replay(Setup {
         fixture: "lost-and-reuse.trace",
@@ -148,7 +149,7 @@ fn lost_events_are_made_good_by_a_resync_and_a_reused_pid_is_a_new_process() {
     assert!(last.clocks.is_empty(), "{last:?}");
 }
 
-#[test]
+#[guard_test]
 fn several_due_names_are_signalled_in_one_batch() {
     let r = replay(Setup {
         fixture: "two-names.trace",
@@ -161,7 +162,7 @@ fn several_due_names_are_signalled_in_one_batch() {
     assert!(!r.log.iter().any(|l| l.contains("pid=420")), "another uid's process");
 }
 
-#[test]
+#[guard_test]
 fn sighup_logs_reload_and_ticks_at_once() {
     let r = replay(Setup {
         fixture: "two-names.trace",
@@ -177,7 +178,7 @@ fn sighup_logs_reload_and_ticks_at_once() {
     assert_eq!(r.notes.iter().filter(|n| *n == "READY=1").count(), 2, "READY again after the reload: {:?}", r.notes);
 }
 
-#[test]
+#[guard_test]
 fn a_config_broken_mid_run_ends_nothing_until_it_is_fixed() {
     let good = r#"{"threshold": 3, "timeout": "1m"}"#;
     let r = replay(Setup {
@@ -198,7 +199,7 @@ fn a_config_broken_mid_run_ends_nothing_until_it_is_fixed() {
     assert!(r.log.contains(&"TICK_COMPLETE flagged=2 kills=6 errors=0".to_string()), "{:#?}", r.log);
 }
 
-#[test]
+#[guard_test]
 fn a_broken_config_is_heard_in_the_heartbeat_the_status_the_metrics_and_once_on_the_stream() {
     let good = r#"{"threshold": 3, "timeout": "1h"}"#;
     let r = replay(Setup {
@@ -242,7 +243,7 @@ fn a_broken_config_is_heard_in_the_heartbeat_the_status_the_metrics_and_once_on_
 
 /// Recorded from the real kernel (tests/tests/record.rs with GUARD_RECORD_FIXTURES): exec after
 /// setuid, a rename, an exit, threads, a fork without exec.
-#[test]
+#[guard_test]
 fn a_pile_recorded_from_the_kernel_replays_to_exact_lines() {
     let r = replay(Setup {
         fixture: "recorded-pile.trace",
@@ -268,7 +269,7 @@ fn a_pile_recorded_from_the_kernel_replays_to_exact_lines() {
     assert_eq!(r.signals(), vec![(false, vec![11543, 11544])]);
 }
 
-#[test]
+#[guard_test]
 fn a_fork_storm_recorded_from_the_kernel_leaves_no_ghosts() {
     let r = replay(Setup {
         fixture: "recorded-storm.trace",
@@ -282,7 +283,7 @@ fn a_fork_storm_recorded_from_the_kernel_leaves_no_ghosts() {
     assert!(status.events >= 1000, "{}", status.events);
 }
 
-#[test]
+#[guard_test]
 fn a_lost_count_in_a_recording_resyncs_to_the_scan_after_it() {
     let r = replay(Setup {
         fixture: "lost-count.trace",
@@ -298,3 +299,5 @@ fn a_lost_count_in_a_recording_resyncs_to_the_scan_after_it() {
     // The two steady and the fork after the scan.
     assert_eq!(status.tracked_processes, 3, "{status:?}");
 }
+
+guard_test::main!();

@@ -2,11 +2,12 @@
 //! clock, the unknown-key cap, the verdict cache (see replay.rs and replay_harness/).
 mod replay_harness;
 
+use guard_test::guard_test;
 use std::time::Duration;
 
 use replay_harness::{replay, Setup};
 
-#[test]
+#[guard_test]
 fn the_warning_comes_warn_before_ahead_once_per_incident() {
     let r = replay(Setup {
         fixture: "two-names.trace",
@@ -33,7 +34,7 @@ fn the_warning_comes_warn_before_ahead_once_per_incident() {
     assert_eq!(warnings, ["warning      alpha: enforcement due in 10m: ends 3, skips 0"], "{table}");
 }
 
-#[test]
+#[guard_test]
 fn warn_before_zero_turns_warnings_off() {
     let r = replay(Setup {
         fixture: "two-names.trace",
@@ -47,7 +48,7 @@ fn warn_before_zero_turns_warnings_off() {
 
 /// The pile is never gone in this replay (nothing removes the recorded processes), so every
 /// tick enforces it again: a respawn loop seen from the guard.
-#[test]
+#[guard_test]
 fn a_respawn_loop_logs_repeat_once_a_day_over_a_day_of_injected_time() {
     let r = replay(Setup {
         fixture: "two-names.trace",
@@ -69,7 +70,7 @@ fn a_respawn_loop_logs_repeat_once_a_day_over_a_day_of_injected_time() {
     assert_eq!(kinds, 2);
 }
 
-#[test]
+#[guard_test]
 fn repeat_counts_survive_a_restart_through_the_state_file() {
     let config =
         r#"{"threshold": 3, "timeout": "0s", "repeatAfter": 3, "excludes": ["beta"], "stateFile": "/s/state.json"}"#;
@@ -100,7 +101,7 @@ fn repeat_counts_survive_a_restart_through_the_state_file() {
     assert_eq!(second.lines("REPEAT"), ["REPEAT name=alpha enforcements_24h=3 kills_24h=9"], "{:#?}", second.log);
 }
 
-#[test]
+#[guard_test]
 fn the_stall_watch_tells_a_spinning_process_once_reminds_hourly_and_never_signals() {
     // pid 900 uses a full core from t=0 to t=90 min, then stops; pid 901 bursts (busy every
     // other minute): never told.
@@ -143,7 +144,7 @@ fn the_stall_watch_tells_a_spinning_process_once_reminds_hourly_and_never_signal
     assert_eq!(during[0].pid, 900);
 }
 
-#[test]
+#[guard_test]
 fn a_step_of_the_wall_clock_neither_enforces_early_nor_loses_a_flag_clock() {
     let config = r#"{"threshold": 3, "timeout": "5m", "warnBefore": 0, "stateFile": "/s/state.json"}"#;
     let run_for = |secs: u64, step: f64| {
@@ -173,7 +174,7 @@ fn a_step_of_the_wall_clock_neither_enforces_early_nor_loses_a_flag_clock() {
     }
 }
 
-#[test]
+#[guard_test]
 fn unknown_keys_are_warned_about_256_times_a_run_then_once_that_the_rest_are_not() {
     // A config rewritten before each tick with 100 new unknown keys: the set of keys warned
     // about stops growing at 256, and one line says so.
@@ -200,7 +201,7 @@ fn unknown_keys_are_warned_about_256_times_a_run_then_once_that_the_rest_are_not
     assert_eq!(r.lines("TICK_COMPLETE").len(), 6, "every tick completes: {:#?}", r.log);
 }
 
-#[test]
+#[guard_test]
 fn a_flagged_name_not_yet_due_has_its_unchanged_processes_matched_once_not_every_tick() {
     let keep = r#"{"threshold": 5, "timeout": "1h", "excludeCommands": ["--keep"]}"#;
     let r = replay(Setup {
@@ -232,3 +233,5 @@ fn a_flagged_name_not_yet_due_has_its_unchanged_processes_matched_once_not_every
     assert_eq!(at(7), Some((Some(1), Some(4))), "{counts:?}");
     assert_eq!(counts.last().map(|c| (c.1, c.2)), Some((Some(2), Some(3))), "{counts:?}");
 }
+
+guard_test::main!();

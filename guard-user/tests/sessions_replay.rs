@@ -2,6 +2,7 @@
 //! effects) on a paused tokio clock, from hand-made and recorded traces: the exact lines, the
 //! signals, the stream events and the status. Beside replay.rs (which is near its size bound),
 //! with the same harness in small.
+use guard_test::guard_test;
 use std::{path::PathBuf, time::Duration};
 
 use guard::{
@@ -73,7 +74,7 @@ fn replay(fixture_name: &str, config: &str, secs: u64, dry_run: bool, interval: 
 const STOP: &str = r#"{"excludeCommands": ["--keep"],
     "sessions": {"roots": ["(^|/)agent-wrapper( |$)"], "leftovers": "stop", "grace": "10s"}}"#;
 
-#[test]
+#[guard_test]
 fn a_roots_leftovers_are_stopped_after_the_grace_and_reaped_in_one_line() {
     let r = replay("handmade-session.trace", STOP, 150, false, Duration::from_secs(60));
     assert_eq!(
@@ -112,7 +113,7 @@ fn a_roots_leftovers_are_stopped_after_the_grace_and_reaped_in_one_line() {
     assert!(metrics.contains("guard_reaped_total{user=\"replay\"} 1\n"), "{metrics}");
 }
 
-#[test]
+#[guard_test]
 fn the_live_session_shows_in_the_status_with_its_root_command_and_processes() {
     let r = replay("handmade-session.trace", STOP, 65, false, Duration::from_secs(60));
     let status = r.rec.status.0.lock().unwrap().last().cloned().unwrap();
@@ -125,7 +126,7 @@ fn the_live_session_shows_in_the_status_with_its_root_command_and_processes() {
     assert_eq!(pids, [201, 203, 204, 205, 206, 208]);
 }
 
-#[test]
+#[guard_test]
 fn report_logs_the_leftovers_and_ends_nothing() {
     let config = STOP.replace(r#""stop""#, r#""report""#);
     let r = replay("handmade-session.trace", &config, 150, false, Duration::from_secs(60));
@@ -134,7 +135,7 @@ fn report_logs_the_leftovers_and_ends_nothing() {
     assert!(r.terms().is_empty() && r.kills().is_empty());
 }
 
-#[test]
+#[guard_test]
 fn a_dry_run_logs_dry_run_for_each_leftover_it_would_stop_and_signals_nothing() {
     let r = replay("handmade-session.trace", STOP, 150, true, Duration::from_secs(60));
     assert_eq!(
@@ -152,7 +153,7 @@ fn a_dry_run_logs_dry_run_for_each_leftover_it_would_stop_and_signals_nothing() 
     assert_eq!(verified, [(true, vec![201, 203, 204])]);
 }
 
-#[test]
+#[guard_test]
 fn without_sessions_the_same_trace_logs_nothing_of_them() {
     let r = replay("handmade-session.trace", r#"{"excludeCommands": ["--keep"]}"#, 150, false, Duration::from_secs(60));
     assert!(r.lines(&["LEFTOVER", "REAPED", "SKIPPED", "DRY_RUN"]).is_empty(), "{:#?}", r.log);
@@ -164,7 +165,7 @@ fn without_sessions_the_same_trace_logs_nothing_of_them() {
 /// execs, a double-forked grandchild, an excluded name and a renamed child are all the root's
 /// leftovers; the trace ends with them alive (nothing exits after its SIGTERM), so the SIGKILL
 /// rounds run and the session closes with them as survivors.
-#[test]
+#[guard_test]
 fn a_session_recorded_from_the_kernel_replays_to_its_leftovers() {
     let config = r#"{"excludes": ["claude"],
         "sessions": {"roots": ["(^|/)agent-wrapper session "], "leftovers": "stop", "grace": "1s"}}"#;
@@ -192,7 +193,7 @@ fn a_session_recorded_from_the_kernel_replays_to_its_leftovers() {
 /// Processes older than the daemon: their lineage comes from the start-up scan's parent links. A
 /// root among them is recognised by its command line; its child that only forked (the same
 /// command line) is a member, not a root of its own; an orphan outside is nobody's leftover.
-#[test]
+#[guard_test]
 fn a_root_older_than_the_daemon_is_recognised_and_its_forks_are_its_session() {
     let r = replay("handmade-session-startup.trace", STOP, 60, false, Duration::from_secs(10));
     assert_eq!(
@@ -208,3 +209,5 @@ fn a_root_older_than_the_daemon_is_recognised_and_its_forks_are_its_session() {
     assert_eq!(r.terms(), [vec![201, 202]]);
     assert_eq!(r.kills(), [vec![201]]);
 }
+
+guard_test::main!();

@@ -1,5 +1,6 @@
 //! `guard-user status [--json]` (docs/operations.md): staleness decided once, the same exit code for both
 //! views, and a status file the account rewrote can neither forge a row nor crash the reader.
+use guard_test::guard_test;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,7 +42,7 @@ fn status(last_tick_ago: f64) -> Status {
     }
 }
 
-#[test]
+#[guard_test]
 fn a_tick_older_than_two_intervals_is_stale() {
     let fresh = |ago: f64, interval: f64| Freshness::of(NOW as f64 - ago, interval, now());
     assert_eq!(fresh(120.0, 60.0), Freshness { age_secs: 120.0, stale: false });
@@ -54,7 +55,7 @@ fn a_tick_older_than_two_intervals_is_stale() {
     assert_eq!(status(121.0).freshness(now()), fresh(121.0, 60.0));
 }
 
-#[test]
+#[guard_test]
 fn json_carries_stale_and_the_age_and_still_reads_as_a_status() {
     for (ago, stale) in [(30.0, false), (600.0, true)] {
         let s = status(ago);
@@ -67,7 +68,7 @@ fn json_carries_stale_and_the_age_and_still_reads_as_a_status() {
     }
 }
 
-#[test]
+#[guard_test]
 fn the_table_says_stale_and_shows_both_process_counts() {
     let mut s = status(600.0);
     let table = render_table(&s, now());
@@ -84,7 +85,7 @@ fn status_with(mut s: Status, ago: f64) -> Status {
     s
 }
 
-#[test]
+#[guard_test]
 fn an_older_status_file_reads_and_shows_no_empty_sections() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-status.json");
@@ -114,7 +115,7 @@ fn an_older_status_file_reads_and_shows_no_empty_sections() {
     }
 }
 
-#[test]
+#[guard_test]
 fn optional_sections_show_when_the_daemon_fills_them() {
     let mut s = status(10.0);
     s.names[0].warned = true;
@@ -128,7 +129,7 @@ fn optional_sections_show_when_the_daemon_fills_them() {
     assert!(table.contains("spin                   77   0.98     10m00s\n"), "{table}");
 }
 
-#[test]
+#[guard_test]
 fn a_name_holding_a_newline_cannot_forge_a_row() {
     let mut s = status(10.0);
     let forged = "x\nsleep               31         30 2023-11-14 22:13:20     58m00s          0        31";
@@ -162,7 +163,7 @@ fn status_plain_sections() -> Status {
     s
 }
 
-#[test]
+#[guard_test]
 fn absurd_numbers_in_the_status_file_do_not_crash_the_views() {
     let mut s = status(10.0);
     s.started_at = -1e300;
@@ -179,7 +180,7 @@ fn absurd_numbers_in_the_status_file_do_not_crash_the_views() {
 }
 
 /// The binary: `status` and `status --json` exit 1 on a stale status, 0 on a fresh one.
-#[test]
+#[guard_test]
 fn both_views_exit_one_when_the_status_is_stale() {
     let home = tempfile::tempdir().unwrap();
     let user = guard::account::Account::resolve(None).map(|a| a.name).unwrap_or_else(|_| "root".into());
@@ -208,7 +209,7 @@ fn both_views_exit_one_when_the_status_is_stale() {
 
 /// The binary: a fresh status whose last tick had a config error shows the ERROR line's reason
 /// exactly as the log has it, in both views, and exits 1 like a stale one: the guard ended nothing.
-#[test]
+#[guard_test]
 fn both_views_show_a_config_error_as_logged_and_exit_one() {
     let home = tempfile::tempdir().unwrap();
     let user = guard::account::Account::resolve(None).map(|a| a.name).unwrap_or_else(|_| "root".into());
@@ -240,7 +241,7 @@ fn both_views_show_a_config_error_as_logged_and_exit_one() {
 /// A status file an older guard wrote, with sessions and the stall watch: the names it used
 /// (docs/json.md, older status files) read as today's, so `status` and `tree` keep working
 /// across an upgrade until the daemon restarts.
-#[test]
+#[guard_test]
 fn an_older_status_files_session_and_pegged_names_read_as_the_new_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-status.json");
@@ -263,3 +264,5 @@ fn an_older_status_files_session_and_pegged_names_read_as_the_new_ones() {
     assert_eq!(now["sessions"]["sessions"][0]["processes"][0]["start_ticks"], 1240);
     assert!(now["sessions"]["sessions"][0].get("due_at").is_none());
 }
+
+guard_test::main!();

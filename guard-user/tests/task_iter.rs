@@ -1,17 +1,19 @@
 //! The BPF task iterator against /proc on the running machine: both views agree on every
 //! process (pid, start time, euid, name), on the hard cases one by one, and on CPU time.
 //!
-//! Needs root and /sys/kernel/btf/vmlinux; without them each test prints why and passes.
-//! Children that must make threads, become a zombie leader or change uid are this test binary
-//! re-executed with `GUARD_TASK_ITER_HELPER=<mode>`: a constructor runs the mode before libtest
-//! starts and exits. Every wait is bounded; [`Child`] kills and reaps its process on drop.
+//! Needs root and the ebpf backend (`needs = [root, ebpf]`). Children that must make threads,
+//! become a zombie leader or change uid are this test binary re-executed as a helper mode
+//! (`guard_test::child`). Every wait is bounded; a `Child` kills and reaps its process on drop.
 mod ebpf_harness;
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader, Write},
-    process::{Command, Stdio},
     time::{Duration, Instant},
+};
+
+use guard_test::{
+    child::{say, wait_for_eof, Child},
+    guard_test,
 };
 
 use guard::{
@@ -20,21 +22,15 @@ use guard::{
     procfs,
 };
 
-const HELPER_ENV: &str = "GUARD_TASK_ITER_HELPER";
 const WAIT: Duration = Duration::from_secs(10);
 /// The uid the non-dumpable helper takes (any uid other than root's and the test's).
 const OTHER_UID: u32 = 4243;
 
 // ---------------------------------------------------------------------------------------------
-// The helper side (runs in the child, before main).
+// The helper side (runs in the child instead of the tests).
 
-#[used]
-#[link_section = ".init_array"]
-static HELPER: extern "C" fn() = helper_main;
-
-extern "C" fn helper_main() {
-    let Ok(mode) = std::env::var(HELPER_ENV) else { return };
-    match mode.as_str() {
+fn helper_main(mode: &str) {
+    match mode {
         "busy_threads" => helper_busy_threads(),
         "zombie_leader" => helper_zombie_leader(),
         "non_dumpable" => helper_non_dumpable(),
@@ -42,16 +38,6 @@ extern "C" fn helper_main() {
         other => panic!("unknown helper mode {other}"),
     }
     std::process::exit(0);
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
-fn wait_for_eof() {
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
 }
 
 /// Burns about `ms` of CPU in the calling thread.
@@ -124,62 +110,20 @@ fn helper_renamed() {
 // ---------------------------------------------------------------------------------------------
 // The test side.
 
-/// A spawned helper, killed and reaped on drop.
-struct Child {
-    inner: std::process::Child,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Child {
-    fn helper(mode: &str) -> Child {
-        let mut inner = Command::new(std::env::current_exe().unwrap())
-            .env(HELPER_ENV, mode)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let stdout = BufReader::new(inner.stdout.take().unwrap());
-        Child { inner, stdout }
-    }
-
-    fn pid(&self) -> u32 {
-        self.inner.id()
-    }
-
-    /// The helper's first line (bounded: a watchdog kills a helper that says nothing).
-    fn ready(&mut self) -> String {
-        let pid = self.pid() as i32;
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if rx.recv_timeout(WAIT).is_err() {
-                // SAFETY: our unreaped child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        });
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let _ = tx.send(());
-        watchdog.join().unwrap();
-        assert!(line.starts_with("ready"), "helper {pid} said {line:?}");
-        line.trim_end().to_string()
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.inner.kill();
-        let _ = self.inner.wait();
-    }
-}
-
-/// The loaded source with its iterator, or None (with the reason printed) where this machine
-/// cannot run the test.
-fn load() -> Option<EbpfSource> {
-    let src = ebpf_harness::load("task_iter", &EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() })?;
+/// The loaded source with its iterator (the tests declare `needs = [root, ebpf]`).
+fn load() -> EbpfSource {
+    let src = ebpf_harness::load(&EbpfOptions { ring_bytes: Some(64 << 10), ..Default::default() });
     if let Some(e) = src.task_iter_problem() {
         panic!("the task iterator did not load on a kernel with BTF: {e} (reason={})", e.reason());
     }
-    Some(src)
+    src
+}
+
+/// The helper's first line, which starts with `ready`.
+fn ready(child: &mut Child) -> String {
+    let line = child.read_line();
+    assert!(line.starts_with("ready"), "helper {} said {line:?}", child.pid());
+    line
 }
 
 fn iter(src: &EbpfSource) -> &TaskIter {
@@ -213,13 +157,13 @@ fn proc_cpu_ns(pid: u32) -> u64 {
     (f[0] + f[1]) * (1_000_000_000 / clock_ticks_per_sec())
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn the_iterator_and_proc_agree_on_every_process_that_outlived_both_reads() {
-    let Some(src) = load() else { return };
+    let src = load();
     let mut helpers: Vec<Child> =
         ["busy_threads", "zombie_leader", "non_dumpable", "renamed"].iter().map(|m| Child::helper(m)).collect();
     for h in &mut helpers {
-        h.ready();
+        ready(h);
     }
     // /proc before and after the iterator: a process the same in both existed, unchanged,
     // across the iterator's read, so the iterator must report exactly that.
@@ -271,11 +215,11 @@ fn the_iterator_and_proc_agree_on_every_process_that_outlived_both_reads() {
     let _ = busy;
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_multi_threaded_process_counts_once_with_its_whole_groups_cpu_time() {
-    let Some(src) = load() else { return };
+    let src = load();
     let mut busy = Child::helper("busy_threads");
-    busy.ready();
+    ready(&mut busy);
     let pid = busy.pid();
     let recs = iter(&src).snapshot().unwrap();
     assert_eq!(recs.iter().filter(|r| r.tgid == pid).count(), 1, "one record for the process");
@@ -293,11 +237,11 @@ fn a_multi_threaded_process_counts_once_with_its_whole_groups_cpu_time() {
     assert!(sample.iter().all(|s| s.state.euid == 0), "the sample holds only the uid asked for");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_zombie_leader_counts_while_its_thread_lives_and_not_after() {
-    let Some(src) = load() else { return };
+    let src = load();
     let mut z = Child::helper("zombie_leader");
-    z.ready();
+    ready(&mut z);
     let pid = z.pid();
     // The leader's exit is asynchronous to our read of its line.
     let until = Instant::now() + WAIT;
@@ -307,7 +251,7 @@ fn a_zombie_leader_counts_while_its_thread_lives_and_not_after() {
     }
     assert!(iter(&src).snapshot().unwrap().iter().any(|r| r.tgid == pid), "zombie leader with a live thread");
     // Closing stdin ends the thread: the group is gone, though unreaped (a zombie) until we wait.
-    drop(z.inner.stdin.take());
+    z.close_stdin();
     let until = Instant::now() + WAIT;
     while iter(&src).snapshot().unwrap().iter().any(|r| r.tgid == pid) {
         assert!(Instant::now() < until, "the exited group {pid} still counts");
@@ -316,9 +260,9 @@ fn a_zombie_leader_counts_while_its_thread_lives_and_not_after() {
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "still unreaped: a zombie, not counted");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn snapshots_run_concurrently_from_clones_while_tasks_come_and_go() {
-    let Some(src) = load() else { return };
+    let src = load();
     let it = iter(&src).clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // New tasks during the reads: the kernel's walk would go on past its end marker to them.
@@ -342,3 +286,5 @@ fn snapshots_run_concurrently_from_clones_while_tasks_come_and_go() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     churn.join().unwrap();
 }
+
+guard_test::main!(helpers = helper_main);

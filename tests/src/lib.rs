@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: RAII guards for temp homes, probe processes and
-//! daemons (Drop kills and reaps what a test spawned). Tests need root (they load BPF and run
-//! probes as test accounts); without root they print why and pass as skipped.
+//! daemons (Drop kills and reaps what a test spawned). The tests run under guard-test's harness
+//! (`#[guard_test(needs = [root, …])]`): a test that needs root is ignored with the reason
+//! without it, never passed.
 use std::{
     fs,
     io::{BufRead, BufReader},
@@ -10,55 +11,36 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod bounds;
+
+pub use guard_test::{guard_test, serial::Serial, wait::poll, Need};
+
 pub const TEST_USER: &str = "guardtest1";
 pub const TEST_UID: u32 = 4201;
 pub const OTHER_USER: &str = "guardtest2";
 pub const OTHER_UID: u32 = 4202;
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Held for the whole of one kernel test: serialises the tests of this binary (a mutex) and of
-/// every other test process on the host (an flock), since they all count the same test account
-/// and one test's daemon would end another's probes.
-pub struct Serial {
-    _in_process: std::sync::MutexGuard<'static, ()>,
-    _host: fs::File,
-}
-
-/// Set-up for a kernel test: `None` (with the reason printed) when it cannot run, else the
-/// [`Serial`] guard.
-pub fn setup(test: &str) -> Option<Serial> {
-    use std::os::fd::AsRawFd;
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped {test}: needs root (run `cargo xtask test` as root)");
-        return None;
-    }
-    let in_process = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let host = fs::OpenOptions::new().create(true).append(true).open("/tmp/guard-integration-tests.lock").unwrap();
-    // SAFETY: flock on an fd we own; released when the file closes.
-    unsafe { libc::flock(host.as_raw_fd(), libc::LOCK_EX) };
+/// Set-up for a kernel test (declared `needs = [root]`): the [`Serial`] guard, held for the
+/// whole test, and the test accounts.
+pub fn setup() -> Serial {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "a test that calls setup() declares needs = [root]");
+    let serial = guard_test::serial::serial();
     ensure_account(TEST_USER, TEST_UID);
     ensure_account(OTHER_USER, OTHER_UID);
-    Some(Serial { _in_process: in_process, _host: host })
+    serial
 }
 
-/// Whether the `ebpf` backend can load here; when not, prints why `test` is skipped. A kernel
-/// without BTF (the `no-btf` VM guest) runs everything else through the procfs fallback.
-pub fn ebpf_available(test: &str) -> bool {
-    let btf = std::path::Path::new(guard::btf::VMLINUX);
-    if btf.exists() {
-        return true;
-    }
-    eprintln!("skipped {test} (ebpf backend): no {} (a kernel without BTF), so the guard runs procfs", btf.display());
-    false
-}
-
-/// The backends `test` can run here: both, or procfs alone where [`ebpf_available`] says no.
-pub fn backends(test: &str) -> Vec<&'static str> {
-    if ebpf_available(test) {
-        vec!["ebpf", "procfs"]
-    } else {
-        vec!["procfs"]
+/// The backends a test that runs both can run here: both, or procfs alone where the ebpf
+/// backend cannot load (a kernel without BTF, a build without the BPF object), said on stderr;
+/// a run that requires `ebpf` fails instead.
+pub fn backends() -> Vec<&'static str> {
+    match guard_test::adapt(Need::Ebpf) {
+        None => vec!["ebpf", "procfs"],
+        Some(why) => {
+            eprintln!("the procfs backend only: {why}");
+            vec!["procfs"]
+        }
     }
 }
 
@@ -154,18 +136,6 @@ impl Home {
     }
 }
 
-/// Calls `f` every 50 ms until it says done or `timeout` passes; returns its last value.
-pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> (bool, T)) -> T {
-    let end = Instant::now() + timeout;
-    loop {
-        let (done, v) = f();
-        if done || Instant::now() > end {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 impl Default for Home {
     fn default() -> Self {
         Home::new()
@@ -235,8 +205,15 @@ impl Daemon {
         Daemon::start_with(home, extra, &[])
     }
 
-    /// With extra environment variables (e.g. `GUARD_FAULT`, `NOTIFY_SOCKET`).
+    /// With extra environment variables (e.g. `GUARD_FAULT`, `NOTIFY_SOCKET`). Without a
+    /// `--backend` in `extra` the daemon picks one: where the ebpf backend cannot load, that is
+    /// procfs, which is said (and fails a run that requires `ebpf`).
     pub fn start_with(home: &Home, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        if !extra.contains(&"--backend") {
+            if let Some(why) = guard_test::adapt(Need::Ebpf) {
+                eprintln!("the daemon will run the procfs backend: {why}");
+            }
+        }
         let mut cmd = Command::new(guard_bin());
         cmd.envs(env.iter().copied());
         cmd.arg("run").args(["--user", TEST_USER, "--home"]).arg(home.path()).args(["--interval", "1s"]).args(extra);

@@ -54,12 +54,9 @@ fn assert_cadence(what: &str, times: &[f64], secs: u64, log: &str, daemon: &Daem
     worst
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn ticks_keep_their_cadence_during_an_event_storm() {
-    let Some(_g) = setup("cadence under a storm") else { return };
-    if !ebpf_available("cadence under a storm") {
-        return;
-    }
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 3, "timeout": "1h", "excludes": []}"#);
     let exe = home.probe_named("steady");
@@ -76,9 +73,9 @@ fn ticks_keep_their_cadence_during_an_event_storm() {
     eprintln!("event storm: {} events handled, {} lost, {} resyncs", status.events, status.lost_events, status.resyncs);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn ticks_keep_their_cadence_while_redis_hangs() {
-    let Some(_g) = setup("cadence with a hung Redis") else { return };
+    let _g = setup();
     // A hung Redis: the kernel completes the handshakes (backlog), nobody ever reads or answers.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -109,3 +106,5 @@ fn ticks_keep_their_cadence_while_redis_hangs() {
     assert!(lines(&log, "KILLED").len() >= 3, "{log}");
     assert_eq!(log.matches("WARN redis_unreachable").count(), 1, "{log}");
 }
+
+guard_test::main!();

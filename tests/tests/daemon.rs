@@ -40,24 +40,21 @@ fn kills_the_pile_but_not_excluded_commands_or_other_uids(backend: &str) {
     assert!(log.trim_end().ends_with("STOPPED reason=signal"), "{log}");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn ebpf_backend_kills_the_pile_but_not_excluded_commands_or_other_uids() {
-    let Some(_g) = setup("ebpf kill") else { return };
-    if !ebpf_available("ebpf kill") {
-        return;
-    }
+    let _g = setup();
     kills_the_pile_but_not_excluded_commands_or_other_uids("ebpf");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn procfs_backend_kills_the_pile_but_not_excluded_commands_or_other_uids() {
-    let Some(_g) = setup("procfs kill") else { return };
+    let _g = setup();
     kills_the_pile_but_not_excluded_commands_or_other_uids("procfs");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn dry_run_logs_what_it_would_end_and_ends_nothing() {
-    let Some(_g) = setup("dry run") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(&config(2, "1s"));
     let exe = home.probe_named("agentihooks");
@@ -78,9 +75,9 @@ fn dry_run_logs_what_it_would_end_and_ends_nothing() {
     assert!(state["flagged"]["agentihooks"].as_f64().is_some(), "{state}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn malformed_config_ends_nothing_and_leaves_the_state_untouched() {
-    let Some(_g) = setup("malformed config") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 0, "timeout": "1s"}"#);
     let state_path = home.path().join("guard-daemon-state.json");
@@ -104,10 +101,10 @@ fn malformed_config_ends_nothing_and_leaves_the_state_untouched() {
     assert!(log.contains(&format!("ERROR config_missing path={}", path.display())), "{log}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn threads_count_once_and_forks_without_exec_keep_the_name() {
-    let Some(_g) = setup("threads and forks") else { return };
-    for backend in backends("threads and forks") {
+    let _g = setup();
+    for backend in backends() {
         let home = Home::new();
         home.write_config(&config(4, "1h"));
         let exe = home.probe_named("agentihooks");
@@ -121,9 +118,9 @@ fn threads_count_once_and_forks_without_exec_keep_the_name() {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn names_below_the_threshold_or_excluded_are_not_flagged_and_lose_their_clock() {
-    let Some(_g) = setup("below threshold") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(&config(3, "1h"));
     let exe = home.probe_named("agentihooks");
@@ -135,18 +132,20 @@ fn names_below_the_threshold_or_excluded_are_not_flagged_and_lose_their_clock() 
     assert!(log.contains("TICK_COMPLETE flagged=0 kills=0 errors=0"), "{log}");
     let state = home.state().unwrap();
     assert!(state["flagged"].as_object().unwrap().is_empty(), "{state}");
-    // Excluded: never flagged even at the threshold.
+    // Excluded: never flagged even at the threshold. Two whole ticks after the change: at least
+    // one read the new config.
+    let ticks = lines(&home.log(), "TICK_COMPLETE").len();
     home.write_config(r#"{"threshold": 2, "timeout": "1s", "excludes": ["AgentiHooks"]}"#);
-    std::thread::sleep(Duration::from_millis(2500));
+    home.wait_log(WAIT, |l| lines(l, "TICK_COMPLETE").len() >= ticks + 2);
     daemon.stop();
     assert!(pile.iter_mut().all(|p| p.is_alive()));
     let tail: String = home.log().lines().rev().take(3).collect();
     assert!(!tail.contains("FLAGGED"), "{tail}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_restart_keeps_the_flag_clock() {
-    let Some(_g) = setup("restart") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(&config(2, "1h"));
     let exe = home.probe_named("agentihooks");
@@ -162,12 +161,9 @@ fn a_restart_keeps_the_flag_clock() {
     assert_eq!(home.state().unwrap()["flagged"]["agentihooks"].as_f64().unwrap(), first);
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn both_backends_count_the_same_workload_the_same() {
-    let Some(_g) = setup("differential") else { return };
-    if !ebpf_available("differential") {
-        return;
-    }
+    let _g = setup();
     let home = Home::new();
     let exe = home.probe_named("agentihooks");
     let other = home.probe_named("sleeper-x");
@@ -193,9 +189,9 @@ fn both_backends_count_the_same_workload_the_same() {
     assert_eq!(seen[0], seen[1]);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn without_bpf_privileges_the_guard_falls_back_to_procfs_and_says_why() {
-    let Some(_g) = setup("fallback") else { return };
+    let _g = setup();
     use std::os::unix::process::CommandExt;
     let home = Home::new();
     home.write_config(&config(2, "1h"));
@@ -219,9 +215,9 @@ fn without_bpf_privileges_the_guard_falls_back_to_procfs_and_says_why() {
     assert!(log.contains("FLAGGED name=agentihooks count=2 first_flagged=now"), "{log}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn an_explicit_ebpf_backend_without_privileges_fails_instead_of_falling_back() {
-    let Some(_g) = setup("explicit ebpf") else { return };
+    let _g = setup();
     use std::os::unix::process::CommandExt;
     let home = Home::new();
     home.write_config(&config(2, "1h"));
@@ -237,3 +233,5 @@ fn an_explicit_ebpf_backend_without_privileges_fails_instead_of_falling_back() {
     assert!(err.contains("permission_denied") || err.contains("needs root"), "{err}");
     assert!(home.log().contains("STOPPED reason=error"), "{}", home.log());
 }
+
+guard_test::main!();

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use integration_tests::*;
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_warning_comes_before_a_real_enforcement() {
-    let Some(_g) = setup("warning") else { return };
+    let _g = setup();
     let home = Home::new();
     // Due 8 s after flagging; warned when due within 5 s (the deadline timer ticks for it).
     home.write_config(r#"{"threshold": 3, "timeout": "8s", "warnBefore": "5s", "excludes": []}"#);
@@ -27,9 +27,9 @@ fn a_warning_comes_before_a_real_enforcement() {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_pile_that_keeps_respawning_is_reported_as_a_repeat_offender() {
-    let Some(_g) = setup("repeat") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "0s", "repeatAfter": 3, "warnBefore": 0, "excludes": []}"#);
     let exe = home.probe_named("respawner");
@@ -55,3 +55,5 @@ fn a_pile_that_keeps_respawning_is_reported_as_a_repeat_offender() {
     let state = std::fs::read_to_string(home.path().join("guard-daemon-state.json")).unwrap();
     assert!(state.contains("\"repeats\"") && state.contains("respawner"), "{state}");
 }
+
+guard_test::main!();

@@ -67,9 +67,9 @@ fn has(log: &str, needle: &str) {
     assert!(log.contains(needle), "expected {needle:?} in:\n{log}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_config_linked_to_a_root_only_file_is_refused_and_its_values_never_shown() {
-    let Some(_g) = setup("config → root file") else { return };
+    let _g = setup();
     let home = Home::new();
     let secret = Secret::new();
     let target = secret.file("cfg.json", &format!(r#"{{"timeout": "{0}", "{0}": 1}}"#, secret.text));
@@ -79,9 +79,9 @@ fn a_config_linked_to_a_root_only_file_is_refused_and_its_values_never_shown() {
     has(&log, "reason=permission_denied");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_config_linked_to_a_root_processs_pipe_consumes_nothing() {
-    let Some(_g) = setup("config → root pipe") else { return };
+    let _g = setup();
     let home = Home::new();
     let mut fds = [0; 2];
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -109,9 +109,9 @@ fn a_config_linked_to_a_root_processs_pipe_consumes_nothing() {
     unsafe { libc::close(fds[1]) };
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_fifo_as_the_config_is_an_error_not_a_wait() {
-    let Some(_g) = setup("config fifo") else { return };
+    let _g = setup();
     let home = Home::new();
     let c = std::ffi::CString::new(config_path(&home).to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
@@ -134,9 +134,9 @@ fn a_fifo_as_the_config_is_an_error_not_a_wait() {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_fifo_as_the_state_file_never_delays_enforcement() {
-    let Some(_g) = setup("state fifo") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "1s", "excludes": []}"#);
     let c = std::ffi::CString::new(home.path().join("guard-daemon-state.json").to_str().unwrap()).unwrap();
@@ -150,9 +150,9 @@ fn a_fifo_as_the_state_file_never_delays_enforcement() {
     assert!(pile.iter_mut().all(|p| p.wait_dead(Duration::from_secs(5))));
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn devices_directories_sparse_giants_and_link_loops_as_the_config_are_clear_errors() {
-    let Some(_g) = setup("config kinds") else { return };
+    let _g = setup();
     type Make = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, Make)> = vec![
         ("kind=char_device", Box::new(|p: &Path| symlink("/dev/zero", p).unwrap())),
@@ -182,9 +182,9 @@ fn devices_directories_sparse_giants_and_link_loops_as_the_config_are_clear_erro
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn huge_numbers_and_deep_documents_are_config_errors_not_crashes() {
-    let Some(_g) = setup("huge values") else { return };
+    let _g = setup();
     let deep = format!(r#"{{"x": {}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
     for (config, want) in [
         (
@@ -204,9 +204,9 @@ fn huge_numbers_and_deep_documents_are_config_errors_not_crashes() {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn names_differing_only_in_invalid_bytes_keep_separate_clocks() {
-    let Some(_g) = setup("invalid byte names") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "1h", "excludes": []}"#);
     let exe = home.probe_named("base");
@@ -246,9 +246,9 @@ fn every_line_is_one_event(log: &str) {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_name_made_to_forge_a_line_or_a_key_stays_one_quoted_value() {
-    let Some(_g) = setup("forging names") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 1, "timeout": "1h", "excludes": []}"#);
     let exe = home.probe_named("base");
@@ -265,9 +265,9 @@ fn a_name_made_to_forge_a_line_or_a_key_stays_one_quoted_value() {
     assert!(v["names"].as_array().unwrap().iter().all(|n| !n["name"].as_str().unwrap().contains('\n')), "{status}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_process_that_renames_itself_on_sigterm_is_not_logged_killed() {
-    let Some(_g) = setup("dodger") else { return };
+    let _g = setup();
     let home = Home::new();
     // `renamed` is excluded so the survivors are not ended again under their new name.
     home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": ["renamed"]}"#);
@@ -282,9 +282,9 @@ fn a_process_that_renames_itself_on_sigterm_is_not_logged_killed() {
     assert!(pile.iter_mut().all(|p| p.is_alive()), "a renamed process must not be sent SIGKILL");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_state_file_root_cannot_write_as_the_account_never_delays_enforcement() {
-    let Some(_g) = setup("unwritable state") else { return };
+    let _g = setup();
     for state_file in ["/proc/guard-state.json", "/etc/passwd"] {
         let home = Home::new();
         let passwd = fs::read("/etc/passwd").unwrap();
@@ -301,9 +301,9 @@ fn a_state_file_root_cannot_write_as_the_account_never_delays_enforcement() {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_fifo_or_a_root_file_as_the_log_does_not_stop_the_ticks() {
-    let Some(_g) = setup("log fifo") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 3, "timeout": "1h"}"#);
     let log_path = home.path().join("guard-daemon.log");
@@ -335,9 +335,9 @@ impl FifoLike for fs::FileType {
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn bad_pattern_lists_are_config_errors() {
-    let Some(_g) = setup("pattern lists") else { return };
+    let _g = setup();
     let many: Vec<String> = (0..300).map(|i| format!("\"p{i}\"")).collect();
     for (config, want) in [
         (format!(r#"{{"excludeCommands": [{}]}}"#, many.join(",")), "ERROR config_malformed excludeCommands"),
@@ -365,9 +365,9 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_pattern_that_cannot_finish_protects_the_process_and_the_daemon_keeps_ticking() {
-    let Some(_g) = setup("pattern bomb") else { return };
+    let _g = setup();
     let home = Home::new();
     // Back-references over a run of a's: exponential in glibc, and it never matches (no `c`).
     home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": [], "excludeCommands": ["(a|aa)*\\1c"]}"#);
@@ -389,11 +389,13 @@ fn a_pattern_that_cannot_finish_protects_the_process_and_the_daemon_keeps_tickin
     assert!(rss < 64 * 1024, "the daemon grew to {rss} KiB");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn patterns_too_costly_to_compile_are_refused_at_once() {
-    let Some(_g) = setup("compile bomb") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"excludeCommands": ["((a{1,255}){1,255}){1,255}"]}"#);
     let log = survive(&home, 3, None);
     has(&log, "ERROR config_malformed excludeCommands pattern=((a{1,255}){1,255}){1,255}");
 }
+
+guard_test::main!();

@@ -69,9 +69,9 @@ fn now_secs() -> f64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_reports_every_drift_and_install_brings_it_in_sync() {
-    let Some(_g) = setup("install drift") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     let home = host.home.path().display().to_string();
@@ -168,9 +168,9 @@ fn check_reports_every_drift_and_install_brings_it_in_sync() {
     assert_eq!(out.code, 0);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
-    let Some(_g) = setup("install invalid") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     let home = host.home.path().display().to_string();
@@ -245,9 +245,9 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     assert!(!out.stdout.contains("is not enabled"), "{}", out.stdout);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_after_install_with_a_config_source_compares_against_that_source() {
-    let Some(_g) = setup("install recorded source") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     let home = host.home.path().display().to_string();
@@ -289,9 +289,9 @@ fn check_after_install_with_a_config_source_compares_against_that_source() {
     assert_eq!(plain("check").stdout, format!("[OK] Host guard in sync with {}\n", chosen.display()));
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_second_install_changes_nothing() {
-    let Some(_g) = setup("install idempotent") else { return };
+    let _g = setup();
     let host = Host::new();
     assert_eq!(host.run("install").code, 0);
     let before = host.fingerprint();
@@ -309,9 +309,9 @@ fn a_second_install_changes_nothing() {
     );
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn install_without_systemd_links_and_says_the_guard_is_not_scheduled() {
-    let Some(_g) = setup("install no systemd") else { return };
+    let _g = setup();
     let host = Host::new();
     let out = host.run_with("install", &host.source(), "0");
     assert_eq!(out.code, 1);
@@ -326,9 +326,9 @@ fn install_without_systemd_links_and_says_the_guard_is_not_scheduled() {
     assert!(!host.calls().lines().any(|l| l.contains("enable")), "{}", host.calls());
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn install_without_systemd_prints_one_outcome_and_the_command_to_run_instead() {
-    let Some(_g) = setup("install no systemd, twice") else { return };
+    let _g = setup();
     let host = Host::new();
     assert_eq!(host.run_with("install", &host.source(), "0").code, 1);
     // Run again, so nothing changes: the `[!!]` line stays the one outcome (no `[OK] … nothing
@@ -348,9 +348,9 @@ fn install_without_systemd_prints_one_outcome_and_the_command_to_run_instead() {
     assert!(out.stdout.lines().any(|l| l.trim() == command), "no `{command}` in:\n{}", out.stdout);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log() {
-    let Some(_g) = setup("uninstall") else { return };
+    let _g = setup();
     let host = Host::new();
     let user = host.user;
     assert_eq!(host.run("install").code, 0);
@@ -375,9 +375,9 @@ fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log() {
     assert_eq!(fs::read_to_string(host.h("guard-daemon.log")).unwrap(), "x\n");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn the_relink_never_leaves_the_config_path_missing() {
-    let Some(_g) = setup("relink atomic") else { return };
+    let _g = setup();
     let host = Host::new();
     let (a, b) = (host.source(), fs::canonicalize(host.p("b.json")).unwrap());
     fs::copy(&a, host.link()).unwrap(); // starts as a hand copy
@@ -412,9 +412,9 @@ fn the_relink_never_leaves_the_config_path_missing() {
     assert!(guard::install::links_to(&link, &a));
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_reports_a_guard_running_outside_the_unit() {
-    let Some(_g) = setup("install leaked") else { return };
+    let _g = setup();
     let host = Host::for_account(TEST_USER, TEST_UID, "home-");
     assert_eq!(host.run("install").code, 0);
     let daemon = Daemon::start(&host.home, &["--backend", "procfs"]);
@@ -440,3 +440,5 @@ fn check_reports_a_guard_running_outside_the_unit() {
     assert!(!out.stdout.contains(&format!("pid {pid} ")), "{}", out.stdout);
     daemon.stop();
 }
+
+guard_test::main!();

@@ -49,9 +49,9 @@ fn install_from(host: &Host, source: &Path, extra: &[&OsStr]) -> install_host::O
     out(c)
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn no_account_controlled_byte_reaches_the_unit_directory() {
-    let Some(_g) = setup("install hostile config") else { return };
+    let _g = setup();
     let host = Host::for_account(OTHER_USER, OTHER_UID, HOSTILE_HOME);
     let home = host.home.path();
     // The account's own checkout, where its config link points.
@@ -135,9 +135,9 @@ fn no_account_controlled_byte_reaches_the_unit_directory() {
     assert_eq!(o.stdout, format!("[OK] Host guard in sync with {shown}\n"), "{}", o.stderr);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn values_no_unit_can_carry_and_unsafe_homes_are_refused_before_anything_is_written() {
-    let Some(_g) = setup("install refusals") else { return };
+    let _g = setup();
     let host = Host::new();
     let mkhome = |rel: &str, parent_mode: Option<u32>| {
         let p = host.p(rel);
@@ -186,9 +186,9 @@ fn values_no_unit_can_carry_and_unsafe_homes_are_refused_before_anything_is_writ
     // here holds only plain ones, so the rule is covered by the unit tests.
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_tampered_or_planted_dropin_is_drift() {
-    let Some(_g) = setup("install tampered dropin") else { return };
+    let _g = setup();
     let host = Host::new();
     let drift = format!("{} is missing or differs from this build", host.dropin().display());
 
@@ -228,9 +228,9 @@ fn a_tampered_or_planted_dropin_is_drift() {
     assert_eq!(fs::read_to_string(host.dropin()).unwrap(), good);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn install_with_home_runs_the_daemon_with_that_home() {
-    let Some(_g) = setup("install --home") else { return };
+    let _g = setup();
     let host = Host::for_account(TEST_USER, TEST_UID, HOSTILE_HOME);
     let cfg = host.h("my config.json");
     let o = install_from(&host, &host.source(), &[OsStr::new("--config"), cfg.as_os_str()]);
@@ -283,9 +283,9 @@ fn install_with_home_runs_the_daemon_with_that_home() {
     assert!(log.contains("TICK_COMPLETE"), "no tick in {}: {log}", host.home.path().display());
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_packaged_host_writes_only_the_dropin_and_check_accepts_the_packaged_unit() {
-    let Some(_g) = setup("install packaged") else { return };
+    let _g = setup();
     let mut host = Host::new();
     host.simulate_package();
     let pkg = host.packaged.clone().unwrap();
@@ -350,9 +350,9 @@ fn a_packaged_host_writes_only_the_dropin_and_check_accepts_the_packaged_unit() 
     assert!(pkg_unit.exists() && pkg.join("usr/bin/guard-user").exists());
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn legacy_files_are_retired_as_the_account_never_through_its_links() {
-    let Some(_g) = setup("install legacy links") else { return };
+    let _g = setup();
     let host = Host::new();
     // The account points `.config` at root's files, hoping root removes them for it.
     let roots = host.p("roots-config");
@@ -365,3 +365,5 @@ fn legacy_files_are_retired_as_the_account_never_through_its_links() {
     assert!(roots.join("systemd/user/guard-daemon.timer").exists(), "root's file was removed");
     assert!(o.stdout.contains("cannot remove it"), "{}", o.stdout);
 }
+
+guard_test::main!();

@@ -66,9 +66,9 @@ fn config_in(parent: &Path, uid: u32) -> (tempfile::TempDir, PathBuf) {
     (dir, file)
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_source_or_config_the_service_cannot_see_is_refused_before_anything_is_written() {
-    let Some(_g) = setup("install hidden source") else { return };
+    let _g = setup();
     let host = Host::new();
     let (_t, in_tmp) = config_in(Path::new("/tmp"), host.uid);
     let (_v, in_var_tmp) = config_in(Path::new("/var/tmp"), host.uid);
@@ -142,9 +142,9 @@ fn a_source_or_config_the_service_cannot_see_is_refused_before_anything_is_writt
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn check_reports_a_config_link_that_leads_through_a_tree_the_service_cannot_see() {
-    let Some(_g) = setup("check hidden link") else { return };
+    let _g = setup();
     let host = Host::new();
     let source = host.source();
     let o = install(&host, &source, &[]);
@@ -184,9 +184,9 @@ fn check_reports_a_config_link_that_leads_through_a_tree_the_service_cannot_see(
     );
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_record_the_account_could_have_written_is_not_trusted() {
-    let Some(_g) = setup("install record hostile") else { return };
+    let _g = setup();
     let host = Host::new();
     let chosen = fs::canonicalize(host.p("b.json")).unwrap();
     let o = install(&host, &chosen, &[]);
@@ -290,9 +290,9 @@ fn a_record_the_account_could_have_written_is_not_trusted() {
     );
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn every_path_the_account_made_is_printed_escaped() {
-    let Some(_g) = setup("install escaped output") else { return };
+    let _g = setup();
     let host = Host::new();
     // The account's checkout: a name with a terminal title sequence, a bell, a newline that
     // would forge a line of output, and a right-to-left override.
@@ -354,3 +354,5 @@ fn every_path_the_account_made_is_printed_escaped() {
     assert!(o.stdout.contains(&format!("  removed {}\n", escaped(&record(&host)))), "{}", o.stdout);
     assert!(!record(&host).exists() && !host.dropin().exists());
 }
+
+guard_test::main!();

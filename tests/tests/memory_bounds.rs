@@ -6,8 +6,8 @@
 //! one, and still ends a pile of probe processes.
 //!
 //! The cgroup is cgroup v2's (`/sys/fs/cgroup`, the VM guests) or v1's memory hierarchy
-//! (`/sys/fs/cgroup/memory`, this project's CI host); without either the test says why and
-//! passes as skipped.
+//! (`/sys/fs/cgroup/memory`, this project's CI host); without either the test is ignored with
+//! the reason (`needs = [memory_cgroup]`).
 use std::{
     fmt::Write as _,
     fs,
@@ -150,16 +150,10 @@ fn config_with_unknown_keys(generation: u64, keys: usize) -> String {
     s + "}"
 }
 
-#[test]
+#[guard_test(needs = [root, memory_cgroup])]
 fn a_daemon_fed_a_huge_state_and_ever_new_unknown_keys_stays_within_64m_and_keeps_guarding() {
-    let Some(_g) = setup("memory bounds") else { return };
-    let cg = match MemoryCgroup::new(LIMIT) {
-        Ok(cg) => cg,
-        Err(why) => {
-            eprintln!("skipped memory bounds: {why}");
-            return;
-        }
-    };
+    let _g = setup();
+    let cg = MemoryCgroup::new(LIMIT).unwrap_or_else(|why| panic!("a memory cgroup: {why}"));
     let home = Home::new();
     let state_path = home.path().join("guard-daemon-state.json");
     let state = hostile_state();
@@ -218,3 +212,5 @@ fn a_daemon_fed_a_huge_state_and_ever_new_unknown_keys_stays_within_64m_and_keep
     assert_eq!(st.code(), Some(0), "{st:?}");
     assert_eq!(cg.oom_kills(), 0);
 }
+
+guard_test::main!();

@@ -100,10 +100,12 @@ fn ends_fifteen_byte_names_set_by_rename(backend: &str) {
     assert_eq!(lines(&log, "KILLED").len(), 7, "{backend}\n{log}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn fifteen_byte_names_set_by_rename_are_counted_whole_and_ended() {
-    let Some(_g) = setup("fifteen-byte names") else { return };
-    for backend in backends("fifteen-byte names") {
+    let _g = setup();
+    for backend in backends() {
         ends_fifteen_byte_names_set_by_rename(backend);
     }
 }
+
+guard_test::main!();

@@ -1,18 +1,14 @@
 //! A kernel without BTF (the `no-btf` VM guest hides /sys/kernel/btf/vmlinux): the daemon's
 //! default backend falls back to procfs with exactly one `WARN backend_fallback reason=no_btf`,
-//! and guards as usual. Where the kernel has BTF the test says so and passes (the VM suite runs
-//! it where it matters).
+//! and guards as usual. It needs a kernel without BTF (`no_btf`): elsewhere it is ignored, and
+//! the VM suite's no-btf guest requires it.
 use std::time::Duration;
 
 use integration_tests::*;
 
-#[test]
+#[guard_test(needs = [root, no_btf])]
 fn without_btf_the_default_backend_falls_back_to_procfs_once_and_still_ends_a_pile() {
-    let Some(_g) = setup("no BTF") else { return };
-    if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        eprintln!("skipped no BTF: this kernel has /sys/kernel/btf/vmlinux (the no-btf VM guest runs this test)");
-        return;
-    }
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 3, "timeout": "1s", "excludes": []}"#);
     let exe = home.probe_named("nobtfpile");
@@ -30,3 +26,5 @@ fn without_btf_the_default_backend_falls_back_to_procfs_once_and_still_ends_a_pi
         assert!(p.wait_dead(Duration::from_secs(5)), "probe {} survived\n{log}", p.pid());
     }
 }
+
+guard_test::main!();

@@ -81,12 +81,9 @@ fn replay_every(trace: Trace, config: &str, secs: u64, interval: Duration) -> (V
     (rec.log.bodies(), calls)
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_recorded_pile_replays_to_the_verdicts_its_processes_call_for() {
-    let Some(_g) = setup("record and replay") else { return };
-    if !ebpf_available("record and replay") {
-        return;
-    }
+    let _g = setup();
     let home = Home::new();
     let exe = home.probe_named("agentihooks");
     let other = home.probe_named("helper");
@@ -126,12 +123,9 @@ fn a_recorded_pile_replays_to_the_verdicts_its_processes_call_for() {
     assert!(!log.iter().any(|l| l.contains(&format!("pid={} ", probes[2].pid()))), "the renamed one: {log:#?}");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_recorded_fork_storm_replays_without_ghosts() {
-    let Some(_g) = setup("record a storm") else { return };
-    if !ebpf_available("record a storm") {
-        return;
-    }
+    let _g = setup();
     let home = Home::new();
     let exe = home.probe_named("steady");
     let mut steady: Vec<Probe> = Vec::new();
@@ -159,12 +153,9 @@ fn a_recorded_fork_storm_replays_without_ghosts() {
 /// A session root recorded from the real kernel (a setsid child that execs, a double-forked
 /// grandchild, an excluded name, a child that renames itself, then the root's exit), replayed with
 /// `sessions`: every one of them is a leftover of the root, whatever it did after its fork.
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_recorded_session_replays_to_its_leftovers() {
-    let Some(_g) = setup("record a session") else { return };
-    if !ebpf_available("record a session") {
-        return;
-    }
+    let _g = setup();
     let home = Home::new();
     for name in ["agent-wrapper", "watcher", "daemonish", "claude"] {
         home.probe_named(name);
@@ -256,3 +247,5 @@ fn live_at_the_end(trace: &Trace) -> String {
     }
     out
 }
+
+guard_test::main!();

@@ -14,11 +14,8 @@ struct Redis {
 }
 
 impl Redis {
-    fn start() -> Option<Redis> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
-            eprintln!("skipped: no redis-server on PATH (cargo xtask test installs it)");
-            return None;
-        }
+    /// A redis-server on a free loopback port (the test declares `needs = [redis]`).
+    fn start() -> Redis {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -31,7 +28,7 @@ impl Redis {
             assert!(Instant::now() < end, "redis-server did not come up");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(r)
+        r
     }
 
     fn url(&self) -> String {
@@ -55,10 +52,10 @@ impl Drop for Redis {
     }
 }
 
-#[test]
+#[guard_test(needs = [root, redis])]
 fn a_real_kill_reaches_the_stream_and_the_heartbeat_and_a_dead_redis_never_stops_the_guard() {
-    let Some(_g) = setup("redis end to end") else { return };
-    let Some(redis) = Redis::start() else { return };
+    let _g = setup();
+    let redis = Redis::start();
     let home = Home::new();
     home.write_config(r#"{"threshold": 3, "timeout": "1s"}"#);
     let exe = home.probe_named("agentihooks");
@@ -113,10 +110,10 @@ fn check_output(home: &Home, url: &str) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
-#[test]
+#[guard_test(needs = [root, redis])]
 fn check_reports_a_missing_heartbeat_and_an_unreachable_redis() {
-    let Some(_g) = setup("redis check lines") else { return };
-    let Some(redis) = Redis::start() else { return };
+    let _g = setup();
+    let redis = Redis::start();
     let home = Home::new();
     let host = guard::daemon::hostname();
     let out = check_output(&home, &redis.url());
@@ -135,10 +132,10 @@ fn check_reports_a_missing_heartbeat_and_an_unreachable_redis() {
     assert!(!out.contains("hunter2"), "{out}");
 }
 
-#[test]
+#[guard_test(needs = [root, redis])]
 fn a_hostile_process_name_reaches_the_stream_as_one_field() {
-    let Some(_g) = setup("redis hostile name") else { return };
-    let Some(redis) = Redis::start() else { return };
+    let _g = setup();
+    let redis = Redis::start();
     // The account names its processes: a space, a quote, a newline and `=` in 11 bytes.
     let name = "a b\"x\ny=z n";
     let home = Home::new();
@@ -174,10 +171,10 @@ fn a_hostile_process_name_reaches_the_stream_as_one_field() {
     }
 }
 
-#[test]
+#[guard_test(needs = [root, redis])]
 fn a_broken_config_reaches_the_heartbeat_the_fleet_and_the_stream_once() {
-    let Some(_g) = setup("redis config error") else { return };
-    let Some(redis) = Redis::start() else { return };
+    let _g = setup();
+    let redis = Redis::start();
     let home = Home::new();
     home.write_config(r#"{"threshold": "30"}"#);
     std::env::set_var("AGENTIHOOKS_SWARM_REDIS_URL", redis.url());
@@ -230,3 +227,5 @@ fn a_broken_config_reaches_the_heartbeat_the_fleet_and_the_stream_once() {
     assert_eq!(config[0][4..8], ["event", "config_error", "error", reason], "{json}");
     assert_eq!(config[1][4..7], ["event", "config_ok", "after_secs"], "{json}");
 }
+
+guard_test::main!();

@@ -39,10 +39,10 @@ fn cmdline_len(pid: u32) -> usize {
 /// SIGTERMed and left alone (`identity_changed`) at every enforcement, for ever. Now the
 /// enforcer remembers it dodged, and its next enforcement is SIGKILL right after the identity
 /// check.
-#[test]
+#[guard_test(needs = [root])]
 fn a_process_that_dodges_sigterm_and_takes_its_name_back_is_killed_at_its_next_enforcement() {
-    let Some(_g) = setup("dodge and return") else { return };
-    for backend in backends("dodge and return") {
+    let _g = setup();
+    for backend in backends() {
         let home = Home::new();
         // `hiding` is excluded, so the dodgers are not ended under the name they hide behind.
         home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": ["hiding"]}"#);
@@ -66,9 +66,9 @@ fn a_process_that_dodges_sigterm_and_takes_its_name_back_is_killed_at_its_next_e
 
 /// Before: a command line over the matcher's 1 MiB cap was protected (`match_budget`) even with
 /// an empty `excludeCommands`, where nothing could protect it. Now: ended.
-#[test]
+#[guard_test(needs = [root])]
 fn a_command_line_padded_past_the_cap_is_ended_when_no_pattern_could_protect_it() {
-    let Some(_g) = setup("padded, no patterns") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": [], "excludeCommands": []}"#);
     let exe = home.probe_named("padded");
@@ -91,9 +91,9 @@ fn a_command_line_padded_past_the_cap_is_ended_when_no_pattern_could_protect_it(
 /// With patterns, a command line over the cap is still protected (it is never matched on a cut
 /// prefix), but under a reason of its own, in the log, the status file and `explain`, so the
 /// operator can tell padding from a slow pattern. Before: `match_budget`, like a slow pattern.
-#[test]
+#[guard_test(needs = [root])]
 fn a_command_line_padded_past_the_cap_is_protected_as_cmdline_too_long_and_said_so() {
-    let Some(_g) = setup("padded, shipped patterns") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": []}"#);
     let exe = home.probe_named("padded");
@@ -122,9 +122,9 @@ fn a_command_line_padded_past_the_cap_is_protected_as_cmdline_too_long_and_said_
 /// Before: `guard-user status`, run by root, showed the status file in the account's home, which
 /// the account can rewrite at will: a guard whose config had been invalid for its last ticks
 /// (nothing ended) read as healthy. Now root reads the copy the daemon keeps beside its lock.
-#[test]
+#[guard_test(needs = [root])]
 fn a_status_file_the_account_rewrites_cannot_make_status_show_a_healthy_guard() {
-    let Some(_g) = setup("forged status") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": "30"}"#);
     let d = Daemon::start(&home, &[]);
@@ -149,9 +149,9 @@ fn a_status_file_the_account_rewrites_cannot_make_status_show_a_healthy_guard() 
 
 /// Safe, and kept so: a process that blanks its command line (argv's first byte NUL, its last
 /// not, so /proc/PID/cmdline reads empty) matches no shipped pattern and is ended like any other.
-#[test]
+#[guard_test(needs = [root])]
 fn a_process_that_blanks_its_command_line_is_still_ended() {
-    let Some(_g) = setup("blank cmdline") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": []}"#);
     let exe = home.probe_named("blank");
@@ -172,10 +172,10 @@ fn a_process_that_blanks_its_command_line_is_still_ended() {
 
 /// Safe, and kept so: a process whose main thread has exited (its leader a zombie, its work in
 /// another thread) is counted and ended by both backends; its command line reads empty.
-#[test]
+#[guard_test(needs = [root])]
 fn a_process_whose_leader_thread_exited_is_counted_and_ended() {
-    let Some(_g) = setup("zombie leader") else { return };
-    for backend in backends("zombie leader") {
+    let _g = setup();
+    for backend in backends() {
         let home = Home::new();
         home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": []}"#);
         let exe = home.probe_named("headless");
@@ -206,9 +206,9 @@ fn a_process_whose_leader_thread_exited_is_counted_and_ended() {
 /// A pile that dips under the threshold at a tick (here: one process ended and started again)
 /// has its clock dropped and its `timeout` started over; nothing but the absence of `FLAGGED`
 /// lines said so. Now the drop is an `UNFLAGGED` line with how long the clock had run.
-#[test]
+#[guard_test(needs = [root])]
 fn a_pile_that_dips_under_the_threshold_at_a_tick_is_logged_unflagged() {
-    let Some(_g) = setup("dip") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 3, "timeout": "1h", "excludes": []}"#);
     let exe = home.probe_named("dipper");
@@ -227,9 +227,9 @@ fn a_pile_that_dips_under_the_threshold_at_a_tick_is_logged_unflagged() {
 /// A pile renamed to a case variant of an excluded name (`BASH` for `bash`) is left alone, as
 /// docs/configuration.md says excludes ignore case; `status` shows it as excluded rather than
 /// not at all.
-#[test]
+#[guard_test(needs = [root])]
 fn a_pile_renamed_to_an_excluded_name_is_left_alone_but_shown_in_status() {
-    let Some(_g) = setup("excluded pile") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "0s"}"#);
     let exe = home.probe_named("hider");
@@ -250,9 +250,9 @@ fn a_pile_renamed_to_an_excluded_name_is_left_alone_but_shown_in_status() {
 
 /// Safe, and kept so: a pile stopped with SIGSTOP (SIGTERM stays pending on a stopped process)
 /// is still ended: SIGKILL, sent 0.5 s later to what is still itself, ends a stopped process.
-#[test]
+#[guard_test(needs = [root])]
 fn a_stopped_pile_is_still_ended() {
-    let Some(_g) = setup("stopped pile") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 2, "timeout": "0s", "excludes": []}"#);
     let exe = home.probe_named("frozen");
@@ -272,3 +272,5 @@ fn a_stopped_pile_is_still_ended() {
         has(&log, &format!("KILLED pid={} name=frozen ", p.pid()));
     }
 }
+
+guard_test::main!();

@@ -17,12 +17,9 @@ use reliability_common::*;
 // 1. Lost events (item 4)
 // ---------------------------------------------------------------------------------------------
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn lost_events_trigger_a_resync_after_which_the_table_equals_proc() {
-    let Some(_g) = setup("lost events") else { return };
-    if !ebpf_available("lost events") {
-        return;
-    }
+    let _g = setup();
     warn_about_other_guards("lost events");
     let home = Home::new();
     home.write_config(r#"{"threshold": 5, "timeout": "1h", "excludes": []}"#);
@@ -259,9 +256,9 @@ fn run_scenario(home: &Home, s: &Scenario, tally: &mut Tally) {
     tally.scenarios += 1;
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn processes_matching_an_exclusion_are_never_ended_in_random_scenarios() {
-    let Some(_g) = setup("random exclusions") else { return };
+    let _g = setup();
     warn_about_other_guards("random exclusions");
     let total = if long() { 1_000 } else { 30 };
     let mut rng = Rng(0x0e8c_1a5e_5eed_0003);
@@ -296,9 +293,9 @@ fn processes_matching_an_exclusion_are_never_ended_in_random_scenarios() {
 // 3. Crash safety (item 5)
 // ---------------------------------------------------------------------------------------------
 
-#[test]
+#[guard_test(needs = [root])]
 fn kill_9_at_random_points_keeps_the_state_whole_and_the_log_untorn() {
-    let Some(_g) = setup("crash safety") else { return };
+    let _g = setup();
     warn_about_other_guards("crash safety");
     let kills = if long() { 100 } else { 20 };
     let home = Home::new();
@@ -369,3 +366,5 @@ fn kill_9_at_random_points_keeps_the_state_whole_and_the_log_untorn() {
         lines(&log, "STARTED").len()
     );
 }
+
+guard_test::main!();

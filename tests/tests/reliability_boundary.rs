@@ -39,9 +39,9 @@ fn wait_file(path: &Path, timeout: Duration, pred: impl Fn(&str) -> bool) -> Str
     }
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn planted_links_other_uids_and_the_daemon_itself_are_never_touched() {
-    let Some(_g) = setup("privilege boundary") else { return };
+    let _g = setup();
     warn_about_other_guards("privilege boundary");
     let home = Home::new();
     let secret = tempfile::Builder::new().prefix("guard-secret-").tempdir_in("/tmp").unwrap();
@@ -189,9 +189,9 @@ fn host_child_named(parent: u32, name: &str) -> Option<u32> {
     None
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn under_pid_churn_in_child_namespaces_only_the_enforced_name_is_signalled() {
-    let Some(_g) = setup("pid reuse") else { return };
+    let _g = setup();
     warn_about_other_guards("pid reuse");
     let home = Home::new();
     // Threshold 5: the two churn loops are at most 4 `sh` (each shell and its fork before exec).
@@ -281,16 +281,9 @@ fn comm_and_state(pid: u32) -> Option<(String, char)> {
 /// the victim is reaped — inside the guard's SIGTERM → 0.5 s → SIGKILL window. The guard must
 /// signal no bystander (not even SIGKILL: they are all checked alive at the end) and keep ticking
 /// with the pid space exhausted (a fork bomb is exactly when it must act).
-#[test]
+#[guard_test(needs = [root, guest])]
 fn with_host_pids_reused_within_the_kill_window_no_bystander_is_signalled() {
-    if std::env::var_os("GUARD_IN_VM").is_none() {
-        eprintln!(
-            "skipped host pid reuse: it lowers kernel.pid_max and exhausts the pid space, which only a throwaway \
-             kernel may suffer; it runs in `cargo xtask vm` (GUARD_IN_VM=1)"
-        );
-        return;
-    }
-    let Some(_g) = setup("host pid reuse") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(r#"{"threshold": 4, "timeout": "1s", "excludes": ["bystander"]}"#);
     let rec = record_dir(&home);
@@ -331,8 +324,10 @@ fn with_host_pids_reused_within_the_kill_window_no_bystander_is_signalled() {
     while victims.iter_mut().any(|v| v.is_alive()) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
-    // Past every SIGKILL deadline, and two more ticks with the pid space still exhausted.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Past every SIGKILL deadline (the tick that signalled them waited its 0.5 s before its
+    // SIGKILLs and completed), and two more ticks with the pid space still exhausted.
+    let ticks_at_death = lines(&home.log()[offset..], "TICK_COMPLETE").len();
+    home.wait_log(WAIT, |l| lines(&l[offset..], "TICK_COMPLETE").len() > ticks_at_death);
     let ticks_before = lines(&home.log()[offset..], "TICK_COMPLETE").len();
     let log = home.wait_log(WAIT, |l| lines(&l[offset..], "TICK_COMPLETE").len() >= ticks_before + 2);
     let daemon_alive = matches!(daemon.child.try_wait(), Ok(None));
@@ -375,3 +370,5 @@ fn with_host_pids_reused_within_the_kill_window_no_bystander_is_signalled() {
         victim_pids.len()
     );
 }
+
+guard_test::main!();

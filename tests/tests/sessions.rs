@@ -146,12 +146,9 @@ fn wait_recognised(home: &Home, root: u32, members: usize) {
     );
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_roots_leftovers_are_stopped_and_nothing_outside_its_session_is_touched() {
-    let Some(_g) = setup("sessions stop") else { return };
-    if !ebpf_available("sessions stop") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("stop", "2s");
     // A watcher outside the session, with the same name as a leftover.
     let outside_rec = dir.join("outside-signals");
@@ -217,9 +214,9 @@ fn a_roots_leftovers_are_stopped_and_nothing_outside_its_session_is_touched() {
 /// The `procfs` backend has no fork events: its lineage is what each tick's scan shows (parent
 /// links), so a process reparented before a scan saw it (the double-forked grandchild here) is no
 /// one's leftover, while the others are stopped as with events (docs/configuration.md).
-#[test]
+#[guard_test(needs = [root])]
 fn under_the_procfs_backend_the_lineage_is_what_each_scan_shows() {
-    let Some(_g) = setup("sessions procfs") else { return };
+    let _g = setup();
     let (home, dir) = home_for("stop", "1s");
     // No excludeCommands: a procfs tick in a TCG guest spends its round's time on the scan, and
     // an undecided leftover is never ended (that bound has its own tests).
@@ -248,12 +245,9 @@ fn under_the_procfs_backend_the_lineage_is_what_each_scan_shows() {
     );
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn report_logs_each_leftover_once_and_ends_nothing() {
-    let Some(_g) = setup("sessions report") else { return };
-    if !ebpf_available("sessions report") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("report", "1s");
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -275,12 +269,9 @@ fn report_logs_each_leftover_once_and_ends_nothing() {
     assert_eq!(signals(&dir), "", "report mode signalled something");
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_fork_bomb_under_a_root_is_reaped_in_one_line_with_bounded_memory() {
-    let Some(_g) = setup("sessions fork bomb") else { return };
-    if !ebpf_available("sessions fork bomb") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("stop", "1s");
     // No excludeCommands: under TCG, 2,000 command lines through the sandboxed matcher overrun
     // a 1 s tick's round, and an undecided leftover is never ended (that bound has its own tests).
@@ -319,12 +310,9 @@ fn a_fork_bomb_under_a_root_is_reaped_in_one_line_with_bounded_memory() {
     );
 }
 
-#[test]
+#[guard_test(needs = [root, ebpf])]
 fn a_root_that_re_execs_itself_stays_one_session() {
-    let Some(_g) = setup("sessions re-exec") else { return };
-    if !ebpf_available("sessions re-exec") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("stop", "1s");
     let daemon = Daemon::start(&home, &[]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
@@ -350,9 +338,9 @@ fn a_root_that_re_execs_itself_stays_one_session() {
     assert!(!alive(late), "the leftover forked after the re-exec survived\n{log}");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn holders_lists_only_the_processes_inside_the_directory_and_stops_them_checked() {
-    let Some(_g) = setup("holders") else { return };
+    let _g = setup();
     let home = Home::new();
     let exe = home.probe_named("holder");
     let repo = home.path().join("repo");
@@ -408,19 +396,9 @@ fn holders_lists_only_the_processes_inside_the_directory_and_stops_them_checked(
 /// grace, and a same-account churner outside the session takes every free pid at once, theirs
 /// included. At the grace only the real leftovers are reported and stopped; no bystander is
 /// signalled.
-#[test]
+#[guard_test(needs = [root, ebpf, guest])]
 fn pids_reused_between_the_roots_exit_and_the_grace_are_never_taken_for_leftovers() {
-    if std::env::var_os("GUARD_IN_VM").is_none() {
-        eprintln!(
-            "skipped session pid reuse: it lowers kernel.pid_max and exhausts the pid space, which only a throwaway \
-             kernel may suffer; it runs in `cargo xtask vm` (GUARD_IN_VM=1)"
-        );
-        return;
-    }
-    let Some(_g) = setup("sessions pid reuse") else { return };
-    if !ebpf_available("sessions pid reuse") {
-        return;
-    }
+    let _g = setup();
     let (home, dir) = home_for("stop", "5s");
     let bystander = home.probe_named("bystander");
     // probe_named left the directory 0755: the root's processes write there too.
@@ -472,3 +450,5 @@ fn pids_reused_between_the_roots_exit_and_the_grace_are_never_taken_for_leftover
         reused.len()
     );
 }
+
+guard_test::main!();

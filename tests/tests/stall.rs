@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use integration_tests::*;
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_spinning_process_is_told_once_and_recovers_while_calm_and_bursty_ones_are_never_told() {
-    let Some(_g) = setup("stall watch") else { return };
+    let _g = setup();
     let home = Home::new();
     // 1 s ticks, a 10 s window; 0.1 of a core so a loaded machine (a spinner sharing 2 cores with
     // ten builders gets ~0.2) still counts it; the calm and bursty ones have idle seconds in every
@@ -41,3 +41,5 @@ fn a_spinning_process_is_told_once_and_recovers_while_calm_and_bursty_ones_are_n
     assert_eq!(std::fs::read_to_string(&record).unwrap_or_default(), "", "the stall watch sent a signal");
     assert!(status.pegged.is_empty(), "recovered, so no longer listed: {:?}", status.pegged);
 }
+
+guard_test::main!();

@@ -27,9 +27,9 @@ fn wait_exit(d: &mut Daemon, timeout: Duration) -> Option<(std::process::ExitSta
     None
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn readiness_watchdog_and_status_reach_the_notify_socket() {
-    let Some(_g) = setup("notify socket") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let sock_path = home.path().join("notify.sock");
@@ -74,21 +74,21 @@ fn hangs_end_in_exit_70(fault: &str) {
     std::mem::forget(d);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_hung_tick_warns_once_then_exits_70() {
-    let Some(_g) = setup("hung tick") else { return };
+    let _g = setup();
     hangs_end_in_exit_70("hang_tick:2");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_hung_pump_exits_70() {
-    let Some(_g) = setup("hung pump") else { return };
+    let _g = setup();
     hangs_end_in_exit_70("hang_pump:2");
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn the_overrun_warning_is_logged_once_with_its_deadline() {
-    let Some(_g) = setup("overrun line") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let mut d = Daemon::start_with(&home, &[], &[("GUARD_FAULT", "hang_tick:2")]);
@@ -100,14 +100,25 @@ fn the_overrun_warning_is_logged_once_with_its_deadline() {
     std::mem::forget(d);
 }
 
-#[test]
+/// Whether a thread of `pid` is in `nanosleep`/`clock_nanosleep`: the fault hook's hang (a
+/// `thread::sleep`), which no other thread of the daemon calls (they wait in epoll or futexes).
+fn asleep_in_a_thread(pid: u32) -> bool {
+    let sleeping = [libc::SYS_nanosleep, libc::SYS_clock_nanosleep];
+    std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten().any(|t| {
+        let syscall = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+        syscall.split(' ').next().and_then(|n| n.parse::<libc::c_long>().ok()).is_some_and(|n| sleeping.contains(&n))
+    })
+}
+
+#[guard_test(needs = [root])]
 fn sigterm_during_a_stuck_tick_ends_the_daemon_within_3_seconds() {
-    let Some(_g) = setup("stop while stuck") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let mut d = Daemon::start_with(&home, &[], &[("GUARD_FAULT", "hang_tick:2")]);
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
-    std::thread::sleep(Duration::from_millis(1500)); // the second tick is stuck now
+    let pid = d.child.id();
+    guard_test::wait::until(WAIT, "the second tick to hang", || asleep_in_a_thread(pid).then_some(()));
     unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
     let (st, took) = wait_exit(&mut d, Duration::from_secs(5)).expect("SIGTERM did not end it");
     assert!(took <= Duration::from_secs(3), "{took:?}");
@@ -116,9 +127,9 @@ fn sigterm_during_a_stuck_tick_ends_the_daemon_within_3_seconds() {
     std::mem::forget(d);
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn sighup_reopens_a_rotated_log_and_keeps_guarding() {
-    let Some(_g) = setup("sighup") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let d = Daemon::start(&home, &[]);
@@ -137,9 +148,9 @@ fn sighup_reopens_a_rotated_log_and_keeps_guarding() {
     d.stop();
 }
 
-#[test]
+#[guard_test(needs = [root])]
 fn a_second_daemon_for_the_same_account_and_home_exits_75_naming_the_first() {
-    let Some(_g) = setup("single instance") else { return };
+    let _g = setup();
     let home = Home::new();
     home.write_config(config());
     let first = Daemon::start(&home, &[]);
@@ -161,3 +172,5 @@ fn a_second_daemon_for_the_same_account_and_home_exits_75_naming_the_first() {
     second.stop();
     first.stop();
 }
+
+guard_test::main!();

@@ -7,7 +7,8 @@
 //!    read-only tmpfs: user space then sees a kernel without BTF (the `no-btf` guest);
 //! 3. sets the hostname and brings up loopback, so tests that listen on 127.0.0.1 work;
 //! 4. runs every executable in `/tests` with `--test-threads=1`, then the arguments listed one
-//!    per line in `/etc/guard-vm/test-args`, printing one `init: PASS|FAIL <name>` line each;
+//!    per line in `/etc/guard-vm/test-args`, with `GUARD_TESTS_REQUIRE` from the kernel command
+//!    line's `guard.require=`, printing one `init: PASS|FAIL <name>` line each;
 //! 5. prints exactly one sentinel line, `init: success` or `init: failure`, which is what xtask
 //!    waits for on the serial console;
 //! 6. powers off. PID 1 must never exit (the kernel panics), so every path, a panic included,
@@ -35,6 +36,10 @@ const TEST_OWN_ARGS_DIR: &str = "/etc/guard-vm/args";
 
 /// The kernel command-line word that makes this guest one without BTF.
 const HIDE_BTF: &str = "guard.hide_btf";
+/// The kernel command-line word naming what this guest's tests must run (`guard.require=root,…`,
+/// written by xtask per kernel): exported to them as `GUARD_TESTS_REQUIRE`, so a test whose need
+/// is missing here fails instead of being ignored.
+const REQUIRE: &str = "guard.require=";
 /// What a kernel with `CONFIG_DEBUG_INFO_BTF` exposes (`vmlinux` and the modules' BTF).
 const BTF_DIR: &str = "/sys/kernel/btf";
 
@@ -205,6 +210,9 @@ fn run_tests() -> bool {
         return false;
     }
     let extra_args = lines_of(TEST_ARGS_FILE);
+    let cmdline = kernel_cmdline();
+    let required = cmdline.split_whitespace().find_map(|w| w.strip_prefix(REQUIRE)).unwrap_or_default().to_string();
+    say(&format!("the tests must run what needs {}", if required.is_empty() { "(nothing named)" } else { &required }));
     let extra_env: Vec<(String, String)> = lines_of(TEST_ENV_FILE)
         .into_iter()
         .filter_map(|line| line.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
@@ -231,6 +239,7 @@ fn run_tests() -> bool {
             .env("RUST_BACKTRACE", "1")
             .env("GUARD_IN_VM", "1")
             .env("GUARD_USER_BIN", "/bin/guard-user")
+            .env("GUARD_TESTS_REQUIRE", &required)
             .envs(extra_env.iter().map(|(k, v)| (k, v)))
             .current_dir("/tmp")
             .stdin(Stdio::null());

@@ -154,6 +154,15 @@ impl Arch {
         Ok(cmd)
     }
 
+    /// The serial console of this architecture's qemu machine (`console=` on the kernel command
+    /// line): the PC's 8250 UART, the virt board's PL011.
+    pub fn console(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "ttyS0",
+            Arch::Arm64 => "ttyAMA0",
+        }
+    }
+
     /// The qemu system emulator of this architecture and the Debian package that has it.
     pub fn qemu_system(self) -> (&'static str, &'static str) {
         match self {

@@ -13,6 +13,7 @@
 //! - `cost`, `bpfstats`: what a daemon costs the rest of the machine (its programs' kernel time
 //!   per event, other accounts' storms under 0/1/8 daemons, the stall watch in a storm).
 //! - `scale`: 0, 10,000 and 50,000 processes of the account: start-up, tick, RSS and its profile.
+//! - `hostile`: the hostile-account integration test in its long form, its peak memory and ticks.
 use std::{
     ffi::CString,
     fs,
@@ -27,6 +28,7 @@ use serde_json::{json, Value};
 
 mod bpfstats;
 mod cost;
+mod hostile;
 mod matcher;
 mod procs;
 mod row;
@@ -52,7 +54,7 @@ pub struct Options {
     #[arg(long, default_value = "guardtest1")]
     pub user: String,
     /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, matcher, idle,
-    /// bpf, accounts, stall, scale. Default: all but idle (idle comes with --long).
+    /// bpf, accounts, stall, scale, hostile. Default: all but idle and hostile (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Measure this guard-user instead of building one (before/after runs against another
@@ -69,7 +71,7 @@ pub struct Options {
 impl Options {
     fn wants(&self, figure: &str) -> bool {
         if self.only.is_empty() {
-            figure != "idle" || self.long
+            (figure != "idle" || self.long) && figure != "hostile"
         } else {
             self.only.iter().any(|f| f == figure)
         }
@@ -118,7 +120,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         anyhow::ensure!(
             [
                 "tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle", "bpf", "accounts", "stall",
-                "scale"
+                "scale", "hostile"
             ]
             .contains(&f.as_str()),
             "--only {f}: no such figure"
@@ -156,6 +158,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     if opts.wants("scale") {
         b.scale(&mut rows, &mut raw)?;
+    }
+    if opts.wants("hostile") {
+        b.hostile(&mut rows, &mut raw)?;
     }
 
     // The machine is shared while developing: each run says how busy it was.

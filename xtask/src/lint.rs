@@ -1,8 +1,12 @@
 //! `cargo xtask lint`: the gate CI runs before the tests — `cargo fmt --check` and
 //! `cargo clippy --all-targets -D warnings` over the host workspace, then the same over the BPF
 //! crate with its own nightly toolchain (its `rust-toolchain.toml`), when that toolchain has
-//! clippy and rustfmt (say so and skip otherwise).
-use std::process::Command;
+//! clippy and rustfmt (say so and skip otherwise). Before those, [`stray_tests`]: a `#[test]`
+//! in a test binary that guard-test's harness runs would never run.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{bail, Context};
 
@@ -33,8 +37,54 @@ fn nightly_has(component: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The test directories whose binaries are `harness = false` targets run by guard-test
+/// (`guard_test::main!()`): a test there is registered by `#[guard_test]`.
+pub const HARNESS_TEST_DIRS: &[&str] = &["guard-user/tests", "tests/tests"];
+
+/// `path:line: text` of every `#[test]` or `#[tokio::test]` under [`HARNESS_TEST_DIRS`]: without
+/// libtest's harness nothing runs them, and rustc says nothing about it.
+pub fn stray_tests(root: &Path) -> anyhow::Result<Vec<String>> {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(&path, files)?;
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    for dir in HARNESS_TEST_DIRS {
+        walk(&root.join(dir), &mut files)?;
+    }
+    files.sort();
+    let mut stray = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        for (i, line) in text.lines().enumerate() {
+            let attr = line.trim_start();
+            if attr.starts_with("#[test]") || attr.starts_with("#[tokio::test") {
+                let rel = file.strip_prefix(root).unwrap_or(&file);
+                stray.push(format!("{}:{}: {}", rel.display(), i + 1, attr));
+            }
+        }
+    }
+    Ok(stray)
+}
+
 pub fn run(opts: Options) -> anyhow::Result<()> {
     let root = build_ebpf::workspace_root();
+    println!("lint: no #[test] where guard-test's harness runs the tests");
+    let stray = stray_tests(&root)?;
+    if !stray.is_empty() {
+        bail!(
+            "these tests would never run (their binaries run under guard-test's harness): write \
+             #[guard_test(needs = [...])] instead\n  {}",
+            stray.join("\n  ")
+        );
+    }
     step("cargo fmt --all --check", build::host_cargo().args(["fmt", "--all", "--check"]).current_dir(&root))?;
     step(
         "cargo clippy --workspace --all-targets -- -D warnings",
@@ -61,4 +111,38 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         println!("lint: guard-ebpf clippy skipped: the nightly toolchain has no clippy (rustup component add clippy --toolchain nightly)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Also in `cargo xtask test`, so a stray `#[test]` fails the run that would have dropped it.
+    #[test]
+    fn every_test_in_the_harness_binaries_is_registered_with_guard_test() {
+        let stray = stray_tests(&build_ebpf::workspace_root()).unwrap();
+        assert!(stray.is_empty(), "write #[guard_test] instead of:\n{}", stray.join("\n"));
+    }
+
+    #[test]
+    fn a_stray_test_attribute_is_found_with_its_place() {
+        let dir = tempfile_dir();
+        for sub in HARNESS_TEST_DIRS {
+            std::fs::create_dir_all(dir.join(sub).join("helpers")).unwrap();
+        }
+        std::fs::write(dir.join("tests/tests/helpers/mod.rs"), "fn a() {}\n    #[tokio::test]\nasync fn b() {}\n")
+            .unwrap();
+        std::fs::write(dir.join("guard-user/tests/x.rs"), "#[guard_test]\nfn a() {}\n#[test]\nfn b() {}\n").unwrap();
+        assert_eq!(
+            stray_tests(&dir).unwrap(),
+            ["guard-user/tests/x.rs:3: #[test]", "tests/tests/helpers/mod.rs:2: #[tokio::test]"]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-stray-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
 }

@@ -2,8 +2,12 @@
 //!
 //! Builds the BPF object first and hands its path to the build through `GUARD_EBPF_OBJ`, so
 //! the kernel tests load what was just built. Those tests need root (BPF, signals to other
-//! uids) and skip without it; the Redis tests need a `redis-server` binary, which is installed
-//! with apt-get when missing and possible. The same tests in guests of other kernels are
+//! uids) and are ignored without it, with the reason; the Redis tests need a `redis-server`
+//! binary, which is installed with apt-get when missing and possible. As root, the run
+//! requires what it provides (`GUARD_TESTS_REQUIRE`, see guard-test's `need`): root, the ebpf
+//! backend where the kernel has BTF (the object is built here), redis-server once it is there;
+//! a test needing one of them then fails rather than being ignored. A `GUARD_TESTS_REQUIRE`
+//! already set (`.ci/run` sets `all`) is kept. The same tests in guests of other kernels are
 //! `cargo xtask vm`.
 use std::{ffi::OsString, process::Command};
 
@@ -23,26 +27,73 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let object = build_ebpf::build(&build_ebpf::Options::default())?;
     let root = is_root();
     if !root {
-        eprintln!("test: WARNING: not root — the kernel tests (BPF loading, signalling other uids) will skip; run `sudo -E cargo xtask test`");
+        eprintln!("test: WARNING: not root — the kernel tests (BPF loading, signalling other uids) are ignored; run `sudo -E cargo xtask test`");
     }
     ensure_redis_server(root);
+    let requires = std::env::var_os(REQUIRE_ENV).map(|v| v.to_string_lossy().into_owned()).unwrap_or_else(|| {
+        let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
+        host_requires(root, btf, build_ebpf::which("redis-server").is_some())
+    });
 
     let mut cargo = build::host_cargo();
     cargo
         .args(["test", "--workspace"])
         .args(&opts.cargo_args)
         .env("GUARD_EBPF_OBJ", &object)
+        .env(REQUIRE_ENV, &requires)
         .current_dir(build_ebpf::workspace_root());
     if opts.long {
         cargo.env("GUARD_LONG_TESTS", "1");
     }
     println!(
-        "test: cargo test --workspace{}{} (GUARD_EBPF_OBJ={})",
+        "test: cargo test --workspace{}{} (GUARD_EBPF_OBJ={}, {REQUIRE_ENV}={requires})",
         opts.cargo_args.iter().map(|a| format!(" {}", a.to_string_lossy())).collect::<String>(),
         if opts.long { ", GUARD_LONG_TESTS=1" } else { "" },
         object.display()
     );
-    build_ebpf::run_checked(&mut cargo, "cargo test --workspace")
+    build_ebpf::run_checked(&mut cargo, "cargo test --workspace")?;
+    if !opts.cargo_args.is_empty() {
+        return Ok(());
+    }
+    // The unit tests that need the machine (root, BTF, the BPF object, groff, promtool, the
+    // shells) are `#[ignore = "needs …"]` in libtest's harness, which cannot decide at run time:
+    // a plain `cargo test` lists them as ignored, and this run runs them, under the same
+    // requirements (each says why it returns early, or fails where the run requires the need).
+    for (package, target) in UNIT_TESTS_WITH_NEEDS {
+        let mut cargo = build::host_cargo();
+        cargo
+            .args(["test", "-p", package, target, "--", "--ignored"])
+            .env("GUARD_EBPF_OBJ", &object)
+            .env(REQUIRE_ENV, &requires)
+            .current_dir(build_ebpf::workspace_root());
+        println!("test: cargo test -p {package} {target} -- --ignored (the unit tests that need the machine)");
+        build_ebpf::run_checked(&mut cargo, &format!("cargo test -p {package} {target} -- --ignored"))?;
+    }
+    Ok(())
+}
+
+/// The unit-test binaries whose ignored tests are the ones that need the machine (guard-test's
+/// `need::here`): guard-user's library (kernel BTF, BPF, tracefs) and xtask (groff, promtool,
+/// zsh and fish). The VM guests run guard-user's with `--include-ignored` (`vm/suite.rs`).
+const UNIT_TESTS_WITH_NEEDS: &[(&str, &str)] = &[("guard-user", "--lib"), ("xtask", "--bins")];
+
+/// The variable guard-test reads the needs a run requires from.
+const REQUIRE_ENV: &str = "GUARD_TESTS_REQUIRE";
+
+/// What a host run requires when the caller named nothing: what this run provides itself.
+fn host_requires(root: bool, btf: bool, redis: bool) -> String {
+    let mut needs = Vec::new();
+    if root {
+        needs.push("root");
+    }
+    if btf {
+        // The BPF object is built above; the kernel's BTF is the machine's.
+        needs.extend(["btf", "ebpf"]);
+    }
+    if redis {
+        needs.push("redis");
+    }
+    needs.join(",")
 }
 
 /// Makes `redis-server` available for the Redis mirror tests; never fails the run (those
@@ -53,7 +104,9 @@ fn ensure_redis_server(root: bool) {
         return;
     }
     if !root || build_ebpf::which("apt-get").is_none() {
-        eprintln!("redis-server: missing and cannot install it here (needs root and apt-get); the Redis tests will skip or fail");
+        eprintln!(
+            "redis-server: missing and cannot install it here (needs root and apt-get); the Redis tests are ignored"
+        );
         return;
     }
     println!("redis-server: installing (apt-get install -y redis-server)");
@@ -71,6 +124,18 @@ fn ensure_redis_server(root: bool) {
     println!("redis-server: install failed; running apt-get update and retrying");
     let updated = Command::new("apt-get").arg("update").status().is_ok_and(|s| s.success());
     if !(updated && install()) {
-        eprintln!("redis-server: could not be installed; the Redis tests will skip or fail");
+        eprintln!("redis-server: could not be installed; the Redis tests are ignored");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_run_requires_what_it_provides() {
+        assert_eq!(host_requires(true, true, true), "root,btf,ebpf,redis");
+        assert_eq!(host_requires(false, true, false), "btf,ebpf");
+        assert_eq!(host_requires(true, false, true), "root,redis");
     }
 }

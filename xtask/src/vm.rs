@@ -21,6 +21,7 @@ use anyhow::{bail, Context as _};
 
 use crate::{arch::Arch, build_ebpf};
 
+pub(crate) mod apt;
 mod cpio;
 mod initramfs;
 pub(crate) mod kernels;
@@ -170,14 +171,13 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let mut initrds = Vec::new();
     for &arch in &arches {
         let started = Instant::now();
-        let initrd = image(&opts, arch, ebpf_object.as_deref(), &vm_dir)?;
+        let built = image(&opts, arch, ebpf_object.as_deref(), &vm_dir)?;
         println!("vm: {} image ready in {:.1}s", arch.debian(), started.elapsed().as_secs_f64());
-        initrds.push((arch, initrd));
+        initrds.push((arch, built));
     }
     let qemu_of =
         |arch: Arch| qemus.iter().find(|(a, _)| *a == arch).map(|(_, q)| q.clone()).expect("qemu of every arch");
-    let initrd_of =
-        |arch: Arch| initrds.iter().find(|(a, _)| *a == arch).map(|(_, i)| i.clone()).expect("image of every arch");
+    let image_of = |arch: Arch| initrds.iter().find(|(a, _)| *a == arch).map(|(_, i)| i).expect("image of every arch");
 
     let logs = vm_dir.join("logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -193,15 +193,23 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let done = std::sync::Mutex::new(Vec::new());
     let boot_one = |kernel: kernels::Kernel| -> anyhow::Result<Row> {
         let log = logs.join(format!("{}.log", kernel.label));
-        let (qemu, initrd) = (qemu_of(kernel.arch), initrd_of(kernel.arch));
+        let (qemu, image) = (qemu_of(kernel.arch), image_of(kernel.arch));
         let started = Instant::now();
-        let cmdline = format!("{} {}", kernel.cmdline, opts.cmdline);
+        // What this guest must run (vm-init exports it as GUARD_TESTS_REQUIRE): a test that
+        // needs it and finds it missing fails the guest instead of being ignored. Every
+        // architecture's guest declares the same way; redis is what its own image carries.
+        let requires = suite::guest_requires(
+            kernel.cmdline.split_whitespace().any(|w| w == "guard.hide_btf"),
+            ebpf_object.is_some(),
+            image.redis,
+        );
+        let cmdline = format!("{} guard.require={requires} {}", kernel.cmdline, opts.cmdline);
         let boot = qemu::Boot {
             name: &kernel.label,
             arch: kernel.arch,
             qemu: &qemu,
             vmlinuz: &kernel.vmlinuz,
-            initrd: &initrd,
+            initrd: &image.path,
             memory: &opts.memory,
             cpus: opts.cpus,
             cmdline: cmdline.trim(),
@@ -294,16 +302,28 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     systemd.map(|_| ()).context("the systemd guest")
 }
 
-/// Builds the guests' payload for `arch` and writes its image; returns the image's path
-/// (`target/vm/initramfs.cpio`, `initramfs-arm64.cpio`).
+/// One architecture's image.
+struct Image {
+    /// `target/vm/initramfs.cpio`, `initramfs-arm64.cpio`.
+    path: std::path::PathBuf,
+    /// It carries redis-server (the host's, or the architecture's package): the guests require
+    /// `redis`.
+    redis: bool,
+}
+
+/// Builds the guests' payload for `arch` and writes its image.
 fn image(
     opts: &Options,
     arch: Arch,
     ebpf_object: Option<&std::path::Path>,
     vm_dir: &std::path::Path,
-) -> anyhow::Result<std::path::PathBuf> {
+) -> anyhow::Result<Image> {
     arch.ensure_toolchain()?;
     let userland = if arch.is_host() { None } else { Some(userland::Userland::prepare(arch)?) };
+    let redis = match &userland {
+        None => build_ebpf::which("redis-server").is_some(),
+        Some(userland) => userland.tool("redis-server").is_some(),
+    };
     let selection = payload::Selection {
         arch,
         cargo_args: &opts.cargo_args,
@@ -351,7 +371,7 @@ fn image(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    Ok(initrd)
+    Ok(Image { path: initrd, redis })
 }
 
 fn print_matrix(rows: &[Row]) {

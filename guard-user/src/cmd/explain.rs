@@ -3,12 +3,24 @@
 //! Read-only, no daemon needed: the daemon's own gather step (`daemon::gather`) on one /proc
 //! scan, then the policy's `Memory::begin` the daemon runs, so the answer cannot drift from what
 //! the daemon does. The plan is never finished: nothing is signalled, nothing saved.
-use std::{io::Write, process::ExitCode, time::Duration};
+//!
+//! Its memory does not grow with the command lines: they are read through the daemon's
+//! reader (one buffer, a pool of 4 MiB for the matcher), only their first 4 KiB is kept for the
+//! output (once per distinct text: forks share their argv), and the rows are written as they are
+//! made, the JSON too, never built whole first.
+use std::{
+    cell::RefCell,
+    io::Write,
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use serde_json::json;
+use serde::{ser::SerializeSeq, Serialize, Serializer};
 
 use super::ExplainArgs;
 use crate::{
+    budget::{Budget, Pool, HELD_CMDLINE_BYTES},
     comm::Comm,
     config,
     daemon::{
@@ -19,22 +31,24 @@ use crate::{
         verdicts::VerdictCache,
     },
     duration::human,
-    escape::log_value as escape,
+    escape::{log_value as escape, ShownCmdline},
     event::{clock_ticks_per_sec, ProcState},
     log::local_timestamp,
     policy::{memory::Input, CmdVerdict, Memory},
     procfs,
     safefs::FsIdentity,
     state,
-    status::escape_for_terminal,
     table::{ProcessTable, Scope},
 };
+
+/// How long `explain` may spend reading and matching command lines.
+const OVERALL: Duration = Duration::from_secs(10);
 
 /// One process, explained.
 struct Row {
     pid: u32,
     age: Duration,
-    cmdline: Vec<u8>,
+    cmdline: Arc<ShownCmdline>,
     verdict: CmdVerdict,
 }
 
@@ -81,24 +95,114 @@ impl Enforcement {
 
 /// The verdict as `explain --json` gives it (docs/json.md): `verdict` (`end`, `skip`, `gone`),
 /// and for a skip the `SKIPPED` line's reason and the pattern that protects it.
-fn verdict_json(v: CmdVerdict, patterns: &[String], excluded: bool) -> serde_json::Value {
-    let skip = |reason: &str, index: Option<usize>| {
-        json!({
-            "verdict": "skip",
-            "skip_reason": reason,
-            "pattern_index": index,
-            "pattern": index.map(|i| patterns.get(i).map_or("?", String::as_str)),
-        })
+struct VerdictJson<'a> {
+    verdict: &'static str,
+    skip_reason: Option<&'static str>,
+    pattern_index: Option<usize>,
+    pattern: Option<&'a str>,
+}
+
+fn verdict_json(v: CmdVerdict, patterns: &[String], excluded: bool) -> VerdictJson<'_> {
+    let skip = |reason, index: Option<usize>| VerdictJson {
+        verdict: "skip",
+        skip_reason: Some(reason),
+        pattern_index: index,
+        pattern: index.map(|i| patterns.get(i).map_or("?", String::as_str)),
     };
+    let plain = |verdict| VerdictJson { verdict, skip_reason: None, pattern_index: None, pattern: None };
     if excluded {
         return skip("excluded_name", None);
     }
     match v {
-        CmdVerdict::End => json!({"verdict": "end", "skip_reason": null, "pattern_index": null, "pattern": null}),
+        CmdVerdict::End => plain("end"),
         CmdVerdict::Excluded { index } => skip("excluded_command", Some(index)),
         CmdVerdict::Budget => skip("match_budget", None),
         CmdVerdict::TooLong => skip("cmdline_too_long", None),
-        CmdVerdict::Gone => json!({"verdict": "gone", "skip_reason": null, "pattern_index": null, "pattern": null}),
+        CmdVerdict::Deferred => skip("read_budget", None),
+        CmdVerdict::Gone => plain("gone"),
+    }
+}
+
+/// One element of `--json`'s `processes` (fields in the order serde_json's maps keep them).
+#[derive(Serialize)]
+struct ProcessJson<'a> {
+    age_secs: u64,
+    cmdline: String,
+    cmdline_bytes: usize,
+    cmdline_escaped: String,
+    cmdline_omitted_bytes: usize,
+    pattern: Option<&'a str>,
+    pattern_index: Option<usize>,
+    pid: u32,
+    skip_reason: Option<&'static str>,
+    verdict: &'static str,
+}
+
+impl<'a> ProcessJson<'a> {
+    fn of(r: &Row, patterns: &'a [String], excluded: bool) -> ProcessJson<'a> {
+        let v = verdict_json(r.verdict, patterns, excluded);
+        ProcessJson {
+            age_secs: r.age.as_secs(),
+            cmdline: r.cmdline.lossy(),
+            cmdline_bytes: r.cmdline.total(),
+            cmdline_escaped: r.cmdline.log_value(),
+            cmdline_omitted_bytes: r.cmdline.omitted(),
+            pattern: v.pattern,
+            pattern_index: v.pattern_index,
+            pid: r.pid,
+            skip_reason: v.skip_reason,
+            verdict: v.verdict,
+        }
+    }
+}
+
+/// `--json`'s whole document; `processes` is written row by row as it is serialized.
+#[derive(Serialize)]
+struct ExplainJson<'a> {
+    count: u32,
+    due_at_unix: Option<f64>,
+    due_in_secs: Option<f64>,
+    enforcement: &'static str,
+    excluded: bool,
+    flagged_since_unix: Option<f64>,
+    name: String,
+    processes: Rows<'a>,
+    threshold: u32,
+    user: &'a str,
+}
+
+/// The rows, made one at a time while they are written (see the module doc).
+struct Rows<'a> {
+    rows: RefCell<Option<Box<dyn Iterator<Item = Row> + 'a>>>,
+    patterns: &'a [String],
+    excluded: bool,
+}
+
+impl Serialize for Rows<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(None)?;
+        for r in self.rows.borrow_mut().take().into_iter().flatten() {
+            seq.serialize_element(&ProcessJson::of(&r, self.patterns, self.excluded))?;
+        }
+        seq.end()
+    }
+}
+
+/// Writes JSON text with what a terminal would act on escaped ([`crate::status::json_for_terminal`]),
+/// as it goes. serde_json writes whole characters in each call, so each is valid UTF-8.
+struct TerminalJson<W: Write>(W);
+
+impl<W: Write> Write for TerminalJson<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) => self.0.write_all(crate::status::json_for_terminal(text).as_bytes())?,
+            Err(_) => self.0.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 
@@ -120,6 +224,9 @@ fn verdict_text(v: CmdVerdict, patterns: &[String], excluded: bool) -> String {
         }
         CmdVerdict::TooLong => "skip: cmdline_too_long (the command line is longer than 1 MiB, which is never \
                                  matched on a cut-off prefix; the process is protected)"
+            .into(),
+        CmdVerdict::Deferred => "skip: read_budget (its command line could not be read in time; the process is \
+                                  protected)"
             .into(),
         CmdVerdict::Gone => "gone".into(),
     }
@@ -170,15 +277,17 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         procs: &mut Procfs::default(),
         classifier: &mut matcher,
         cache: &mut VerdictCache::with_cap(0),
+        pool: Pool::new(HELD_CMDLINE_BYTES),
         clock: &clock,
     };
+    let started = Instant::now();
     let req = Request {
         config: &config,
         lineage: LineageMode::Off,
         extra: &mut |_, _| Vec::new(),
         matcher_up: true,
-        budget: Duration::from_secs(10),
-        ends_by: std::time::Instant::now() + Duration::from_secs(10),
+        budget: OVERALL,
+        ends_by: started + OVERALL,
         keep_cmdlines: true,
     };
     let gathered = gather(src, &mut memory, req).expect("a /proc scan is always there");
@@ -197,20 +306,19 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let plan = memory.begin(input);
     let plan = plan.decided();
     let excluded = config.is_excluded(&name);
-    let rows: Vec<Row> = procs
-        .iter()
-        .map(|p| Row {
-            pid: p.id.pid,
-            age: age(p),
-            // An excluded name is not matched; its command lines are read to be shown.
-            cmdline: cmdlines
-                .get(&p.id.pid)
-                .cloned()
-                .or_else(|| excluded.then(|| procfs::cmdline_capped(p.id.pid, max)).flatten())
-                .unwrap_or_default(),
-            verdict: verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone),
-        })
-        .collect();
+    // An excluded name is not matched; its command lines are read here, one at a time into one
+    // buffer, only to be shown.
+    let shown_only = RefCell::new((Vec::new(), Budget::until(started + 2 * OVERALL)));
+    let rows = procs.iter().map(|p| Row {
+        pid: p.id.pid,
+        age: age(p),
+        cmdline: cmdlines.get(&p.id.pid).cloned().unwrap_or_else(|| {
+            let (buf, budget) = &mut *shown_only.borrow_mut();
+            let read = excluded && procfs::read_cmdline(p.id.pid, max, budget, buf) == procfs::CmdRead::Text;
+            Arc::new(if read { ShownCmdline::of(buf) } else { ShownCmdline::default() })
+        }),
+        verdict: verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone),
+    });
     let count = procs.len() as u32;
     let flagged = plan.status.iter().find(|r| r.flagged_since.is_some() && r.name == name.to_string());
     let stage = match (excluded, flagged) {
@@ -263,44 +371,33 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             Enforcement::Excluded | Enforcement::NotFlagged => None,
         };
         let due_at = due_in.filter(|_| flagged_since.is_some()).map(|left| now.wall + left);
-        let processes = rows.iter().map(|r| {
-            let mut p = json!({
-                "pid": r.pid,
-                "age_secs": r.age.as_secs(),
-                "cmdline": String::from_utf8_lossy(&r.cmdline),
-                "cmdline_escaped": escape(&r.cmdline),
-            });
-            if let (Some(p), serde_json::Value::Object(v)) =
-                (p.as_object_mut(), verdict_json(r.verdict, patterns, excluded))
-            {
-                p.extend(v);
-            }
-            p
-        });
-        let doc = json!({
-            "name": name.to_string(),
-            "user": account.name,
-            "count": count,
-            "threshold": config.threshold,
-            "excluded": excluded,
-            "enforcement": stage.as_str(),
-            "flagged_since_unix": flagged_since,
-            "due_in_secs": due_in,
-            "due_at_unix": due_at,
-            "processes": processes.collect::<Vec<_>>(),
-        });
-        writeln!(out, "{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&doc)?))?;
+        let doc = ExplainJson {
+            count,
+            due_at_unix: due_at,
+            due_in_secs: due_in,
+            enforcement: stage.as_str(),
+            excluded,
+            flagged_since_unix: flagged_since,
+            name: name.to_string(),
+            processes: Rows { rows: RefCell::new(Some(Box::new(rows))), patterns, excluded },
+            threshold: config.threshold,
+            user: &account.name,
+        };
+        let mut json = TerminalJson(std::io::BufWriter::new(&mut out));
+        serde_json::to_writer_pretty(&mut json, &doc)?;
+        writeln!(json)?;
+        json.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
     writeln!(out, "{}: {when}", escape(name.as_bytes()))?;
-    if rows.is_empty() {
+    if procs.is_empty() {
         writeln!(out, "no live process of {} is named {}", account.name, escape(name.as_bytes()))?;
         return Ok(ExitCode::SUCCESS);
     }
     writeln!(out, "{:>8} {:>8}  VERDICT\n{:>19}COMMAND", "PID", "AGE", "")?;
-    for r in &rows {
+    for r in rows {
         writeln!(out, "{:>8} {:>8}  {}", r.pid, human(r.age), verdict_text(r.verdict, patterns, excluded))?;
-        writeln!(out, "{:>19}{}", "", escape_for_terminal(&r.cmdline))?;
+        writeln!(out, "{:>19}{}", "", r.cmdline.line())?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,8 @@
 //! `guard-user status --fleet`: every guard's heartbeat on the swarm Redis (docs/operations.md), as a table
 //! or as JSON. Exits 1 when a guard is not guarding: its last tick is stale, or that tick's config
-//! was invalid (so it ended nothing) — the rules of `status`, applied to every row.
+//! was invalid (so it ended nothing) — the rules of `status`, applied to every row — and when the
+//! endpoint's listening socket belongs to an account (`mirror::listener`): then every row is that
+//! account's writing, marked so, and none can show that a guard is guarding.
 use std::{
     process::ExitCode,
     time::{SystemTime, UNIX_EPOCH},
@@ -8,35 +10,57 @@ use std::{
 
 use serde::Serialize;
 
-use crate::mirror::{fleet, Endpoint, Heartbeat};
+use crate::mirror::{fleet, listener::account_name, Endpoint, Heartbeat};
 use crate::status::{escape_for_terminal, Freshness};
 
 pub fn main(json: bool) -> anyhow::Result<ExitCode> {
     let endpoint = Endpoint::from_env();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let now = SystemTime::now();
-    let hbs = match rt.block_on(fleet(&endpoint)) {
-        Ok(hbs) => hbs,
+    let read = match rt.block_on(fleet(&endpoint)) {
+        Ok(read) => read,
         Err(e) => {
             eprintln!("guard-user status --fleet: {e}");
             return Ok(ExitCode::from(1));
         }
     };
+    let written_by = read.written_by.map(account_name);
+    let hbs = &read.value.beats;
+    if let Some(who) = &written_by {
+        eprintln!(
+            "guard-user status --fleet: the swarm Redis at {} listens as {}, an account, so every heartbeat below was \
+             written by that account, not necessarily by a guard",
+            endpoint.redacted(),
+            escape_for_terminal(who.as_bytes())
+        );
+    }
+    if read.value.unread > 0 {
+        eprintln!(
+            "guard-user status --fleet: {} more heartbeat keys were not read (over the {} MiB read in all)",
+            read.value.unread,
+            crate::mirror::query::FLEET_BYTES >> 20
+        );
+    }
+    let by = written_by.as_deref();
     if json {
-        println!("{}", fleet_json(&hbs, now));
+        println!("{}", fleet_json(hbs, now, by));
     } else if hbs.is_empty() {
         println!("no guard heartbeat on {}", endpoint.redacted());
     } else {
-        print!("{}", fleet_table(&hbs, now));
+        print!("{}", fleet_table(hbs, now, by));
     }
-    Ok(fleet_exit_code(&hbs, now))
+    Ok(fleet_exit_code(hbs, now, by))
 }
 
 /// What is wrong with one guard, as its heartbeat says, each as a short text; empty when healthy.
 /// Staleness is the one rule of `status` ([`Freshness`]); a heartbeat expires after three
 /// intervals, so a guard that stopped shows stale for one interval, then not at all.
-pub fn problems(hb: &Heartbeat, now: SystemTime) -> Vec<String> {
+/// `written_by`: the account whose listener it was read from, if it was.
+pub fn problems(hb: &Heartbeat, now: SystemTime, written_by: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(who) = written_by {
+        out.push(format!("UNTRUSTED: written by account {}", escape_for_terminal(who.as_bytes())));
+    }
     if Freshness::of(hb.last_tick as f64, hb.interval_secs as f64, now).stale {
         out.push("STALE".to_string());
     }
@@ -48,9 +72,9 @@ pub fn problems(hb: &Heartbeat, now: SystemTime) -> Vec<String> {
     out
 }
 
-/// 1 when any guard is unhealthy ([`problems`]), else 0.
-pub fn fleet_exit_code(hbs: &[Heartbeat], now: SystemTime) -> ExitCode {
-    if hbs.iter().any(|hb| !problems(hb, now).is_empty()) {
+/// 1 when any guard is unhealthy ([`problems`]) or the heartbeats are an account's writing, else 0.
+pub fn fleet_exit_code(hbs: &[Heartbeat], now: SystemTime, written_by: Option<&str>) -> ExitCode {
+    if written_by.is_some() || hbs.iter().any(|hb| !problems(hb, now, None).is_empty()) {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
@@ -67,16 +91,19 @@ struct Row<'a> {
     stale: bool,
     /// Seconds since the last tick completed.
     last_tick_age_secs: f64,
+    /// The account whose listening socket answered on the endpoint (`mirror::listener`): this
+    /// row is its writing. `null` for a Redis no account owns.
+    written_by_account: Option<&'a str>,
 }
 
-/// `status --fleet --json`: the heartbeats, each with `stale` and `last_tick_age_secs`; safe to
-/// print on a terminal whatever a guard on the endpoint wrote.
-pub fn fleet_json(hbs: &[Heartbeat], now: SystemTime) -> String {
+/// `status --fleet --json`: the heartbeats, each with `stale`, `last_tick_age_secs` and
+/// `written_by_account`; safe to print on a terminal whatever a guard on the endpoint wrote.
+pub fn fleet_json(hbs: &[Heartbeat], now: SystemTime, written_by: Option<&str>) -> String {
     let rows: Vec<Row> = hbs
         .iter()
         .map(|hb| {
             let f = Freshness::of(hb.last_tick as f64, hb.interval_secs as f64, now);
-            Row { heartbeat: hb, stale: f.stale, last_tick_age_secs: f.age_secs }
+            Row { heartbeat: hb, stale: f.stale, last_tick_age_secs: f.age_secs, written_by_account: written_by }
         })
         .collect();
     crate::status::json_for_terminal(&serde_json::to_string_pretty(&rows).expect("heartbeats always serialize"))
@@ -88,7 +115,7 @@ pub fn fleet_json(hbs: &[Heartbeat], now: SystemTime) -> String {
 /// flagged names come from its account's processes), so every text cell goes through
 /// [`escape_for_terminal`]: one heartbeat is one row. The health comes last, so a long config
 /// error does not push the other columns apart.
-pub fn fleet_table(hbs: &[Heartbeat], now: SystemTime) -> String {
+pub fn fleet_table(hbs: &[Heartbeat], now: SystemTime, written_by: Option<&str>) -> String {
     let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let text = |s: &str| escape_for_terminal(s.as_bytes());
     let mut rows = vec![["HOST", "USER", "LAST TICK", "BACKEND", "FLAGGED", "KILLS", "HEALTH"].map(String::from)];
@@ -99,7 +126,7 @@ pub fn fleet_table(hbs: &[Heartbeat], now: SystemTime) -> String {
             hb.flagged.iter().map(|n| text(n)).collect::<Vec<_>>().join(",")
         };
         let backend = if hb.dry_run { format!("{} (dry run)", text(&hb.backend)) } else { text(&hb.backend) };
-        let problems = problems(hb, now);
+        let problems = problems(hb, now, written_by);
         rows.push([
             text(&hb.host),
             text(&hb.user),

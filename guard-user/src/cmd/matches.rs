@@ -1,8 +1,14 @@
 //! `guard-user match --pattern P [--cmdline TEXT]…` (docs/operations.md), through the same bounded,
 //! sandboxed matcher the daemon uses, so it answers what the daemon would — including `budget`
 //! where the match cannot finish within its bounds — and never hangs on a pattern.
+//!
+//! Without `--cmdline`, the account's command lines are read as the daemon reads them (one
+//! buffer, a pool of 4 MiB for what waits for the matcher, each distinct text matched once) and
+//! each line shows at most the first 4 KiB of one, escaped, and how many bytes were left out.
 use std::{
-    io::{Read, Write},
+    collections::HashMap,
+    hash::{BuildHasher, RandomState},
+    io::Write,
     path::PathBuf,
     process::ExitCode,
     time::{Duration, Instant},
@@ -10,12 +16,26 @@ use std::{
 
 use super::MatchArgs;
 use crate::{
+    budget::{Held, Pool, HELD_CMDLINE_BYTES},
+    daemon::{
+        cmdlines::{CmdlineReader, Read},
+        effects::Procfs,
+    },
+    escape::ShownCmdline,
     pattern::{Limits, MatchOutcome, Matcher},
     procfs,
 };
 
 /// The whole command is bounded by this, however many processes and whatever the pattern.
 const OVERALL: Duration = Duration::from_secs(60);
+
+fn word(o: MatchOutcome) -> &'static str {
+    match o {
+        MatchOutcome::Matched(_) => "match",
+        MatchOutcome::NoMatch => "other",
+        MatchOutcome::Budget => "budget",
+    }
+}
 
 pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     let limits = Limits::default();
@@ -25,11 +45,6 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     let deadline = Instant::now() + OVERALL;
-    let word = |o: MatchOutcome| match o {
-        MatchOutcome::Matched(_) => "match",
-        MatchOutcome::NoMatch => "other",
-        MatchOutcome::Budget => "budget",
-    };
     let mut out = std::io::stdout().lock();
     if !args.cmdline.is_empty() {
         let texts: Vec<&[u8]> = args.cmdline.iter().map(|t| t.as_bytes()).collect();
@@ -40,88 +55,103 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     }
     let (account, _, _) = super::run::resolve_account(&args.account)?;
     let mut procs: Vec<_> = procfs::snapshot()?.into_iter().filter(|p| p.euid == account.uid).collect();
+    procs.retain(|p| p.id.pid != std::process::id());
     procs.sort_by_key(|p| p.id.pid);
-    let listed: Vec<(u32, Vec<u8>)> = procs
-        .iter()
-        .filter(|p| p.id.pid != std::process::id())
-        .filter_map(|p| Some((p.id.pid, read_cmdline(p.id.pid, limits.max_text_bytes)?)))
-        .collect();
-    let texts: Vec<&[u8]> = listed.iter().map(|(_, c)| c.as_slice()).collect();
-    let outcomes = matcher.classify(&texts, deadline);
-    for ((pid, cmdline), outcome) in listed.iter().zip(outcomes) {
-        writeln!(out, "{} {pid} {}", word(outcome), escape(cmdline))?;
+    let mut source = Procfs::default();
+    let mut reader = CmdlineReader::new(&mut source, Pool::new(HELD_CMDLINE_BYTES), deadline, OVERALL / 4);
+    let mut pending = Pending::default();
+    for p in &procs {
+        let row = match reader.read(p.id.pid, limits.max_text_bytes) {
+            Read::Gone => continue,
+            // Not read within its share of the time: the daemon would protect it too.
+            Read::Deferred(_) => Row { pid: p.id.pid, shown: ShownCmdline::default(), text: None },
+            Read::Text => {
+                let text = reader.text();
+                let shown = ShownCmdline::of(text);
+                let index = match pending.find(text) {
+                    Some(i) => i,
+                    None => {
+                        if !reader.fits(text.len()) {
+                            pending.flush(&mut matcher, deadline, &mut out)?;
+                        }
+                        let held = reader.hold(text).expect("a text of at most 1 MiB fits an empty pool");
+                        pending.add(held)
+                    }
+                };
+                Row { pid: p.id.pid, shown, text: Some(index) }
+            }
+        };
+        pending.rows.push(row);
     }
+    pending.flush(&mut matcher, deadline, &mut out)?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// `/proc/PID/cmdline` as the daemon matches it (arguments joined by single spaces, no trailing
-/// one), read up to `max + 1` bytes: a longer one is `budget` anyway, and a process cannot make
-/// this command hold megabytes per line.
-fn read_cmdline(pid: u32, max: usize) -> Option<Vec<u8>> {
-    let file = std::fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
-    let mut raw = Vec::new();
-    file.take(max as u64 + 2).read_to_end(&mut raw).ok()?;
-    if raw.last() == Some(&0) {
-        raw.pop();
-    }
-    for b in &mut raw {
-        if *b == 0 {
-            *b = b' ';
-        }
-    }
-    Some(raw)
+/// One output line waiting for its text's verdict.
+struct Row {
+    pid: u32,
+    shown: ShownCmdline,
+    /// Its text in [`Pending::texts`]; `None` when it was not read in time (`budget`).
+    text: Option<usize>,
 }
 
-/// A command line as one line of output: printable UTF-8 as is; control characters (C0, DEL,
-/// C1), line and paragraph separators, bidirectional overrides and bytes that are not UTF-8 as
-/// `\n`, `\t`, `\r`, `\xNN` or `\u{NNNN}`; a backslash doubled, so the escaping is unambiguous.
-/// (A local helper; the shared escaping of log values lives with the log writer.)
-fn escape(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\t' => out.push_str("\\t"),
-                '\r' => out.push_str("\\r"),
-                c if (c as u32) < 0x20 || c == '\u{7f}' => out.push_str(&format!("\\x{:02x}", c as u32)),
-                c if c.is_control()
-                    || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}')
-                    || ('\u{202a}'..='\u{202e}').contains(&c)
-                    || ('\u{2066}'..='\u{2069}').contains(&c) =>
-                {
-                    out.push_str(&format!("\\u{{{:04x}}}", c as u32))
-                }
-                c => out.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
+/// Rows in pid order and the distinct texts they need, matched together when the pool is full.
+#[derive(Default)]
+struct Pending {
+    rows: Vec<Row>,
+    texts: Vec<Held>,
+    /// Texts by length and hash (a match is confirmed byte for byte).
+    by_hash: HashMap<(usize, u64), Vec<usize>>,
+    hasher: RandomState,
+}
+
+impl Pending {
+    fn key(&self, text: &[u8]) -> (usize, u64) {
+        (text.len(), self.hasher.hash_one(text))
     }
-    out
+
+    fn find(&self, text: &[u8]) -> Option<usize> {
+        self.by_hash.get(&self.key(text))?.iter().copied().find(|&i| *self.texts[i] == *text)
+    }
+
+    fn add(&mut self, held: Held) -> usize {
+        let i = self.texts.len();
+        self.by_hash.entry(self.key(&held)).or_default().push(i);
+        self.texts.push(held);
+        i
+    }
+
+    /// Matches the texts, prints the rows in order, forgets both.
+    fn flush(&mut self, matcher: &mut Matcher, deadline: Instant, out: &mut impl Write) -> std::io::Result<()> {
+        let texts: Vec<&[u8]> = self.texts.iter().map(|t| &**t).collect();
+        let outcomes = if texts.is_empty() { Vec::new() } else { matcher.classify(&texts, deadline) };
+        for r in self.rows.drain(..) {
+            let outcome = r.text.and_then(|i| outcomes.get(i).copied()).unwrap_or(MatchOutcome::Budget);
+            writeln!(out, "{} {} {}", word(outcome), r.pid, r.shown)?;
+        }
+        self.texts.clear();
+        self.by_hash.clear();
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    use super::*;
+    use crate::budget::Pool;
 
+    /// A matcher-free check of what a line shows: the first 4 KiB escaped, and the bytes left out.
     #[test]
-    fn a_forged_line_stays_on_one_line() {
-        assert_eq!(
-            escape(b"sleep 1\nmatch 1 /usr/bin/agentihooks swarm tick"),
-            "sleep 1\\nmatch 1 /usr/bin/agentihooks swarm tick"
-        );
-        assert_eq!(escape(b"a\rb\tc\x1b[2Jd\x7f"), "a\\rb\\tc\\x1b[2Jd\\x7f");
-        assert_eq!(escape(b"back\\slash"), "back\\\\slash");
-    }
-
-    #[test]
-    fn utf8_is_kept_and_everything_else_is_visible() {
-        assert_eq!(escape("café ünï".as_bytes()), "café ünï");
-        assert_eq!(escape(b"q\xff\xfe"), "q\\xff\\xfe");
-        assert_eq!(escape("a\u{2028}b\u{202e}c\u{85}".as_bytes()), "a\\u{2028}b\\u{202e}c\\u{0085}");
-        assert!(!escape(&(0u8..=255).collect::<Vec<_>>()).contains(['\n', '\r', '\u{85}']));
+    fn a_forged_or_huge_command_line_stays_one_short_line() {
+        let pool = Pool::new(64);
+        let mut p = Pending::default();
+        let held = pool.hold(b"sleep 1\nmatch 1 x").unwrap();
+        let i = p.add(held);
+        assert_eq!(p.find(b"sleep 1\nmatch 1 x"), Some(i));
+        assert_eq!(p.find(b"sleep 1"), None);
+        let huge = [b"a\n".repeat(1 << 19), b"b".to_vec()].concat();
+        let line = format!("other 7 {}", ShownCmdline::of(&huge));
+        assert_eq!(line.lines().count(), 1);
+        assert!(line.len() < 8300 && line.ends_with(&format!("…[+{} bytes]", huge.len() - 4096)), "{}", line.len());
     }
 }

@@ -103,6 +103,17 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
     for n in s.names.iter().filter(|n| n.warned) {
         rows.push(("warning", warning(n)));
     }
+    if s.cmdlines_unread_total > 0 {
+        // Only once it happened: a guard that reads every command line in time says nothing.
+        rows.push((
+            "unread",
+            format!(
+                "{} command lines not read in time at the last tick, {} since start (each protected for its tick, read \
+                 again at the next)",
+                s.cmdlines_unread, s.cmdlines_unread_total
+            ),
+        ));
+    }
     if let Some(x) = &s.sessions {
         // Counts only; `guard-user tree` lists the sessions.
         rows.push((

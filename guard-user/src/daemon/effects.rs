@@ -9,13 +9,14 @@ use std::{
 
 use crate::{
     account::Account,
+    budget::Budget,
     enforcer::{Enforcer, Outcome},
     event::ProcState,
     log::Line,
     log::Logger,
     mirror::{Heartbeat, Mirror, StreamEvent},
     pattern::{Limits, Matcher, PatternSetError, Progress, Resume},
-    procfs,
+    procfs::{self, CmdRead},
     safefs::{atomic_replace, FsIdentity},
     state::{self, State, StateError},
     status::Status,
@@ -61,9 +62,12 @@ pub trait MetricsSink: Send {
 
 /// Reading the machine beyond the table: a live process's command line, the machine's count.
 pub trait ProcessReader: Send {
-    /// docs/configuration.md's command line, read up to `max` bytes (a longer one comes back longer than `max`,
-    /// cut); `None` when the process is gone.
-    fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>>;
+    /// docs/configuration.md's command line into `buf`, read up to `max` bytes (a longer one
+    /// comes back longer than `max`, cut) through `budget` ([`procfs::read_cmdline`]).
+    fn cmdline(&mut self, pid: u32, max: usize, budget: &mut Budget, buf: &mut Vec<u8>) -> CmdRead;
+    /// Whether the process is still there, without reading its command line (what a verdict
+    /// that needs no command line asks).
+    fn exists(&mut self, pid: u32) -> bool;
     /// Every process of the machine as `ps -e` counts them (`crate::machine`); `None` when
     /// unknown (replays).
     fn machine_processes(&mut self) -> Option<u64> {
@@ -293,8 +297,12 @@ pub struct Procfs {
 }
 
 impl ProcessReader for Procfs {
-    fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>> {
-        procfs::cmdline_capped(pid, max)
+    fn cmdline(&mut self, pid: u32, max: usize, budget: &mut Budget, buf: &mut Vec<u8>) -> CmdRead {
+        procfs::read_cmdline(pid, max, budget, buf)
+    }
+
+    fn exists(&mut self, pid: u32) -> bool {
+        procfs::exists(pid)
     }
 
     fn machine_processes(&mut self) -> Option<u64> {
@@ -349,7 +357,7 @@ pub fn real(account: &Account, log: Logger, mirror: Mirror, metrics_file: Option
         procs: Box::new(Procfs::default()),
         classifier: Box::new(sandboxed_matcher()),
         // Its worker starts only once a list of roots is set.
-        roots: Box::new(sandboxed_matcher()),
+        roots: Box::new(Matcher::new(std::path::PathBuf::from("/proc/self/exe"), Limits::roots())),
         cpu: Box::new(ProcfsCpu),
         mirror: Arc::new(mirror),
         clock: Arc::new(SystemClock),

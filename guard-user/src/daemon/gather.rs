@@ -1,25 +1,31 @@
 //! The gather step, one path for the tick and `explain` (docs/architecture.md): a snapshot of
 //! the account, the state file when the policy's memory has not read it yet, then the command
 //! line of every process that could be ended and its verdict ([`super::verdicts`], whose rules
-//! are `policy::cmdline`). The tick gathers from the pump and the sandboxed matcher it keeps;
-//! `explain` from one `/proc` scan and a matcher of its own, and never signals.
+//! are `policy::cmdline`), read through one [`CmdlineReader`]. The tick gathers from the pump and
+//! the sandboxed matcher it keeps; `explain` from one `/proc` scan and a matcher of its own, and
+//! never signals.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::Path,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use super::{
+    cmdlines::CmdlineReader,
     effects::{Classifier, Clock, ProcessReader},
     keeper::LineageMode,
     pump::{PumpHandle, Snapshot},
     verdicts::{verdicts, Ask, VerdictCache, Work},
 };
 use crate::{
+    budget::{Budget, Pool},
     config::Config,
+    escape::ShownCmdline,
     event::{ProcId, ProcState},
     log::Line,
     policy::{AccountView, CmdVerdict, Memory, Now},
+    procfs::CmdRead,
     state::{State, StateError},
 };
 
@@ -45,6 +51,8 @@ pub struct Sources<'a> {
     pub procs: &'a mut dyn ProcessReader,
     pub classifier: &'a mut dyn Classifier,
     pub cache: &'a mut VerdictCache,
+    /// Where command lines waiting for the matcher are held (the tick's one pool).
+    pub pool: Pool,
     pub clock: &'a dyn Clock,
 }
 
@@ -61,7 +69,7 @@ pub struct Request<'a> {
     /// The matching round's budget from when it starts, and the latest it may end.
     pub budget: Duration,
     pub ends_by: Instant,
-    /// Keep the command lines read (`explain` shows them).
+    /// Keep what output shows of the command lines read (`explain`).
     pub keep_cmdlines: bool,
 }
 
@@ -75,8 +83,9 @@ pub struct Gathered {
     /// The time the matching round started (what [`Request::extra`] was given).
     pub round_now: Now,
     pub verdicts: HashMap<ProcId, CmdVerdict>,
-    /// Command lines read, by pid (only with [`Request::keep_cmdlines`]).
-    pub cmdlines: HashMap<u32, Vec<u8>>,
+    /// What output shows of the command lines read, by pid (only with
+    /// [`Request::keep_cmdlines`]): at most 4 KiB each, one copy per distinct text.
+    pub cmdlines: HashMap<u32, Arc<ShownCmdline>>,
     pub work: Work,
 }
 
@@ -93,7 +102,8 @@ pub fn gather(src: Sources, memory: &mut Memory, req: Request) -> Option<Gathere
     let round_ends = (Instant::now() + req.budget).min(req.ends_by);
     let round_now = src.clock.now();
     let view = with_members(&snapshot.view, (req.extra)(&snapshot, round_now));
-    let mut reader = Keeping { inner: src.procs, texts: req.keep_cmdlines.then(HashMap::new) };
+    let mut keeping = Keeping { inner: src.procs, texts: req.keep_cmdlines.then(Shown::default) };
+    let mut reader = CmdlineReader::for_phase(&mut keeping, src.pool, Instant::now(), round_ends);
     let ask = Ask {
         view: &view,
         config: req.config,
@@ -102,7 +112,8 @@ pub fn gather(src: Sources, memory: &mut Memory, req: Request) -> Option<Gathere
         deadline: round_ends,
     };
     let (verdicts, work) = verdicts(src.cache, &mut reader, src.classifier, ask);
-    let cmdlines = reader.texts.unwrap_or_default();
+    drop(reader);
+    let cmdlines = keeping.texts.map(|t| t.by_pid).unwrap_or_default();
     Some(Gathered { snapshot, pump_lag, lines, round_now, verdicts, cmdlines, work })
 }
 
@@ -121,19 +132,41 @@ fn with_members(view: &AccountView, extra: Vec<ProcState>) -> std::borrow::Cow<'
     std::borrow::Cow::Owned(v)
 }
 
-/// A reader that keeps what it read, so what `explain` shows is the text that was judged.
+/// What output shows of the command lines read, one copy per distinct shown text (forks share
+/// their argv).
+#[derive(Default)]
+struct Shown {
+    by_pid: HashMap<u32, Arc<ShownCmdline>>,
+    distinct: HashSet<Arc<ShownCmdline>>,
+}
+
+/// A reader that keeps what output shows of what it read, so what `explain` shows is the text
+/// that was judged.
 struct Keeping<'a> {
     inner: &'a mut dyn ProcessReader,
-    texts: Option<HashMap<u32, Vec<u8>>>,
+    texts: Option<Shown>,
 }
 
 impl ProcessReader for Keeping<'_> {
-    fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>> {
-        let text = self.inner.cmdline(pid, max);
-        if let (Some(texts), Some(t)) = (self.texts.as_mut(), text.as_ref()) {
-            texts.insert(pid, t.clone());
+    fn cmdline(&mut self, pid: u32, max: usize, budget: &mut Budget, buf: &mut Vec<u8>) -> CmdRead {
+        let read = self.inner.cmdline(pid, max, budget, buf);
+        if let (Some(t), CmdRead::Text) = (self.texts.as_mut(), read) {
+            let shown = ShownCmdline::of(buf);
+            let shared = match t.distinct.get(&shown) {
+                Some(s) => Arc::clone(s),
+                None => {
+                    let s = Arc::new(shown);
+                    t.distinct.insert(Arc::clone(&s));
+                    s
+                }
+            };
+            t.by_pid.insert(pid, shared);
         }
-        text
+        read
+    }
+
+    fn exists(&mut self, pid: u32) -> bool {
+        self.inner.exists(pid)
     }
 
     fn machine_processes(&mut self) -> Option<u64> {

@@ -10,7 +10,8 @@
 //! - [`rebuild`]: the pure bookkeeping of start-up, lost-event and audit rebuilds.
 //! - [`tick`]: one tick, IO only — gather, [`crate::policy::Memory::begin`], signal, finish, write.
 //! - [`gather`]: the gather step the tick and `explain` share (snapshot, state, verdicts).
-//! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache.
+//! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache; [`cmdlines`]: the
+//!   one reader of command lines, with its deadline and the pool of bytes held for the matcher.
 //! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
 //! - [`supervise`]: the tick loop, deadlines, hang detection, watchdog, SIGHUP, stop.
 //! - [`trim`]: memory given back after start-up and rebuilds.
@@ -30,6 +31,7 @@ use crate::{
     safefs::FsIdentity,
 };
 
+pub mod cmdlines;
 pub mod effects;
 pub mod fault;
 pub mod gather;
@@ -207,6 +209,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Endpoint::from_env(),
         hostname(),
         opts.account.name.clone(),
+        Some(opts.account.uid),
         Arc::new(move |w: String| warn_log.write(&Line::Warn(Notice::new(w)))),
     );
     let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());

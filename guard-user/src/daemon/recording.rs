@@ -13,11 +13,13 @@ use super::effects::{
     StatusSink,
 };
 use crate::{
+    budget::{Budget, Fill},
     enforcer::Outcome,
     event::ProcState,
     log::Line,
     mirror::{Heartbeat, StreamEvent},
     pattern::{check_static, Limits, MatchOutcome, Pattern, PatternSetError, Progress, Resume},
+    procfs::CmdRead,
     safefs::SafeFsError,
     state::{State, StateError},
     status::Status,
@@ -163,8 +165,17 @@ pub struct FakeProcs(pub Arc<Mutex<HashMap<u32, Vec<u8>>>>);
 pub const REPLAY_BOOT_UNIX: f64 = 1_800_000_000.0;
 
 impl ProcessReader for FakeProcs {
-    fn cmdline(&mut self, pid: u32, max: usize) -> Option<Vec<u8>> {
-        lock(&self.0).get(&pid).map(|c| c[..c.len().min(max + 1)].to_vec())
+    fn cmdline(&mut self, pid: u32, max: usize, budget: &mut Budget, buf: &mut Vec<u8>) -> CmdRead {
+        let texts = lock(&self.0);
+        let Some(text) = texts.get(&pid) else { return CmdRead::Gone };
+        match budget.fill(&mut text.as_slice(), max.saturating_add(1), buf) {
+            Ok(Fill::Stopped(stop)) => CmdRead::Stopped(stop),
+            _ => CmdRead::Text,
+        }
+    }
+
+    fn exists(&mut self, pid: u32) -> bool {
+        lock(&self.0).contains_key(&pid)
     }
 
     fn boot_unix(&mut self) -> f64 {

@@ -8,6 +8,7 @@ use super::pump::PumpStats;
 use crate::{
     config::Config,
     metrics::MetricsInput,
+    mirror::wire::{HEARTBEAT_ERROR_BYTES, HEARTBEAT_FLAGGED},
     mirror::{Heartbeat, StreamEvent},
     policy::AccountView,
     status::{NameStatus, Status, Vitals},
@@ -21,6 +22,8 @@ pub struct Totals {
     pub dry_runs: u64,
     pub skipped: u64,
     pub config_errors: u64,
+    /// Command lines not read in time (`Status::cmdlines_unread_total`).
+    pub cmdlines_unread: u64,
 }
 
 /// What one tick gathered for its reports.
@@ -50,6 +53,8 @@ pub struct TickFigures<'a> {
     pub mirror_dropped: u64,
     /// Sessions, while they are on.
     pub sessions: Option<crate::status::SessionsStatus>,
+    /// Command lines this tick could not read in time.
+    pub cmdlines_unread: u64,
 }
 
 impl TickFigures<'_> {
@@ -87,6 +92,8 @@ impl TickFigures<'_> {
             repeat_offenders: self.offenders,
             vitals: Some(self.vitals),
             sessions: self.sessions,
+            cmdlines_unread: self.cmdlines_unread,
+            cmdlines_unread_total: self.totals.cmdlines_unread,
         };
         (status, metrics)
     }
@@ -95,6 +102,7 @@ impl TickFigures<'_> {
 /// The heartbeat (docs/operations.md) of a status: its figures, plus the host and the home the
 /// status file does not carry.
 pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
+    let flagged: Vec<_> = s.names.iter().filter(|n| n.flagged_since.is_some()).collect();
     Heartbeat {
         host,
         user: s.user.clone(),
@@ -104,13 +112,14 @@ pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
         backend: s.backend.clone(),
         dry_run: s.dry_run,
         last_tick: s.last_tick as u64,
-        flagged: s.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect(),
+        flagged: flagged.iter().take(HEARTBEAT_FLAGGED).map(|n| n.name.clone()).collect(),
+        flagged_omitted: flagged.len().saturating_sub(HEARTBEAT_FLAGGED) as u64,
         kills: s.kills,
         lost_events: s.lost_events,
         resyncs: s.resyncs,
         // Whole seconds, at least one, as before the status carried it.
         interval_secs: (s.interval_secs as u64).max(1),
-        config_error: s.config_error.clone(),
+        config_error: s.config_error.as_deref().map(|e| cut(e, HEARTBEAT_ERROR_BYTES)),
         sessions: s.sessions.as_ref().map(|s| crate::mirror::SessionCounts {
             live: s.live,
             ended: s.ended,
@@ -120,6 +129,18 @@ pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
             stopped: s.stopped_total,
         }),
     }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, `…` appended when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// Whether the config was invalid at the last tick, so that the stream hears of an outage once:
@@ -209,5 +230,32 @@ impl VitalsSampler {
             pump_lag_secs: pump_lag,
             events_per_sec,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every heartbeat a guard writes can be read back within a Redis reply's budget: the
+    /// largest one (thousands of flagged names, each 15 bytes that escape to 60, the longest
+    /// config error, a long home) is far under it.
+    #[test]
+    fn the_largest_heartbeat_fits_a_replys_budget() {
+        let name = crate::comm::Comm::new(&[0xff; 15]).to_string();
+        assert_eq!(name.len(), 60);
+        let status = Status {
+            names: (0..5000)
+                .map(|i| NameStatus { name: name.clone(), flagged_since: Some(f64::from(i)), ..Default::default() })
+                .collect(),
+            config_error: Some("\\x01\"".repeat(10_000)),
+            user: "u".repeat(32),
+            ..Default::default()
+        };
+        let hb = heartbeat(&status, "h".repeat(64), "/home/".to_string() + &"\\x1b".repeat(1000));
+        assert_eq!((hb.flagged.len(), hb.flagged_omitted), (HEARTBEAT_FLAGGED, 5000 - HEARTBEAT_FLAGGED as u64));
+        let json = serde_json::to_string(&hb).unwrap();
+        assert!(json.len() <= crate::mirror::resp::REPLY_BYTES / 2, "{} bytes", json.len());
+        assert!(hb.config_error.unwrap().len() <= HEARTBEAT_ERROR_BYTES);
     }
 }

@@ -12,15 +12,24 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{effects::Effects, keeper::LineageMode, pump::PumpHandle};
+use super::{
+    cmdlines::{CmdlineReader, Read},
+    effects::Effects,
+    keeper::LineageMode,
+    pump::PumpHandle,
+};
 use crate::{
+    budget::{Held, Pool},
     config::{self, Config, ConfigError},
     event::{clock_ticks_per_sec, ProcId, ProcState},
     lineage::{SessionId, SessionsView},
     log::{Kind, Line, Notice},
     pattern::{MatchOutcome, Progress, Resume},
     policy::{
-        sessions::{after_reap, decide_sessions, due_members, status, Ages, RootVerdict, SessionBook, SessionsInput},
+        sessions::{
+            after_reap, decide_sessions, due_members, status, Ages, RootVerdict, SessionBook, SessionsInput,
+            MAX_ROOT_COMMAND,
+        },
         CmdVerdict, Now,
     },
     status::SessionsStatus,
@@ -100,9 +109,9 @@ impl SessionsTick {
 
     /// Classifies, decides and applies (see the module doc).
     pub fn run(&mut self, ctx: Ctx) -> Done {
-        let Ctx { fx, pump, view, config, verdicts, now, dry_run, deadline } = ctx;
+        let Ctx { fx, pump, view, config, verdicts, now, dry_run, deadline, pool } = ctx;
         let (Some(view), Some(sessions)) = (view, config.sessions.as_ref()) else { return Done::default() };
-        let roots = if self.roots_ok { classify(fx, view, deadline) } else { HashMap::new() };
+        let roots = if self.roots_ok { classify(fx, pool, view, deadline) } else { HashMap::new() };
         let ages = Ages { boot_unix: fx.procs.boot_unix(), ticks_per_sec: clock_ticks_per_sec() };
         let input =
             SessionsInput { view, config, sessions, now, dry_run, ages, roots: &roots, verdicts, book: &self.book };
@@ -149,37 +158,57 @@ pub struct Ctx<'a> {
     pub dry_run: bool,
     /// The tick's deadline; the roots round takes a share of what is left.
     pub deadline: Duration,
+    /// The tick's pool of command-line bytes held for a matcher.
+    pub pool: &'a Pool,
 }
 
-/// The verdict on each candidate's command line: read (capped), then matched against the roots
-/// in one bounded round. Gone, too long or undecided within the matcher's bounds is not a root;
-/// one the round had no time for is asked again next tick.
-fn classify(fx: &mut Effects, view: &SessionsView, deadline: Duration) -> HashMap<SessionId, RootVerdict> {
+/// The verdict on each candidate's command line: read through the tick's [`CmdlineReader`]
+/// (its deadline, and the pool every command line waiting for a matcher is held in), then
+/// matched against the roots in one bounded round. Gone, too long or undecided within the
+/// matcher's bounds is not a root; one not read in time, or that did not fit the pool, or that
+/// the round had no time for, is asked again next tick.
+fn classify(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration) -> HashMap<SessionId, RootVerdict> {
     let max = fx.roots.max_text_bytes();
     let mut out = HashMap::new();
-    let mut asked: Vec<(SessionId, Vec<u8>)> = Vec::new();
+    let mut asked: Vec<(SessionId, Held)> = Vec::new();
+    let now = Instant::now();
+    let ends = now + round_budget(deadline);
+    let mut reader = CmdlineReader::for_phase(&mut *fx.procs, pool.clone(), now, ends);
     for c in &view.candidates {
-        match fx.procs.cmdline(c.process.id.pid, max) {
+        let cmd = match reader.read(c.process.id.pid, max) {
             // Right after an exec the new image's arguments may not be set up yet: next tick.
-            Some(cmd) if cmd.is_empty() => {}
-            // Adopted with its parent's command line: a fork that never exec'd, not a root (a
-            // root is recognised at its exec; its forks are its session).
-            Some(cmd) if c.parent.is_some_and(|pp| fx.procs.cmdline(pp, max).as_ref() == Some(&cmd)) => {
+            Read::Text if reader.text().is_empty() => continue,
+            // Not read in time, or no room to hold it now: next tick.
+            Read::Text if reader.text().len() <= max => match reader.hold(reader.text()) {
+                Some(held) => held,
+                None => continue,
+            },
+            Read::Deferred(_) => continue,
+            Read::Text | Read::Gone => {
                 out.insert(c.session, RootVerdict::Other);
+                continue;
             }
-            Some(cmd) if cmd.len() <= max => asked.push((c.session, cmd)),
-            _ => {
-                out.insert(c.session, RootVerdict::Other);
-            }
+        };
+        // Adopted with its parent's command line: a fork that never exec'd, not a root (a
+        // root is recognised at its exec; its forks are its session).
+        if c.parent.is_some_and(|pp| reader.read(pp, max) == Read::Text && reader.text() == &*cmd) {
+            out.insert(c.session, RootVerdict::Other);
+            continue;
         }
+        asked.push((c.session, cmd));
     }
+    drop(reader);
     if !asked.is_empty() {
-        let texts: Vec<&[u8]> = asked.iter().map(|(_, t)| t.as_slice()).collect();
+        let texts: Vec<&[u8]> = asked.iter().map(|(_, t)| &**t).collect();
         let from = vec![Resume::default(); texts.len()];
-        let outcomes = fx.roots.classify_from(&texts, &from, Instant::now() + round_budget(deadline));
+        let outcomes = fx.roots.classify_from(&texts, &from, ends);
+        drop(texts);
         for ((session, command), o) in asked.into_iter().zip(outcomes) {
             let verdict = match o {
-                Progress::Settled(MatchOutcome::Matched(_)) => RootVerdict::Root { command },
+                // What the status keeps of it, not the whole text.
+                Progress::Settled(MatchOutcome::Matched(_)) => {
+                    RootVerdict::Root { command: command[..command.len().min(MAX_ROOT_COMMAND)].to_vec() }
+                }
                 Progress::Settled(MatchOutcome::NoMatch | MatchOutcome::Budget) => RootVerdict::Other,
                 Progress::Unsettled(_) => continue,
             };

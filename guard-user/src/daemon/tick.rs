@@ -21,6 +21,7 @@ use super::{
     DaemonOptions,
 };
 use crate::{
+    budget::{Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
     log::{Kind, Line, Notice},
     policy::{memory::Input, AccountView, Memory, Now},
@@ -65,6 +66,9 @@ pub struct Ticker {
     match_all: super::match_all::MatchAllWatch,
     /// Session roots and their leftovers (docs/configuration.md `sessions`).
     sessions: SessionsTick,
+    /// Command-line bytes held for a matcher at one time, by the verdicts and the session roots
+    /// alike (docs/architecture.md, "Bounds").
+    pool: Pool,
 }
 
 impl Ticker {
@@ -87,6 +91,7 @@ impl Ticker {
             verdicts: VerdictCache::for_daemon(),
             match_all: Default::default(),
             sessions: SessionsTick::default(),
+            pool: Pool::new(HELD_CMDLINE_BYTES),
         }
     }
 
@@ -141,6 +146,7 @@ impl Ticker {
             procs: &mut *fx.procs,
             classifier: &mut *fx.classifier,
             cache: &mut self.verdicts,
+            pool: self.pool.clone(),
             clock: &*fx.clock,
         };
         let req = Request {
@@ -160,6 +166,11 @@ impl Ticker {
         tracing::debug!(work = ?gathered.work, cached = self.verdicts.len(), "command-line verdicts");
         for line in &gathered.lines {
             self.fx.log.write(line);
+        }
+        let unread = gathered.work.deferred;
+        self.totals.cmdlines_unread += unread as u64;
+        if let Some(line) = self.memory.cmdlines_unread(unread, gathered.work.slow) {
+            self.fx.log.write(&line);
         }
         let snap = &gathered.snapshot;
         let now = self.fx.clock.now();
@@ -203,6 +214,7 @@ impl Ticker {
             now: gathered.round_now,
             dry_run: self.opts.dry_run,
             deadline: self.deadline,
+            pool: &self.pool,
         });
         self.totals.skipped += sessions.skipped;
         self.totals.dry_runs += sessions.dry_runs;
@@ -222,6 +234,7 @@ impl Ticker {
             tick_secs: took,
             pump_lag: Some(gathered.pump_lag),
             sessions: sessions.status,
+            cmdlines_unread: unread as u64,
         });
         let next_deadline = match (done.next_deadline, sessions.next_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -273,14 +286,27 @@ impl Ticker {
             tick_secs: took,
             pump_lag: None,
             sessions: None,
+            cmdlines_unread: 0,
         });
         TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
     }
 
     /// Status file, heartbeat and metrics from one set of figures.
     fn report(&mut self, done: Done) {
-        let Done { view, stats, names, pegged, offenders, config, config_error, now, tick_secs, pump_lag, sessions } =
-            done;
+        let Done {
+            view,
+            stats,
+            names,
+            pegged,
+            offenders,
+            config,
+            config_error,
+            now,
+            tick_secs,
+            pump_lag,
+            sessions,
+            cmdlines_unread,
+        } = done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
             self.fx.mirror.event(ev);
         }
@@ -305,6 +331,7 @@ impl Ticker {
             vitals,
             mirror_dropped: self.fx.mirror.dropped(),
             sessions,
+            cmdlines_unread,
         };
         let (status, metrics) = figures.into_report();
         let home = self.opts.home.display().to_string();
@@ -335,6 +362,8 @@ struct Done<'a> {
     pump_lag: Option<f64>,
     /// Sessions, while they are on.
     sessions: Option<crate::status::SessionsStatus>,
+    /// Command lines this tick could not read in time.
+    cmdlines_unread: u64,
 }
 
 /// Every tick's deadline: the interval, at most 30 s (docs/operations.md).

@@ -5,16 +5,22 @@
 //! how many of its processes would be skipped or ended, and `WARNING` counts them. Matching is
 //! the costly part (the account writes the patterns; a hostile list can make every match run
 //! into its bound), and nothing about a verdict changes while the pattern list, the process and
-//! its command line stay the same. So each tick:
+//! its command line stay the same. So each tick, in the order `policy::cmdline::reading_order`
+//! gives:
 //!
-//! 1. reads every command line again (cheap, and a process may rewrite its argv at any time);
+//! 1. reads each command line again (a process may rewrite its argv at any time), into one
+//!    buffer, within the tick's reading time ([`Ask::reads_until`]) and each read within its
+//!    share of it ([`Ask::per_read`]): a command line not read in time protects its process for
+//!    this tick (`SKIPPED … reason=read_budget`) and is read first next tick, one whose own read
+//!    overran its share is read last next tick ([`Deferred`]);
 //! 2. serves a settled verdict from the [`VerdictCache`] when the list, the process identity
-//!    (pid and start time) and the command line are those it was reached on;
-//! 3. sends the rest to the matcher in one round with the tick's [`round_budget`], the
-//!    processes of the name flagged longest first (the one due, or nearest to it, is decided
-//!    first if the budget runs out);
-//! 4. keeps what the round settled, and where it left what it could not finish (that process
-//!    is protected this tick, `match_budget`, and goes on from there next tick);
+//!    (pid and start time) and the command line are those it was reached on, and drops the text;
+//! 3. keeps the rest for the matcher, each distinct text once (forks share their argv: 300
+//!    processes with one 1 MiB command line are one text), in a [`Pool`] of
+//!    [`HELD_CMDLINE_BYTES`]: when the next text does not fit, the texts kept so far are matched
+//!    in one round and dropped, so more command lines cost more rounds, never more memory;
+//! 4. keeps what the rounds settled, and where they left what they could not finish (that
+//!    process is protected this tick, `match_budget`, and goes on from there next tick);
 //! 5. forgets every process it did not see this tick (before keeping new verdicts, so a
 //!    process that replaces one gets its room at once).
 //!
@@ -23,17 +29,19 @@
 //! (two SipHash keys drawn from the OS at start, never shown anywhere), and the round's
 //! [`Progress`]. The hash stands in for the bytes so an entry costs the same whatever the
 //! account puts in its argv (up to 1 MiB each); the account cannot aim a changed command line at
-//! an old verdict without knowing the keys, and a chance collision is 2⁻¹²⁸ per change. At most
-//! [`MAX_ENTRIES`] entries (about 1 MiB); past the cap a new process's verdict is not kept, so it
-//! is matched again each tick, within the budget, as every process was before the cache.
+//! an old verdict without knowing the keys, and a chance collision is 2⁻¹²⁸ per change. The
+//! same key tells two processes' identical texts apart from different ones within a tick. At
+//! most [`MAX_ENTRIES`] entries (about 1 MiB); past the cap a new process's verdict is not kept,
+//! so it is matched again each tick, within the budget, as every process was before the cache.
 //!
 //! # Without patterns, and past the matcher's cap
 //! An empty `excludeCommands` list protects nothing, so every live process is `End` without
-//! asking the matcher: neither a command line over its cap nor a worker that cannot run may
-//! protect what no pattern could. With patterns, a command line over the cap (1 MiB) is never
-//! matched on a cut-off prefix (`$` would change meaning) and is protected as `TooLong`, logged
-//! `SKIPPED … reason=cmdline_too_long`: a reason of its own, since padding its arguments is a way
-//! for the account to be protected that no pattern shows.
+//! reading its command line or asking the matcher: neither a command line over its cap, nor a
+//! slow one, nor a worker that cannot run may protect what no pattern could. With patterns, a
+//! command line over the cap (1 MiB) is never matched on a cut-off prefix (`$` would change
+//! meaning) and is protected as `TooLong`, logged `SKIPPED … reason=cmdline_too_long`: a reason
+//! of its own, since padding its arguments is a way for the account to be protected that no
+//! pattern shows.
 //!
 //! # What is never cached into an end
 //! Only `NoMatch` leads to an end, and it is only ever settled after every pattern answered "no
@@ -47,13 +55,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::effects::{Classifier, ProcessReader};
+use super::{
+    cmdlines::{CmdlineReader, Read},
+    effects::Classifier,
+};
 use crate::{
+    budget::Held,
     config::Config,
     event::ProcId,
     pattern::{MatchOutcome, Progress, Resume},
     policy::{
-        cmdline::{route, Route},
+        cmdline::{needs_reading, reading_order, route, Deferred, Route, Waiting},
         AccountView, CmdVerdict, FlagClocks,
     },
 };
@@ -70,7 +82,7 @@ pub fn round_budget(interval: Duration, deadline: Duration) -> Duration {
 }
 
 /// A command line as the cache remembers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TextKey {
     len: usize,
     hash: [u64; 2],
@@ -88,6 +100,12 @@ pub struct VerdictCache {
     /// The pattern list every entry was reached with; another list empties the cache.
     list: Option<Vec<String>>,
     entries: HashMap<ProcId, Entry>,
+    /// The processes whose command lines the last tick did not read, why, and since when (where
+    /// they stand in this tick's reading order). At most one per process of a name at the
+    /// threshold, and [`MAX_ENTRIES`].
+    deferred: HashMap<ProcId, Waiting>,
+    /// Calls of [`verdicts`] so far: the clock of [`Waiting::since`].
+    ticks: u64,
     keys: [RandomState; 2],
     cap: usize,
 }
@@ -101,7 +119,14 @@ impl Default for VerdictCache {
 impl VerdictCache {
     /// A cache of at most `cap` entries (0: nothing is kept, every tick matches everything).
     pub fn with_cap(cap: usize) -> VerdictCache {
-        VerdictCache { list: None, entries: HashMap::new(), keys: [RandomState::new(), RandomState::new()], cap }
+        VerdictCache {
+            list: None,
+            entries: HashMap::new(),
+            deferred: HashMap::new(),
+            ticks: 0,
+            keys: [RandomState::new(), RandomState::new()],
+            cap,
+        }
     }
 
     /// The daemon's cache: [`MAX_ENTRIES`], or none with `GUARD_MATCH_CACHE=off` (to measure what
@@ -157,9 +182,16 @@ impl VerdictCache {
         true
     }
 
+    /// Forgets one process (it is gone).
+    pub fn forget(&mut self, id: ProcId) {
+        self.entries.remove(&id);
+        self.deferred.remove(&id);
+    }
+
     /// Forgets every process not in `seen`.
     pub fn keep_only(&mut self, seen: &HashSet<ProcId>) {
         self.entries.retain(|id, _| seen.contains(id));
+        self.deferred.retain(|id, _| seen.contains(id));
     }
 }
 
@@ -168,99 +200,183 @@ impl VerdictCache {
 pub struct Ask<'a> {
     pub view: &'a AccountView,
     pub config: &'a Config,
-    /// The flag clocks: the name flagged longest is matched first.
+    /// The flag clocks: the name flagged longest is read and matched first.
     pub clocks: &'a FlagClocks,
     /// The matcher holds `config`'s list; when it does not (a broken worker), only cached
     /// verdicts are used and everything else is protected.
     pub matcher_ok: bool,
-    /// When the matching round must end.
+    /// When the matching rounds must end.
     pub deadline: Instant,
 }
 
-/// What one call of [`verdicts`] did (for `GUARD_LOG=debug` and tests).
+/// What one call of [`verdicts`] did (for `GUARD_LOG=debug`, the status and tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Work {
     /// Verdicts served from the cache.
     pub cached: usize,
-    /// Command lines sent to the matcher.
+    /// Distinct command lines sent to the matcher.
     pub asked: usize,
     /// Of those, left unsettled (protected this tick, tried again).
     pub unsettled: usize,
+    /// Processes whose command line was the same text as another's sent this tick (matched
+    /// once for all of them).
+    pub shared: usize,
+    /// Processes whose command line was not read in time (protected this tick, `read_budget`):
+    /// the tick's reading time ran out before them, or their own read overran its share.
+    pub deferred: usize,
+    /// Of those, the ones whose own read overran its share.
+    pub slow: usize,
+    /// Matching rounds (more than one when the texts to match did not fit the pool at once).
+    pub rounds: usize,
+    /// The most command-line bytes held at one time for the matcher.
+    pub held_peak: usize,
 }
 
-/// The verdict on the command line of every process of every name at or over the threshold and
-/// not excluded (see the module doc).
+/// Texts waiting for the matcher: each distinct one once, the processes that share it.
+struct Batch {
+    texts: Vec<Pending>,
+    /// Position in `texts` by text key.
+    index: HashMap<TextKey, usize>,
+    /// Texts this tick already settled or left unsettled, for processes read after their round.
+    known: HashMap<TextKey, Progress>,
+}
+
+struct Pending {
+    text: Held,
+    key: TextKey,
+    from: Resume,
+    ids: Vec<ProcId>,
+}
+
+impl Batch {
+    /// Sends every waiting text to the matcher in one round, keeps the answers, drops the texts.
+    fn flush(
+        &mut self,
+        cache: &mut VerdictCache,
+        classifier: &mut dyn Classifier,
+        deadline: Instant,
+        out: &mut HashMap<ProcId, CmdVerdict>,
+        work: &mut Work,
+    ) {
+        if self.texts.is_empty() {
+            return;
+        }
+        let texts: Vec<&[u8]> = self.texts.iter().map(|w| &*w.text).collect();
+        let from: Vec<Resume> = self.texts.iter().map(|w| w.from).collect();
+        let progress = classifier.classify_from(&texts, &from, deadline);
+        drop(texts);
+        work.rounds += 1;
+        work.asked += self.texts.len();
+        for (w, p) in self.texts.drain(..).zip(progress) {
+            if matches!(p, Progress::Unsettled(_)) {
+                work.unsettled += 1;
+            }
+            for id in &w.ids {
+                cache.store(*id, w.key, p);
+                out.insert(*id, verdict(p.outcome()));
+            }
+            self.known.insert(w.key, p);
+        }
+        self.index.clear();
+    }
+}
+
+/// The verdict on the command line of every process `policy::cmdline::reading_order` names (see
+/// the module doc).
 pub fn verdicts(
     cache: &mut VerdictCache,
-    procs: &mut dyn ProcessReader,
+    reader: &mut CmdlineReader,
     classifier: &mut dyn Classifier,
     ask: Ask,
 ) -> (HashMap<ProcId, CmdVerdict>, Work) {
     let Ask { view, config, clocks, matcher_ok, deadline } = ask;
     cache.use_list(&config.exclude_commands);
+    cache.ticks += 1;
+    let has_patterns = !config.exclude_commands.is_empty();
     let max = classifier.max_text_bytes();
-    let mut names: Vec<_> = view.members.iter().filter(|(name, _)| !config.is_excluded(name)).collect();
-    // Oldest flag first; names not flagged yet last. The sort is stable: ties stay in name order.
-    names.sort_by(|(a, _), (b, _)| {
-        let at = |n| clocks.get(n).copied().unwrap_or(f64::INFINITY);
-        at(*a).total_cmp(&at(*b))
-    });
-    let mut out = HashMap::new();
-    let mut seen = HashSet::new();
-    let mut work = Work::default();
-    let mut asked: Vec<(ProcId, TextKey, Vec<u8>, Resume)> = Vec::new();
-    for (_, members) in names {
-        for p in members {
-            let Some(cmd) = procs.cmdline(p.id.pid, max) else {
-                out.insert(p.id, CmdVerdict::Gone);
-                continue;
-            };
-            seen.insert(p.id);
-            // The rules (no pattern, past the cap, a settled verdict, a matcher that is down)
-            // are the policy's; this reads, looks up and asks.
-            let mut known = None;
-            let settled = || {
-                let key = cache.key(&cmd);
-                known = Some((key, cache.lookup(p.id, key)));
-                match known {
-                    Some((_, Some(Progress::Settled(o)))) => Some(verdict(o)),
-                    _ => None,
-                }
-            };
-            match route(!config.exclude_commands.is_empty(), cmd.len(), max, matcher_ok, settled) {
-                Route::Decided(v) => {
-                    out.insert(p.id, v);
-                }
-                Route::Cached(v) => {
-                    work.cached += 1;
-                    out.insert(p.id, v);
-                }
-                Route::Ask => {
-                    let (key, progress) = known.expect("asked only after the cache was looked up");
-                    let from = match progress {
-                        Some(Progress::Unsettled(at)) => at,
-                        _ => Resume::default(),
-                    };
-                    asked.push((p.id, key, cmd, from));
-                }
-            }
-        }
-    }
+    let order = reading_order(view, config, clocks, &cache.deferred);
     // Forget the processes not seen before keeping new verdicts, so they make room at once.
+    let seen: HashSet<ProcId> = order.iter().map(|p| p.id).collect();
     cache.keep_only(&seen);
-    if !asked.is_empty() {
-        let texts: Vec<&[u8]> = asked.iter().map(|(_, _, cmd, _)| cmd.as_slice()).collect();
-        let from: Vec<Resume> = asked.iter().map(|(_, _, _, at)| *at).collect();
-        let progress = classifier.classify_from(&texts, &from, deadline);
-        work.asked = asked.len();
-        for ((id, key, _, _), p) in asked.iter().zip(progress) {
-            if matches!(p, Progress::Unsettled(_)) {
-                work.unsettled += 1;
+    let mut out = HashMap::with_capacity(order.len());
+    let mut deferred = HashMap::new();
+    let mut work = Work::default();
+    let mut batch = Batch { texts: Vec::new(), index: HashMap::new(), known: HashMap::new() };
+    for p in order {
+        if !needs_reading(has_patterns) {
+            out.insert(p.id, if reader.exists(p.id.pid) { CmdVerdict::End } else { CmdVerdict::Gone });
+            continue;
+        }
+        work.held_peak = work.held_peak.max(reader.held());
+        // The reader's one buffer: a text is copied out of it only when it waits for the matcher.
+        match reader.read(p.id.pid, max) {
+            Read::Gone => {
+                cache.forget(p.id);
+                out.insert(p.id, CmdVerdict::Gone);
             }
-            cache.store(*id, *key, p);
-            out.insert(*id, verdict(p.outcome()));
+            Read::Deferred(why) => {
+                work.deferred += 1;
+                work.slow += usize::from(why == Deferred::Slow);
+                // One left unread again keeps its place in the queue.
+                let since = match cache.deferred.get(&p.id) {
+                    Some(w) if w.why == why => w.since,
+                    _ => cache.ticks,
+                };
+                if deferred.len() < MAX_ENTRIES {
+                    deferred.insert(p.id, Waiting { why, since });
+                }
+                out.insert(p.id, CmdVerdict::Deferred);
+            }
+            Read::Text => {
+                let cmd = reader.text();
+                // The rules (no pattern, past the cap, a settled verdict, a matcher that is
+                // down) are the policy's; this reads, looks up and asks.
+                let mut known = None;
+                let settled = || {
+                    let key = cache.key(cmd);
+                    known = Some((key, cache.lookup(p.id, key)));
+                    match known {
+                        Some((_, Some(Progress::Settled(o)))) => Some(verdict(o)),
+                        _ => None,
+                    }
+                };
+                match route(has_patterns, cmd.len(), max, matcher_ok, settled) {
+                    Route::Decided(v) => {
+                        out.insert(p.id, v);
+                    }
+                    Route::Cached(v) => {
+                        work.cached += 1;
+                        out.insert(p.id, v);
+                    }
+                    Route::Ask => {
+                        let (key, progress) = known.expect("asked only after the cache was looked up");
+                        if let Some(p2) = batch.known.get(&key).copied() {
+                            work.shared += 1;
+                            cache.store(p.id, key, p2);
+                            out.insert(p.id, verdict(p2.outcome()));
+                        } else if let Some(&i) = batch.index.get(&key) {
+                            work.shared += 1;
+                            batch.texts[i].ids.push(p.id);
+                        } else {
+                            if !reader.fits(cmd.len()) {
+                                batch.flush(cache, classifier, deadline, &mut out, &mut work);
+                            }
+                            let text = reader.hold(cmd).expect("a text of at most 1 MiB fits an empty pool");
+                            let from = match progress {
+                                Some(Progress::Unsettled(at)) => at,
+                                _ => Resume::default(),
+                            };
+                            batch.index.insert(key, batch.texts.len());
+                            batch.texts.push(Pending { text, key, from, ids: vec![p.id] });
+                        }
+                    }
+                }
+            }
         }
     }
+    work.held_peak = work.held_peak.max(reader.held());
+    cache.deferred = deferred;
+    batch.flush(cache, classifier, deadline, &mut out, &mut work);
     (out, work)
 }
 

@@ -5,10 +5,12 @@ use std::{
 
 use super::*;
 use crate::{
+    budget::{Budget, Pool, HELD_CMDLINE_BYTES},
     comm::Comm,
-    daemon::recording::FakeProcs,
+    daemon::{cmdlines::CmdlineReader, effects::ProcessReader, recording::FakeProcs},
     event::ProcState,
     pattern::{Limits, PatternSetError},
+    procfs::CmdRead,
 };
 
 /// A classifier that answers from a table of texts and records what it was asked.
@@ -63,9 +65,16 @@ fn config(patterns: &[&str]) -> Config {
     crate::config::parse(text.as_bytes(), std::path::Path::new("/home/x")).expect("a valid config")
 }
 
+/// The daemon's reader with time to read everything: these tests are about what is read and
+/// matched, not when.
+fn reader(procs: &mut dyn ProcessReader) -> CmdlineReader<'_> {
+    let hour = Duration::from_secs(3600);
+    CmdlineReader::new(procs, Pool::new(HELD_CMDLINE_BYTES), Instant::now() + hour, hour)
+}
+
 fn run(
     cache: &mut VerdictCache,
-    procs: &mut FakeProcs,
+    procs: &mut dyn ProcessReader,
     classifier: &mut Scripted,
     view: &AccountView,
     config: &Config,
@@ -73,7 +82,7 @@ fn run(
     let clocks = FlagClocks::new();
     let ask =
         Ask { view, config, clocks: &clocks, matcher_ok: true, deadline: Instant::now() + Duration::from_secs(5) };
-    verdicts(cache, procs, classifier, ask)
+    verdicts(cache, &mut reader(procs), classifier, ask)
 }
 
 #[test]
@@ -87,8 +96,11 @@ fn an_unchanged_process_is_matched_once_over_many_ticks() {
         let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
         assert_eq!(v[&id(10, 1)], CmdVerdict::Excluded { index: 0 });
         assert_eq!(v[&id(11, 1)], CmdVerdict::End);
-        let expected =
-            if tick == 0 { Work { cached: 0, asked: 2, unsettled: 0 } } else { Work { cached: 2, ..Work::default() } };
+        let expected = if tick == 0 {
+            Work { cached: 0, asked: 2, rounds: 1, held_peak: 20, ..Work::default() }
+        } else {
+            Work { cached: 2, ..Work::default() }
+        };
         assert_eq!(work, expected, "tick {tick}");
     }
     assert_eq!(c.asked.len(), 2);
@@ -123,7 +135,7 @@ fn a_rewritten_command_line_is_matched_again() {
     procs.0.lock().unwrap().insert(10, b"worker kee".to_vec());
     let (v, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
     assert_eq!(v[&id(10, 1)], CmdVerdict::End);
-    assert_eq!(work, Work { cached: 0, asked: 1, unsettled: 0 });
+    assert_eq!((work.cached, work.asked, work.unsettled), (0, 1, 0));
     // And back: matched again, not served from an older entry.
     procs.0.lock().unwrap().insert(10, b"worker keep".to_vec());
     assert_eq!(run(&mut cache, &mut procs, &mut c, &view, &cfg).0[&id(10, 1)], CmdVerdict::Excluded { index: 0 });
@@ -158,13 +170,13 @@ fn gone_processes_are_forgotten_and_the_cap_holds_new_ones_out() {
     assert!(v.values().all(|v| *v == CmdVerdict::End), "but every one has its verdict");
     // Past the cap, the rest is matched again each tick (the budget bounds it), the kept ones are not.
     let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
-    assert_eq!(work, Work { cached: 4, asked: 6, unsettled: 0 });
+    assert_eq!((work.cached, work.asked, work.unsettled), (4, 6, 0));
     // Six exit, the four kept among them: their room goes to the others in the same tick.
     let (view, mut procs) = world("w", &refs[6..]);
     let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
-    assert_eq!(work, Work { cached: 0, asked: 4, unsettled: 0 });
+    assert_eq!((work.cached, work.asked, work.unsettled), (0, 4, 0));
     let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
-    assert_eq!(work, Work { cached: 4, asked: 0, unsettled: 0 });
+    assert_eq!((work.cached, work.asked, work.unsettled), (4, 0, 0));
     // A process gone between the snapshot and the read has no verdict to keep.
     procs.0.lock().unwrap().remove(&106);
     let (v, _) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
@@ -192,7 +204,7 @@ fn an_unsettled_text_is_protected_now_and_goes_on_from_where_it_stood() {
     assert_eq!(c.asked[1], (b"w aaaa".to_vec(), stood), "the next tick resumes, it does not start over");
     // A settled Budget is kept: trying again would only overrun again.
     let (_, work) = run(&mut cache, &mut procs, &mut c, &view, &cfg);
-    assert_eq!(work, Work { cached: 1, asked: 0, unsettled: 0 });
+    assert_eq!(work, Work { cached: 1, ..Work::default() });
 }
 
 #[test]
@@ -205,10 +217,10 @@ fn a_broken_matcher_protects_what_is_not_cached_and_keeps_what_is() {
     let (view, mut procs) = world("w", &[(id(10, 1), "w old"), (id(11, 1), "w new")]);
     let clocks = FlagClocks::new();
     let ask = Ask { view: &view, config: &cfg, clocks: &clocks, matcher_ok: false, deadline: Instant::now() };
-    let (v, work) = verdicts(&mut cache, &mut procs, &mut c, ask);
+    let (v, work) = verdicts(&mut cache, &mut reader(&mut procs), &mut c, ask);
     assert_eq!(v[&id(10, 1)], CmdVerdict::End, "settled on this list and text before the outage");
     assert_eq!(v[&id(11, 1)], CmdVerdict::Budget);
-    assert_eq!(work, Work { cached: 1, asked: 0, unsettled: 0 });
+    assert_eq!(work, Work { cached: 1, ..Work::default() });
 }
 
 #[test]
@@ -227,7 +239,7 @@ fn the_name_flagged_longest_is_matched_first() {
     let cfg = config(&["x"]);
     let mut c = Scripted::default();
     let ask = Ask { view: &view, config: &cfg, clocks: &clocks, matcher_ok: true, deadline: Instant::now() };
-    verdicts(&mut VerdictCache::default(), &mut procs.clone(), &mut c, ask);
+    verdicts(&mut VerdictCache::default(), &mut reader(&mut procs.clone()), &mut c, ask);
     let order: Vec<&[u8]> = c.asked.iter().map(|(t, _)| t.as_slice()).collect();
     assert_eq!(order, [&b"beta"[..], b"alpha"], "beta was flagged first, so it is due first");
 }
@@ -249,4 +261,114 @@ fn an_entry_costs_at_most_64_bytes_whatever_the_command_line() {
     assert!(std::mem::size_of::<(ProcId, Entry)>() <= 64, "{}", std::mem::size_of::<(ProcId, Entry)>());
     let cache = VerdictCache::default();
     assert_eq!(cache.key(&vec![b'a'; 1 << 20]).len, 1 << 20);
+}
+
+/// Processes that share one command line (forks of one exec) cost one match between them.
+#[test]
+fn identical_command_lines_are_matched_once_per_tick() {
+    let text = format!("pile {}", "x".repeat((256 << 10) - 5));
+    let members: Vec<(ProcId, &str)> = (0..100).map(|i| (id(1000 + i, 7), text.as_str())).collect();
+    let (view, mut procs) = world("pile", &members);
+    let mut c = Scripted::default();
+    let (v, work) = run(&mut VerdictCache::default(), &mut procs, &mut c, &view, &config(&["keep"]));
+    assert_eq!(v.len(), 100);
+    assert!(v.values().all(|v| *v == CmdVerdict::End));
+    assert_eq!((work.asked, work.shared, c.asked.len()), (1, 99, 1));
+    assert_eq!(work.held_peak, 256 << 10, "one copy held, not 100");
+}
+
+/// However many distinct command lines wait for the matcher, the bytes held at one time stay
+/// within the pool: a full pool is matched and dropped, then reading goes on.
+#[test]
+fn the_command_lines_held_for_the_matcher_never_pass_the_pool() {
+    let texts: Vec<String> = (0..20).map(|i| format!("{i:02} {}", "y".repeat(900 << 10))).collect();
+    let members: Vec<(ProcId, &str)> =
+        texts.iter().enumerate().map(|(i, t)| (id(2000 + i as u32, 1), t.as_str())).collect();
+    let (view, mut procs) = world("big", &members);
+    let mut c = Scripted::default();
+    c.answers.insert(texts[13].as_bytes().to_vec(), Progress::Settled(MatchOutcome::Matched(0)));
+    let (v, work) = run(&mut VerdictCache::default(), &mut procs, &mut c, &view, &config(&["keep"]));
+    assert!(work.held_peak <= HELD_CMDLINE_BYTES, "{}", work.held_peak);
+    assert!(work.rounds >= 5, "20 × 900 KiB in rounds of at most 4 MiB: {work:?}");
+    assert_eq!((work.asked, c.asked.len()), (20, 20));
+    assert_eq!(v[&id(2013, 1)], CmdVerdict::Excluded { index: 0 });
+    assert_eq!(v.values().filter(|v| **v == CmdVerdict::End).count(), 19);
+}
+
+/// Reads whose time the test controls: `slow` pids take their whole share and stop there, and
+/// every read is counted.
+struct Timed {
+    texts: FakeProcs,
+    slow: HashSet<u32>,
+    reads: Vec<u32>,
+}
+
+impl ProcessReader for Timed {
+    fn cmdline(&mut self, pid: u32, max: usize, budget: &mut Budget, buf: &mut Vec<u8>) -> CmdRead {
+        self.reads.push(pid);
+        if self.slow.contains(&pid) {
+            std::thread::sleep(
+                budget.ends().expect("every read has a deadline").saturating_duration_since(Instant::now()),
+            );
+            buf.clear();
+            return budget.in_time().err().map_or(CmdRead::Text, CmdRead::Stopped);
+        }
+        self.texts.cmdline(pid, max, budget, buf)
+    }
+
+    fn exists(&mut self, pid: u32) -> bool {
+        self.texts.exists(pid)
+    }
+
+    fn boot_unix(&mut self) -> f64 {
+        0.0
+    }
+}
+
+/// A process whose command line takes longer to read than its share is protected this tick
+/// (never ended on a guess) and read after everyone else next tick; the processes its slowness
+/// left unread are protected too and read first next tick, so none waits more than a tick.
+#[test]
+fn a_command_line_not_read_in_time_protects_its_process_and_is_read_again_next_tick() {
+    let members: Vec<(ProcId, &str)> = (1..=6).map(|i| (id(i, 1), "w")).collect();
+    let (view, texts) = world("w", &members);
+    let mut procs = Timed { texts, slow: HashSet::from([1, 2, 3]), reads: Vec::new() };
+    let cfg = config(&["keep"]);
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    let clocks = FlagClocks::new();
+    let ask = |deadline| Ask { view: &view, config: &cfg, clocks: &clocks, matcher_ok: true, deadline };
+    // Reading may take 2.5 s, each read 1 s: 1 and 2 take 1 s each, 3 the last half second and
+    // is stopped by the end of reading, not by its share (the margins absorb a loaded host).
+    let tick = |procs: &mut Timed, cache: &mut VerdictCache, c: &mut Scripted| {
+        let now = Instant::now();
+        let until = now + Duration::from_millis(2500);
+        let mut r = CmdlineReader::new(procs, Pool::new(HELD_CMDLINE_BYTES), until, Duration::from_secs(1));
+        verdicts(cache, &mut r, c, ask(now + Duration::from_secs(5)))
+    };
+    let (v, work) = tick(&mut procs, &mut cache, &mut c);
+    assert!(v.values().all(|v| *v == CmdVerdict::Deferred), "{v:?}");
+    assert_eq!((work.deferred, work.slow), (6, 2), "{work:?}");
+    let unread = [3, 4, 5, 6];
+    // Next tick: the unread ones first, the slow ones last.
+    procs.slow.clear();
+    procs.reads.clear();
+    let (v, work) = tick(&mut procs, &mut cache, &mut c);
+    assert_eq!(work.deferred, 0);
+    assert!(v.values().all(|v| *v == CmdVerdict::End));
+    assert_eq!(procs.reads, [unread.as_slice(), &[1, 2]].concat());
+}
+
+/// With no pattern nothing can protect a process, so no command line is read at all: a slow or
+/// huge one costs nothing and protects nothing.
+#[test]
+fn without_patterns_no_command_line_is_read() {
+    let members: Vec<(ProcId, &str)> = (1..=3).map(|i| (id(i, 1), "w")).collect();
+    let (view, texts) = world("w", &members);
+    texts.0.lock().unwrap().remove(&3);
+    let mut procs = Timed { texts, slow: HashSet::from([1, 2]), reads: Vec::new() };
+    let (v, work) = run(&mut VerdictCache::default(), &mut procs, &mut Scripted::default(), &view, &config(&[]));
+    assert!(procs.reads.is_empty());
+    assert_eq!((v[&id(1, 1)], v[&id(2, 1)], v[&id(3, 1)]), (CmdVerdict::End, CmdVerdict::End, CmdVerdict::Gone));
+    assert_eq!(work, Work::default());
 }

@@ -285,10 +285,26 @@ fn a_tree_holds_whole_components_only() {
     );
 }
 
-/// A directory the service could see (not under /tmp): beside the test binary.
+/// A new directory the service could see, wherever the checkout is (a clone under /tmp is
+/// inside a hidden tree, so the test binary's own directory will not do): the first of the
+/// account's home, /run/lock (world-writable on systemd hosts), /var/lib and /srv (root) that
+/// is outside every tree the unit hides and takes a new directory.
 fn visible_dir() -> tempfile::TempDir {
-    let exe = std::env::current_exe().unwrap();
-    tempfile::tempdir_in(exe.parent().unwrap()).unwrap()
+    let hidden = service_hidden_trees();
+    let mut tried = Vec::new();
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    for base in home.into_iter().chain(["/run/lock", "/var/lib", "/srv"].map(PathBuf::from)) {
+        let Ok(base) = std::fs::canonicalize(&base) else { continue };
+        if let Some(tree) = hidden.iter().find(|t| t.contains(&base)) {
+            tried.push(format!("{} (inside {})", base.display(), tree.path));
+            continue;
+        }
+        match tempfile::Builder::new().prefix("guard-visible-").tempdir_in(&base) {
+            Ok(dir) => return dir,
+            Err(e) => tried.push(format!("{}: {e}", base.display())),
+        }
+    }
+    panic!("no directory the service could see takes a new directory here: {}", tried.join("; "))
 }
 
 #[test]

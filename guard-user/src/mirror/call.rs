@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::{
     conn::{Conn, ConnError, Target},
+    resp::RespError,
     Endpoint,
 };
 
@@ -26,6 +27,14 @@ pub enum MirrorError {
     Rejected { endpoint: String, what: &'static str, reason: String },
     #[error("the heartbeat {key} on {endpoint} is not valid JSON: {reason}")]
     MalformedHeartbeat { endpoint: String, key: String, reason: String },
+    /// A reply over its budget (`resp::REPLY_BYTES`): the connection is closed, and retried as
+    /// an outage is.
+    #[error("the swarm Redis at {endpoint} answered {what} with a reply of at least {bytes} bytes, over the {max} a reply may take; the connection was closed", max = super::resp::REPLY_BYTES)]
+    ReplyRejected { endpoint: String, what: &'static str, bytes: usize },
+    /// The listening socket belongs to an account and the URL has a password, which was not
+    /// sent (`mirror::listener`).
+    #[error("the swarm Redis at {endpoint} listens as {}, an account, so its password was not sent there", super::listener::account_name(*uid))]
+    AccountListener { endpoint: String, uid: u32 },
 }
 
 impl MirrorError {
@@ -33,16 +42,26 @@ impl MirrorError {
         let reason = endpoint.scrub(&err.to_string());
         let endpoint = endpoint.redacted();
         match err {
+            ConnError::Transport(RespError::TooLarge { bytes }) => {
+                MirrorError::ReplyRejected { endpoint, what, bytes: *bytes }
+            }
             // A socket that failed or a server that broke the protocol, and refused
             // credentials: an outage, retried with backoff.
             ConnError::Transport(_) | ConnError::Auth(_) => MirrorError::Unreachable { endpoint, reason },
             ConnError::Refused(_) => MirrorError::Rejected { endpoint, what, reason },
+            ConnError::Withheld { uid } => MirrorError::AccountListener { endpoint, uid: *uid },
         }
     }
 
     /// Whether the work of the failed call is worth sending again once Redis answers.
     pub(super) fn is_transient(&self) -> bool {
-        matches!(self, MirrorError::Timeout { .. } | MirrorError::Unreachable { .. })
+        matches!(
+            self,
+            MirrorError::Timeout { .. }
+                | MirrorError::Unreachable { .. }
+                | MirrorError::ReplyRejected { .. }
+                | MirrorError::AccountListener { .. }
+        )
     }
 }
 
@@ -60,10 +79,11 @@ pub(super) async fn bounded<T>(
 }
 
 /// A new connection to `endpoint` (authenticated, its database selected), bounded by `deadline`.
-pub(super) async fn connect(endpoint: &Endpoint, deadline: Instant) -> Result<Conn, MirrorError> {
+/// `guarded`: the daemon's account (see `Conn::open`).
+pub(super) async fn connect(endpoint: &Endpoint, deadline: Instant, guarded: Option<u32>) -> Result<Conn, MirrorError> {
     let target = Target::parse(&endpoint.url).map_err(|e| MirrorError::InvalidEndpoint {
         endpoint: endpoint.redacted(),
         reason: endpoint.scrub(&e.to_string()),
     })?;
-    bounded(endpoint, "connect", deadline, Conn::open(&target)).await
+    bounded(endpoint, "connect", deadline, Conn::open(&target, guarded)).await
 }

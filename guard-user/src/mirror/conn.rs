@@ -164,6 +164,10 @@ pub enum ConnError {
     /// connection is: the operator fixes the URL or the server, and the guard goes on).
     #[error("{0}")]
     Auth(String),
+    /// The endpoint's listening socket belongs to an account (`mirror::listener`), and the URL
+    /// has a password: it is not sent there, and nothing else is either.
+    #[error("the listening socket belongs to {}, so the password was not sent", super::listener::account_name(*uid))]
+    Withheld { uid: u32 },
 }
 
 impl From<std::io::Error> for ConnError {
@@ -174,20 +178,41 @@ impl From<std::io::Error> for ConnError {
 
 pub struct Conn {
     io: BufReader<Box<dyn Io>>,
+    /// Who owns the listening socket, for a loopback or unix-socket endpoint when the kernel says
+    /// (`mirror::listener`); `None` for a remote host.
+    pub listener_uid: Option<u32>,
 }
 
 impl Conn {
-    /// Connects, authenticates and selects the database.
-    pub async fn open(target: &Target) -> Result<Conn, ConnError> {
-        let io: Box<dyn Io> = match &target.addr {
+    /// Connects, authenticates and selects the database. `guarded`: the guarded account (the
+    /// daemon's), whose listener is an account's whatever its uid. A password is never sent to a
+    /// listener that belongs to an account ([`ConnError::Withheld`]).
+    pub async fn open(target: &Target, guarded: Option<u32>) -> Result<Conn, ConnError> {
+        let (io, listener_uid): (Box<dyn Io>, Option<u32>) = match &target.addr {
             Addr::Tcp { host, port } => {
                 let stream = TcpStream::connect((host.as_str(), *port)).await?;
                 stream.set_nodelay(true)?;
-                Box::new(stream)
+                let peer = stream.peer_addr()?;
+                let owner = if super::listener::is_local(peer.ip()) {
+                    // A few hundred bytes per socket of the machine, off the tick's path.
+                    tokio::task::spawn_blocking(move || super::listener::tcp_listener_uid(peer)).await.ok().flatten()
+                } else {
+                    None
+                };
+                (Box::new(stream), owner)
             }
-            Addr::Unix(path) => Box::new(UnixStream::connect(path).await?),
+            Addr::Unix(path) => {
+                let stream = UnixStream::connect(path).await?;
+                let owner = stream.peer_cred().ok().map(|c| c.uid());
+                (Box::new(stream), owner)
+            }
         };
-        let mut conn = Conn { io: BufReader::new(io) };
+        let mut conn = Conn { io: BufReader::new(io), listener_uid };
+        if let Some(uid) = listener_uid.filter(|&u| super::listener::is_account(u, guarded)) {
+            if target.password.is_some() {
+                return Err(ConnError::Withheld { uid });
+            }
+        }
         if let Some(password) = &target.password {
             let mut auth = Cmd::new("AUTH");
             if let Some(user) = &target.user {
@@ -216,6 +241,20 @@ impl Conn {
     /// Every command in one write, then their replies in order; the first error reply is
     /// [`ConnError::Refused`] (after all replies were read, so the connection stays in step).
     pub async fn pipeline(&mut self, cmds: &[Cmd]) -> Result<Vec<Reply>, ConnError> {
+        let replies = self.pipeline_replies(cmds).await?;
+        let refused = cmds.iter().zip(&replies).find_map(|(cmd, reply)| match reply {
+            Reply::Error(why) => Some(format!("{} answered {why}", cmd.name())),
+            _ => None,
+        });
+        match refused {
+            Some(why) => Err(ConnError::Refused(why)),
+            None => Ok(replies),
+        }
+    }
+
+    /// Every command in one write, then their replies in order, error replies included; each
+    /// reply is read within its own budget (`resp::REPLY_BYTES`).
+    pub async fn pipeline_replies(&mut self, cmds: &[Cmd]) -> Result<Vec<Reply>, ConnError> {
         let mut out = Vec::new();
         for cmd in cmds {
             cmd.encode(&mut out);
@@ -224,18 +263,10 @@ impl Conn {
         io.write_all(&out).await?;
         io.flush().await?;
         let mut replies = Vec::with_capacity(cmds.len());
-        let mut refused = None;
-        for cmd in cmds {
-            let reply = read_reply(&mut self.io).await?;
-            if let Reply::Error(why) = &reply {
-                refused.get_or_insert_with(|| format!("{} answered {why}", cmd.name()));
-            }
-            replies.push(reply);
+        for _ in cmds {
+            replies.push(read_reply(&mut self.io).await?);
         }
-        match refused {
-            Some(why) => Err(ConnError::Refused(why)),
-            None => Ok(replies),
-        }
+        Ok(replies)
     }
 }
 

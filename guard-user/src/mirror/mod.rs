@@ -11,7 +11,8 @@
 //! - [`query`]: the read side: one heartbeat for `check`, every heartbeat for `status --fleet`.
 //! - [`call`]: one bounded Redis call and its [`MirrorError`], shared by the worker and the queries.
 //! - [`conn`], [`resp`]: one connection (the URL, the socket, AUTH and SELECT) and the protocol
-//!   itself (commands out, bounded replies in).
+//!   itself (commands out, replies in within one budget each).
+//! - [`listener`]: who owns a local endpoint's listening socket (an account's is untrusted).
 //!
 //! Presentation (the fleet table) lives with its command, in `cmd/fleet.rs`.
 //!
@@ -21,6 +22,7 @@
 pub mod call;
 pub mod conn;
 pub mod endpoint;
+pub mod listener;
 pub mod query;
 pub mod resp;
 pub mod stream;

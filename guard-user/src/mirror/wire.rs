@@ -28,6 +28,13 @@ pub const STREAM_MAXLEN: u64 = 10_000;
 /// Every key of ours starts with it: the heartbeats and [`STREAM_KEY`].
 pub const KEY_PREFIX: &str = "agentihooks:host-guard:";
 
+/// Flagged names a heartbeat lists: with the config error cut to [`HEARTBEAT_ERROR_BYTES`], a
+/// heartbeat stays far inside the 64 KiB a Redis reply may take (`resp::REPLY_BYTES`), so every
+/// guard's heartbeat can be read back by `status --fleet` and `check`.
+pub const HEARTBEAT_FLAGGED: usize = 200;
+/// Bytes of the config error a heartbeat carries (the log line's reason, escaped).
+pub const HEARTBEAT_ERROR_BYTES: usize = 4096;
+
 /// The heartbeat key of one guarded account.
 pub fn heartbeat_key(host: &str, user: &str) -> String {
     format!("{KEY_PREFIX}{host}:{user}")
@@ -48,8 +55,10 @@ pub struct Heartbeat {
     pub dry_run: bool,
     /// Completion of the last tick, unix seconds (UTC).
     pub last_tick: u64,
-    /// Names at or over the threshold at that tick.
+    /// Names at or over the threshold at that tick, the first [`HEARTBEAT_FLAGGED`] of them.
     pub flagged: Vec<String>,
+    /// Flagged names beyond those listed.
+    pub flagged_omitted: u64,
     /// KILLED lines since the daemon started.
     pub kills: u64,
     pub lost_events: u64,

@@ -8,6 +8,13 @@
 //! the `warn` callback: `redis_unreachable endpoint=<redacted>` on the first failure,
 //! `redis_recovered endpoint=<redacted>` on the first success after it.
 //!
+//! A reply over its budget (`resp::REPLY_BYTES`) closes the connection and is an outage of its
+//! own: `redis_reply_rejected endpoint=<redacted> bytes=<n>` once per outage, in place of
+//! `redis_unreachable`. A listening socket that belongs to an account (`mirror::listener`) is
+//! said once per run, `redis_listener_owned_by_account endpoint=<redacted> uid=<uid>`; the
+//! mirror goes on writing there unless the URL has a password, which is never sent there (that
+//! is then an outage, retried, since the real Redis may come back on the port).
+//!
 //! While Redis is away only the latest heartbeat and at most [`EVENT_QUEUE_CAPACITY`] events are
 //! kept; when the queue is full the oldest event is dropped and counted ([`Mirror::dropped`]).
 //! A batch whose call failed in transport (timeout, refused, reset) is put back and sent again,
@@ -114,7 +121,15 @@ impl Drop for Handle {
 impl Mirror {
     /// Starts the worker on the current tokio runtime (panics outside one, like `tokio::spawn`).
     /// `warn` receives the text of a `WARN` line without the `WARN ` prefix.
-    pub fn spawn(endpoint: Endpoint, host: String, user: String, warn: Arc<dyn Fn(String) + Send + Sync>) -> Mirror {
+    /// `guarded`: the daemon's account, whose listening socket on the endpoint is an account's
+    /// whatever its uid (`mirror::listener::is_account`).
+    pub fn spawn(
+        endpoint: Endpoint,
+        host: String,
+        user: String,
+        guarded: Option<u32>,
+        warn: Arc<dyn Fn(String) + Send + Sync>,
+    ) -> Mirror {
         let shared = Arc::new(Shared {
             outbox: Mutex::new(Outbox::default()),
             work: Notify::new(),
@@ -131,6 +146,8 @@ impl Mirror {
             conn: None,
             in_outage: false,
             backoff: BACKOFF_INITIAL,
+            guarded,
+            owner_warned: false,
         };
         tokio::spawn(worker.run());
         Mirror { handle: Arc::new(Handle { shared }) }
@@ -183,6 +200,10 @@ struct Worker {
     in_outage: bool,
     /// Wait before the next attempt after a failure.
     backoff: Duration,
+    /// The guarded account (see [`Mirror::spawn`]).
+    guarded: Option<u32>,
+    /// `redis_listener_owned_by_account` was said (once per run).
+    owner_warned: bool,
 }
 
 impl Worker {
@@ -203,9 +224,21 @@ impl Worker {
                         (self.warn)(format!("redis_endpoint_invalid endpoint={}", self.endpoint.redacted()));
                         return self.discard_forever().await;
                     }
-                    if !self.in_outage {
-                        self.in_outage = true;
-                        (self.warn)(format!("redis_unreachable endpoint={}", self.endpoint.redacted()));
+                    let endpoint = self.endpoint.redacted();
+                    match &err {
+                        MirrorError::AccountListener { uid, .. } => {
+                            self.listener_is_an_account(*uid);
+                            self.in_outage = true;
+                        }
+                        MirrorError::ReplyRejected { bytes, .. } if !self.in_outage => {
+                            self.in_outage = true;
+                            (self.warn)(format!("redis_reply_rejected endpoint={endpoint} bytes={bytes}"));
+                        }
+                        _ if !self.in_outage => {
+                            self.in_outage = true;
+                            (self.warn)(format!("redis_unreachable endpoint={endpoint}"));
+                        }
+                        _ => {}
                     }
                     if self.shared.is_closed() {
                         return;
@@ -238,12 +271,24 @@ impl Worker {
         }
     }
 
+    /// `redis_listener_owned_by_account`, once per run.
+    fn listener_is_an_account(&mut self, uid: u32) {
+        if !self.owner_warned {
+            self.owner_warned = true;
+            (self.warn)(format!("redis_listener_owned_by_account endpoint={} uid={uid}", self.endpoint.redacted()));
+        }
+    }
+
     /// Sends the pending heartbeat and one batch of events, connecting first if needed.
     async fn deliver_once(&mut self) -> Result<(), MirrorError> {
-        let conn = match &mut self.conn {
-            Some(conn) => conn,
-            None => self.conn.insert(connect(&self.endpoint, Instant::now() + CALL_TIMEOUT).await?),
-        };
+        if self.conn.is_none() {
+            let conn = connect(&self.endpoint, Instant::now() + CALL_TIMEOUT, self.guarded).await?;
+            if let Some(uid) = conn.listener_uid.filter(|&u| super::listener::is_account(u, self.guarded)) {
+                self.listener_is_an_account(uid);
+            }
+            self.conn = Some(conn);
+        }
+        let conn = self.conn.as_mut().expect("connected above");
         if let Some((hb, ttl)) = self.shared.take_heartbeat() {
             let set = set_heartbeat(&self.key, &hb, ttl);
             let deadline = Instant::now() + CALL_TIMEOUT;

@@ -1,9 +1,74 @@
-//! Which command lines need the matcher at all (docs/architecture.md, the trust boundary).
+//! Which command lines a tick reads, in what order, and which of them need the matcher at all
+//! (docs/architecture.md, the trust boundary).
 //!
-//! The tick and `explain` read a command line, then ask [`route`] whether its verdict is already
-//! known; only [`Route::Ask`] goes to the sandboxed matcher. Pure: the reading, the cache and
-//! the matcher are the caller's (`daemon::verdicts`).
-use super::CmdVerdict;
+//! [`reading_order`] names the processes whose command lines the tick (and `explain`) reads;
+//! after each read, [`route`] says whether its verdict is already known; only [`Route::Ask`]
+//! goes to the sandboxed matcher. Pure: the reading, its budget, the cache and the matcher are
+//! the caller's (`daemon::verdicts`).
+use std::collections::HashMap;
+
+use super::{AccountView, CmdVerdict, FlagClocks};
+use crate::{config::Config, event::ProcId, event::ProcState};
+
+/// Why a process's command line was not read at a tick; it decides where the process stands in
+/// the next tick's [`reading_order`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deferred {
+    /// The tick's reading time ran out before its turn: it is read first next tick, so no
+    /// process waits more than one tick behind others however long the reads before it take.
+    NotReached,
+    /// Its own read overran its share of the tick (a process can make its memory slow to
+    /// read): it is read last next tick, after every other process had its turn.
+    Slow,
+}
+
+/// A process whose command line the last tick did not read: why, and since which tick it has been
+/// waiting for its turn (a process read late again keeps its place in the queue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub why: Deferred,
+    /// The tick (a count the caller keeps) at which it was first left unread.
+    pub since: u64,
+}
+
+/// The processes whose command lines a tick reads, in order: every member of a name at or over
+/// the threshold (and every extra process the tick added to the view, e.g. a session's
+/// leftovers due for a step) whose name `excludes` does not list, since an excluded name is never
+/// ended and its command lines decide nothing. In order:
+/// 1. the processes the last tick did not reach ([`Deferred::NotReached`]), those waiting longest
+///    first: a queue, so however many there are, a process waits at most as many ticks as it
+///    takes to read the ones ahead of it;
+/// 2. then, name by name, the name flagged longest first (the one due, or nearest to it, is
+///    decided first if time runs out), names not flagged yet last, ties in name order; each
+///    name's processes in the view's order (by pid);
+/// 3. last, the processes whose read overran its share at the last tick ([`Deferred::Slow`]).
+pub fn reading_order<'a>(
+    view: &'a AccountView,
+    config: &Config,
+    clocks: &FlagClocks,
+    deferred: &HashMap<ProcId, Waiting>,
+) -> Vec<&'a ProcState> {
+    let mut names: Vec<_> = view.members.iter().filter(|(name, _)| !config.is_excluded(name)).collect();
+    // The sort is stable: the map's name order stays among equal flag times.
+    names.sort_by(|(a, _), (b, _)| {
+        let at = |n| clocks.get(n).copied().unwrap_or(f64::INFINITY);
+        at(*a).total_cmp(&at(*b))
+    });
+    let rank = |p: &ProcState| match deferred.get(&p.id) {
+        Some(Waiting { why: Deferred::NotReached, since }) => (0, *since),
+        None => (1, 0),
+        Some(Waiting { why: Deferred::Slow, .. }) => (2, 0),
+    };
+    let mut order: Vec<&ProcState> = names.into_iter().flat_map(|(_, members)| members).collect();
+    order.sort_by_key(|p| rank(p));
+    order
+}
+
+/// Whether a process's verdict needs its command line at all: with no pattern nothing can
+/// protect it, so it is `End` unread (the enforcer still checks its identity before a signal).
+pub fn needs_reading(has_patterns: bool) -> bool {
+    has_patterns
+}
 
 /// Where one command line's verdict comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,8 +114,66 @@ pub fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::Comm;
 
     const MAX: usize = 1 << 20;
+
+    fn proc(pid: u32, name: &str) -> ProcState {
+        ProcState { id: ProcId { pid, start_ticks: 1 }, euid: 4201, comm: Comm::new(name.as_bytes()) }
+    }
+
+    fn view(procs: &[ProcState]) -> AccountView {
+        let mut v = AccountView::default();
+        for p in procs {
+            v.members.entry(p.comm).or_default().push(*p);
+        }
+        v
+    }
+
+    fn pids(order: &[&ProcState]) -> Vec<u32> {
+        order.iter().map(|p| p.id.pid).collect()
+    }
+
+    #[test]
+    fn the_name_flagged_longest_is_read_first_and_excluded_names_are_never_read() {
+        let procs = [proc(1, "aa"), proc(2, "bb"), proc(3, "cc"), proc(4, "bash"), proc(5, "aa")];
+        let clocks: FlagClocks = [(Comm::new(b"cc"), 10.0), (Comm::new(b"bb"), 20.0)].into_iter().collect();
+        let config = Config::defaults(std::path::Path::new("/home/x"));
+        assert!(config.is_excluded(&Comm::new(b"bash")));
+        let v = view(&procs);
+        let order = reading_order(&v, &config, &clocks, &HashMap::new());
+        assert_eq!(pids(&order), [3, 2, 1, 5], "cc (flagged first), bb, then aa not flagged yet; bash never");
+    }
+
+    #[test]
+    fn a_process_not_reached_goes_first_next_tick_and_a_slow_one_last() {
+        let procs = [proc(1, "aa"), proc(2, "aa"), proc(3, "aa"), proc(4, "bb")];
+        let clocks: FlagClocks = [(Comm::new(b"aa"), 1.0), (Comm::new(b"bb"), 2.0)].into_iter().collect();
+        let wait = |why, since| Waiting { why, since };
+        let deferred: HashMap<ProcId, Waiting> =
+            [(procs[0].id, wait(Deferred::Slow, 3)), (procs[3].id, wait(Deferred::NotReached, 2))]
+                .into_iter()
+                .collect();
+        let v = view(&procs);
+        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred);
+        assert_eq!(pids(&order), [4, 2, 3, 1]);
+        // Among the ones left unread, the longest waiting first, whatever their names' flags.
+        let deferred: HashMap<ProcId, Waiting> = [
+            (procs[0].id, wait(Deferred::NotReached, 7)),
+            (procs[2].id, wait(Deferred::NotReached, 5)),
+            (procs[3].id, wait(Deferred::NotReached, 6)),
+        ]
+        .into_iter()
+        .collect();
+        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred);
+        assert_eq!(pids(&order), [3, 4, 1, 2]);
+    }
+
+    #[test]
+    fn only_a_list_with_patterns_needs_command_lines() {
+        assert!(!needs_reading(false));
+        assert!(needs_reading(true));
+    }
 
     #[test]
     fn a_process_the_matcher_cannot_be_asked_about_is_protected() {

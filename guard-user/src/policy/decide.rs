@@ -38,6 +38,9 @@ pub enum CmdVerdict {
     /// otherwise). A reason of its own, because a real program almost never has one: the
     /// account may have padded its arguments to be protected, and the operator must see that.
     TooLong,
+    /// Its command line was not read in time this tick (the tick's reading time ran out before
+    /// it, or its own read overran its share): protected this tick, read again next tick.
+    Deferred,
     /// Matches no pattern: ended when its name is enforced.
     End,
 }
@@ -128,6 +131,10 @@ pub fn decide(input: &TickInput) -> TickPlan {
                 CmdVerdict::TooLong => {
                     skip += 1;
                     "cmdline_too_long"
+                }
+                CmdVerdict::Deferred => {
+                    skip += 1;
+                    "read_budget"
                 }
             };
             // SKIPPED is an enforcement's line: a flagged name waiting for its timeout skips nothing yet.

@@ -69,6 +69,8 @@ pub struct Memory {
     unknown_keys_capped: bool,
     /// The sandboxed matcher could not run at the last tick (warned once per outage).
     matcher_down: bool,
+    /// A tick left a command line unread for lack of time (warned once per run).
+    cmdlines_unread: bool,
     /// `ERROR` lines said since the last `TICK_COMPLETE` (its `errors=`).
     errors: u32,
 }
@@ -158,6 +160,17 @@ impl Memory {
         let starts = !up && !self.matcher_down;
         self.matcher_down = !up;
         starts.then(|| Line::Warn(Notice::new("pattern_matcher_down").with("reason", "worker")))
+    }
+
+    /// Command lines this tick could not read in time (`unread`; `slow` of them because their
+    /// own read overran its share): said once per run, at the first tick that leaves one
+    /// unread, `WARN cmdline_read_budget unread=<n> slow=<k>`; the status and the metrics count
+    /// them at every tick. Once, not per outage: a process that makes its memory slow to read
+    /// can do so at every other tick.
+    pub fn cmdlines_unread(&mut self, unread: usize, slow: usize) -> Option<Line> {
+        let first = unread > 0 && !self.cmdlines_unread;
+        self.cmdlines_unread |= unread > 0;
+        first.then(|| Line::Warn(Notice::new("cmdline_read_budget").with("unread", unread).with("slow", slow)))
     }
 
     /// `WARN config_unknown_key` once per key per run, for at most [`config::MAX_UNKNOWN_KEYS`]

@@ -363,6 +363,13 @@ impl Step<'_> {
                     Some(CmdVerdict::Gone) => continue,
                     Some(CmdVerdict::Excluded { .. }) => "excluded_command",
                     Some(CmdVerdict::TooLong) => "cmdline_too_long",
+                    // Not read in time this tick: decided again at the next step, as below.
+                    Some(CmdVerdict::Deferred) => {
+                        if self.e.undecided.insert(p.id) {
+                            self.lines.push(skipped(p, "read_budget"));
+                        }
+                        continue;
+                    }
                     // Undecided in this tick's round (a hostile pattern or command line, or a
                     // round out of time): never ended on a guess; decided again at the next step.
                     Some(CmdVerdict::Budget) | None => {

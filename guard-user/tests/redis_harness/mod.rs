@@ -3,7 +3,6 @@
 //! and the small waits the tests share.
 use std::future::Future;
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,22 +10,6 @@ use std::time::Duration;
 
 use guard::mirror::Endpoint;
 use redis::aio::MultiplexedConnection;
-
-pub fn redis_server_binary() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|dir| dir.join("redis-server")).find(|p| p.is_file())
-}
-
-/// Returns early from a test, saying why, when there is no redis-server to run.
-#[macro_export]
-macro_rules! require_redis_server {
-    () => {
-        if $crate::redis_harness::redis_server_binary().is_none() {
-            eprintln!("skipping: redis-server is not installed (cargo xtask test installs it)");
-            return;
-        }
-    };
-}
 
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
@@ -58,7 +41,9 @@ impl RedisServer {
     /// Starts the server (again) on the same port, with an empty dataset.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "server already running");
-        let mut cmd = Command::new(redis_server_binary().expect("redis-server"));
+        let mut cmd = Command::new(
+            guard_test::need::which("redis-server").expect("redis-server (the test declares needs = [redis])"),
+        );
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--protected-mode", "no", "--daemonize", "no"])
             .arg("--dir")

@@ -12,7 +12,10 @@
 //! `blank-cmdline 1` it overwrites its arguments so /proc/PID/cmdline reads empty, with
 //! `leader-exits 1` its main thread exits once it is set up (a thread keeps the process alive,
 //! its leader a zombie), with `busy ON/OFF`
-//! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins).
+//! it burns a core ON ms then sleeps OFF ms, forever (`busy 1000/0` spins), with `slow-memory MIB`
+//! it maps MIB MiB of memory and changes its protection in a loop on a thread of its own, so
+//! reading its command line (which takes its memory-map lock page by page) is slow, and `pad X`
+//! pairs only lengthen its command line.
 //!
 //! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
 //! roots of the sessions tests (see `guard-probe/session.rs`).
@@ -77,6 +80,33 @@ fn blank_cmdline() {
         std::ptr::write_bytes(start as *mut u8, 0, end - start);
         *((end - 1) as *mut u8) = b'x';
     }
+}
+
+/// Maps `mib` MiB, touches every page, and flips the mapping between read-only and read-write
+/// forever on a thread of its own: each `mprotect` takes the process's memory-map lock for
+/// writing while it walks every page table entry, which is what a `/proc/PID/cmdline` read waits
+/// for between pages.
+fn slow_memory(mib: usize) {
+    let len = mib << 20;
+    // SAFETY: a fresh private anonymous mapping this process owns and never frees.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED, "mmap {mib} MiB: {}", std::io::Error::last_os_error());
+    let at = addr as usize;
+    std::thread::spawn(move || loop {
+        for prot in [libc::PROT_READ, libc::PROT_READ | libc::PROT_WRITE] {
+            // SAFETY: the mapping made above, whole.
+            unsafe { libc::mprotect(at as *mut libc::c_void, len, prot) };
+        }
+    });
 }
 
 fn rename(name: &[u8]) {
@@ -197,6 +227,7 @@ fn main() {
                 assert_eq!(r, 0, "unshare(CLONE_NEWUSER): {}", std::io::Error::last_os_error());
             }
             "blank-cmdline" => blank_cmdline(),
+            "slow-memory" => slow_memory(args[i + 1].parse().unwrap()),
             "leader-exits" => leader_exits = true,
             "dodge-back" => {
                 let name = args[i + 1].as_bytes();

@@ -209,13 +209,14 @@ pub struct Parsed {
 
 /// Loads `instance` from `dirs` (first wins) with systemd's own unit loader (`systemd --test --system`,
 /// which dumps every unit it loaded; it refuses to run as root, so it runs as nobody) and
-/// returns what it parsed. `None`, with the reason printed, where there is no systemd binary.
+/// returns what it parsed. `None`, with the reason printed, where there is no systemd binary (a
+/// failure where the run requires `systemd`).
 pub fn systemd_parse(dirs: &[&Path], instance: &str) -> Option<Parsed> {
-    let systemd = ["/lib/systemd/systemd", "/usr/lib/systemd/systemd"].into_iter().find(|p| Path::new(p).exists());
-    let Some(systemd) = systemd else {
-        eprintln!("skipped the systemd parse of {instance}: no systemd binary on this host");
+    if let Some(why) = guard_test::adapt(Need::Systemd) {
+        eprintln!("no systemd parse of {instance}: {why}");
         return None;
-    };
+    }
+    let systemd = guard_test::need::SYSTEMD.iter().copied().find(|p| Path::new(p).exists())?;
     let o = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", systemd, "--test", "--system"])
         .arg(format!("--unit={instance}"))

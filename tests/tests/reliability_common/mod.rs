@@ -12,21 +12,8 @@ use integration_tests::*;
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[allow(unused_imports)]
+pub use guard_test::rng::Rng;
 
 /// Another daemon guarding the test account (a second test run on this host) ends these tests'
 /// probes under its own config; say so up front, since the failures it causes look like bugs.

@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::{arch::Arch, build_ebpf::run_checked, vm::kernels::Apt};
+use crate::{arch::Arch, build_ebpf::run_checked, vm::apt::Apt};
 
 /// What a Rust binary links (`NEEDED`: libc.so.6, libm.so.6, libgcc_s.so.1): their packages.
 const LIBRARY_PACKAGES: &[&str] = &["libc6", "libgcc-s1"];

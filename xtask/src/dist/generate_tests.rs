@@ -165,10 +165,10 @@ fn help_and_man_pages_name_nothing_an_operator_lacks() {
 }
 
 #[test]
+#[ignore = "needs groff: `cargo xtask test` runs it (--ignored)"]
 fn man_pages_format_without_groff_warnings() {
     // lintian runs the same check (groff-message); groff-base comes with man-db.
-    if Process::new("groff").arg("--version").output().is_err() {
-        eprintln!("skipped: groff is not installed (apt-get install groff-base)");
+    if !guard_test::need::here(&[guard_test::Need::Groff], guard_test::Facts { bpf_object: false }) {
         return;
     }
     let mut all = pages();
@@ -189,7 +189,11 @@ fn man_pages_format_without_groff_warnings() {
 }
 
 #[test]
+#[ignore = "needs zsh and fish: `cargo xtask test` runs it (--ignored)"]
 fn completions_complete_real_command_lines_in_bash_fish_and_zsh() {
+    if !guard_test::need::here(&[guard_test::Need::Shells], guard_test::Facts { bpf_object: false }) {
+        return;
+    }
     let dir = Scratch::new("completions");
     let bash = dir.write("guard-user", &completion(Shell::Bash));
     let zsh = dir.write("_guard-user", &completion(Shell::Zsh));
@@ -204,10 +208,7 @@ fn clap_completes_nothing_after_a_subcommand_of_a_hyphenated_binary_unless_fixed
     // The reason for completion()'s renaming: clap_complete's own script for `guard-user`
     // (clap-rs/clap#6421). If a clap_complete upgrade fixes it, this test says so, and the
     // renaming can go.
-    if crate::build_ebpf::which("bash").is_none() {
-        eprintln!("skipped: bash is not installed");
-        return;
-    }
+    // bash is every test's shell here (and the oracle of the pattern tests): no need of its own.
     let mut cmd = visible_tree(&Cli::command());
     let mut raw = Vec::new();
     clap_complete::generate(Shell::Bash, &mut cmd, BIN, &mut raw);

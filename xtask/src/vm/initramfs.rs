@@ -35,7 +35,7 @@ use crate::build_ebpf::{self, which};
 /// loudly: `$(cat f 2>/dev/null || echo x)` just answers x, which is how the install tests once
 /// failed in the guests).
 const HOST_TOOLS: &[&str] = &["bash", "sleep", "true", "cat", "env", "id", "grep", "ls", "mkdir", "rm"];
-/// Copied in when the host has them; the tests that need them skip otherwise.
+/// Copied in when the host has them; without redis-server the guests do not require `redis`.
 const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli"];
 /// Workspace directories tests read through `env!("CARGO_MANIFEST_DIR")`; copied to the same
 /// absolute path in the guest.

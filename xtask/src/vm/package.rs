@@ -127,3 +127,18 @@ run dpkg -s guard-user
 [[ $RC != 0 ]] || fail "dpkg still knows guard-user after the purge"
 say "package: success"
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::SCRIPT;
+
+    /// The guest's script is only run in the arm64 guest: a syntax error would cost a whole
+    /// guest boot to find. (It keeps its own helpers: it runs under vm-init, printing to the
+    /// console through vm-init's stdout, not under systemd like the prelude's scenarios.)
+    #[test]
+    fn the_package_scenario_parses() {
+        let out = std::process::Command::new("bash").args(["-n", "-c", SCRIPT]).output().expect("bash");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(SCRIPT.starts_with("#!/bin/bash\n"));
+    }
+}

@@ -135,6 +135,9 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
             continue;
         }
         let mut args = Vec::new();
+        if suite::INCLUDE_IGNORED.contains(&name.as_str()) {
+            args.push("--include-ignored".to_string());
+        }
         if !selection.all_tests && !selection.own_filters && !only.is_empty() {
             args.push("--exact".to_string());
             args.extend(only.iter().map(|t| t.to_string()));

@@ -88,17 +88,70 @@ impl Drop for QemuChild {
     }
 }
 
-/// The qemu command line of a boot, without stdio.
-pub fn command(b: &Boot) -> Command {
+pub fn boot(b: &Boot) -> anyhow::Result<Outcome> {
     // mitigations=off: under TCG the default CPU model looks vulnerable to everything, and page
     // table isolation & co. made every syscall and fork several times slower (7.x booted in 16 s
     // instead of 6, and 400 forks overran a test's 5 s bound). The tests need none of them.
-    let console = match b.arch {
-        Arch::Amd64 => "ttyS0",
-        // The virt machine's PL011 UART.
-        Arch::Arm64 => "ttyAMA0",
+    let append =
+        format!("console={} panic=-1 quiet mitigations=off {}", b.arch.console(), b.cmdline).trim().to_string();
+    let mut release = None;
+    let console = run_console(b, &append, "no output from vm-init", Duration::from_secs(30), |line| {
+        let Some(init_line) = line.find("init: ").map(|at| &line[at..]) else { return Mark::Nothing };
+        if release.is_none() {
+            release = parse_release(init_line);
+        }
+        match init_line.trim_end() {
+            "init: success" => Mark::Ended("success".into()),
+            "init: failure" => Mark::Ended("failure".into()),
+            _ => Mark::Started,
+        }
+    })?;
+    let verdict = match (&console.ended, &console.broken) {
+        (Some((_, end)), _) if end == "success" => Verdict::Passed,
+        (Some(_), _) => Verdict::Failed,
+        (None, why) => Verdict::Broken(why.clone().unwrap_or_default()),
     };
-    let append = format!("console={console} panic=-1 quiet mitigations=off {}", b.cmdline).trim().to_string();
+    Ok(Outcome {
+        verdict,
+        release,
+        boot_time: console.started.map(|at| at - console.spawned),
+        suite_time: console.started.zip(console.ended.as_ref()).map(|(from, (to, _))| *to - from),
+    })
+}
+
+/// What a console line means to the guest's runner.
+pub enum Mark {
+    Nothing,
+    /// The guest's own program speaks (the boot is over; from now on the whole timeout applies).
+    Started,
+    /// Its sentinel, with what it said: the run is over.
+    Ended(String),
+}
+
+/// How one guest's console went.
+pub struct Console {
+    /// When qemu was started.
+    pub spawned: Instant,
+    /// The first line marked [`Mark::Started`] (or the end, if that came first).
+    pub started: Option<Instant>,
+    /// The sentinel: when, and what it said.
+    pub ended: Option<(Instant, String)>,
+    /// Why there was no sentinel (a timeout, qemu's exit), with qemu's stderr.
+    pub broken: Option<String>,
+}
+
+/// The one guest loop: starts qemu with `append`, echoes every console line as `[name] …` and
+/// into the log, and asks `mark` what each means. qemu is killed when nothing was
+/// [`Mark::Started`] within the boot timeout (`not_started` says what was missing) or no
+/// [`Mark::Ended`] came within the whole timeout; after the sentinel the guest gets `grace` to
+/// power off by itself.
+pub fn run_console(
+    b: &Boot,
+    append: &str,
+    not_started: &str,
+    grace: Duration,
+    mut mark: impl FnMut(&str) -> Mark,
+) -> anyhow::Result<Console> {
     let mut cmd = Command::new(b.qemu);
     if b.arch == Arch::Arm64 {
         // The virt board boots a Linux Image (gzip or EFI zboot, both unpacked by qemu) directly,
@@ -113,15 +166,12 @@ pub fn command(b: &Boot) -> Command {
         .arg(b.vmlinuz)
         .arg("-initrd")
         .arg(b.initrd)
-        .args(["-append", &append]);
-    cmd
-}
-
-pub fn boot(b: &Boot) -> anyhow::Result<Outcome> {
-    let mut cmd = command(b);
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        .args(["-append", append])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     println!("[{}] {}", b.name, describe(&cmd));
-    let started = Instant::now();
+    let spawned = Instant::now();
     let mut child = QemuChild(cmd.spawn().with_context(|| format!("starting {}", b.qemu.display()))?);
     let stdout = child.0.stdout.take().expect("piped stdout");
     let stderr = child.0.stderr.take().expect("piped stderr");
@@ -142,19 +192,16 @@ pub fn boot(b: &Boot) -> anyhow::Result<Outcome> {
         text
     });
     let mut log = fs::File::create(b.log).with_context(|| format!("creating {}", b.log.display()))?;
-
-    let mut outcome =
-        Outcome { verdict: Verdict::Broken(String::new()), release: None, boot_time: None, suite_time: None };
-    let mut init_seen_at: Option<Instant> = None;
+    let mut echo = |line: &str| {
+        let _ = writeln!(log, "{line}");
+        println!("[{}] {line}", b.name);
+    };
+    let mut console = Console { spawned, started: None, ended: None, broken: None };
     loop {
-        let deadline = match init_seen_at {
-            None => started + b.boot_timeout.min(b.timeout),
-            Some(_) => started + b.timeout,
-        };
-        let Some(wait) = deadline.checked_duration_since(Instant::now()) else {
-            let what = if init_seen_at.is_none() { "no output from vm-init" } else { "no sentinel" };
-            let limit = if init_seen_at.is_none() { b.boot_timeout } else { b.timeout };
-            outcome.verdict = Verdict::Broken(format!("timeout: {what} after {}s; qemu killed", limit.as_secs()));
+        let limit = if console.started.is_none() { b.boot_timeout.min(b.timeout) } else { b.timeout };
+        let Some(wait) = (spawned + limit).checked_duration_since(Instant::now()) else {
+            let what = if console.started.is_none() { not_started } else { "no sentinel" };
+            console.broken = Some(format!("timeout: {what} after {}s; qemu killed", limit.as_secs()));
             break;
         };
         let line = match rx.recv_timeout(wait) {
@@ -162,47 +209,40 @@ pub fn boot(b: &Boot) -> anyhow::Result<Outcome> {
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = child.0.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                outcome.verdict = Verdict::Broken(format!("qemu exited ({status}) before the sentinel"));
+                console.broken = Some(format!("qemu exited ({status}) before the sentinel"));
                 break;
             }
         };
-        let _ = writeln!(log, "{line}");
-        println!("[{}] {line}", b.name);
-        let Some(init_line) = line.find("init: ").map(|at| &line[at..]) else { continue };
+        echo(&line);
         let now = Instant::now();
-        if init_seen_at.is_none() {
-            init_seen_at = Some(now);
-            outcome.boot_time = Some(now - started);
-        }
-        if outcome.release.is_none() {
-            outcome.release = parse_release(init_line);
-        }
-        let verdict = match init_line.trim_end() {
-            "init: success" => Verdict::Passed,
-            "init: failure" => Verdict::Failed,
-            _ => continue,
-        };
-        outcome.verdict = verdict;
-        outcome.suite_time = init_seen_at.map(|at| now - at);
-        // vm-init powers off next; give qemu a moment to exit on its own.
-        let exit_by = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < exit_by && matches!(child.0.try_wait(), Ok(None)) {
-            while let Ok(line) = rx.try_recv() {
-                let _ = writeln!(log, "{line}");
-                println!("[{}] {line}", b.name);
+        match mark(&line) {
+            Mark::Nothing => continue,
+            Mark::Started => {
+                console.started.get_or_insert(now);
             }
-            thread::sleep(Duration::from_millis(100));
+            Mark::Ended(what) => {
+                console.started.get_or_insert(now);
+                console.ended = Some((now, what));
+                // The guest powers off next; give it a moment to do so cleanly.
+                let exit_by = Instant::now() + grace;
+                while Instant::now() < exit_by && matches!(child.0.try_wait(), Ok(None)) {
+                    while let Ok(line) = rx.try_recv() {
+                        echo(&line);
+                    }
+                    thread::sleep(Duration::from_millis(100));
+                }
+                break;
+            }
         }
-        break;
     }
     drop(child);
-    if let Verdict::Broken(why) = &mut outcome.verdict {
+    if let Some(why) = &mut console.broken {
         let stderr = stderr_text.join().unwrap_or_default();
         if !stderr.trim().is_empty() {
             why.push_str(&format!("; qemu stderr: {}", stderr.trim()));
         }
     }
-    Ok(outcome)
+    Ok(console)
 }
 
 /// `init: guard vm-init starting (kernel 6.1.0-57-cloud-amd64)` → the release.

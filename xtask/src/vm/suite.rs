@@ -120,17 +120,27 @@ pub const SUITE: &[(&str, Place)] = &[
     ("guard-user.pattern_oracle", Place::Host { why: "patterns against bash" }),
     ("guard-user.redteam_rules", Place::Host { why: "verdicts and warnings from the account's inputs, no kernel" }),
     ("guard-user.redis_mirror", Place::Host { why: "a real redis-server on loopback" }),
+    ("guard-user.redis_hostile", Place::Host { why: "the reply budget against fake listeners on loopback" }),
     ("guard-user.replay", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.replay_foresight", Place::Host { why: "recorded traces through the daemon, no kernel" }),
     ("guard-user.sessions_replay", Place::Host { why: "recorded session traces through the daemon, no kernel" }),
     ("guard-user.status_view", Place::Host { why: "the status file's reader" }),
-    ("integration-tests.lib", Place::Host { why: "the harness, no tests" }),
+    ("integration-tests.lib", Place::Host { why: "the daemon-level helpers, no tests" }),
+    ("guard-test.lib", Place::Host { why: "the test harness's own rules (GUARD_TESTS_REQUIRE, waits, the generator)" }),
+    ("guard-test-macros.lib", Place::Host { why: "the #[guard_test] attribute, no tests" }),
     ("integration-tests.bin-guard-probe", Place::Host { why: "the probe, no tests" }),
     ("integration-tests.cadence", Place::Host { why: "tick cadence under load: timing, meaningless under TCG" }),
     ("integration-tests.foresight", Place::Host { why: "WARNING and REPEAT: policy over real probes" }),
     (
         "integration-tests.hostile_home",
         Place::Host { why: "the daemon over hostile files; each kernel's file semantics are hostile_files" },
+    ),
+    (
+        "integration-tests.hostile",
+        Place::Host {
+            why: "every attack shape at once under the unit's limits: peak memory and tick times, which TCG would \
+                  only blur (memory_bounds runs the 64M cgroup in the guests)",
+        },
     ),
     ("integration-tests.install", Place::Host { why: "files and a fake systemctl" }),
     ("integration-tests.install_hostile", Place::Host { why: "files and a fake systemctl" }),
@@ -155,6 +165,35 @@ pub const ARCH_DEPENDENT: &[(&str, &str)] = &[
     ("integration-tests.daemon", "the whole guard end to end"),
     ("integration-tests.sessions", "session lineage from setuid events (the fallback on arm64 6.1)"),
 ];
+
+/// Unit-test binaries (libtest's harness) whose `#[ignore = "needs …"]` tests are the ones that
+/// need the machine (guard-test's `need::here`): the guests run them all, and each says why it
+/// returns early where its need is missing and not required (BTF in the no-btf guest).
+pub const INCLUDE_IGNORED: &[&str] = &["guard-user.lib"];
+
+/// What a guest must run, as `GUARD_TESTS_REQUIRE` (guard-test's needs): a test that needs one
+/// of these and finds it missing fails there instead of being ignored. Every guest is root in a
+/// throwaway kernel with a cgroup v2 memory controller and the default pid space, and every
+/// Debian kernel booted (amd64 and arm64) runs 32-bit programs (ia32 emulation, AArch32 under
+/// qemu's `max` CPU); the kernel has BTF (and then the ebpf backend loads, when the image has
+/// the BPF object) unless it is the no-btf guest; redis-server is in the image when the host
+/// (or, for another architecture, that architecture's packages) has one. The same for every
+/// architecture's guest, `--arch-subset` or not.
+pub fn guest_requires(hides_btf: bool, bpf_object: bool, redis: bool) -> String {
+    let mut needs = vec!["root", "guest", "memory_cgroup", "pid_space", "compat32"];
+    if hides_btf {
+        needs.push("no_btf");
+    } else {
+        needs.push("btf");
+        if bpf_object {
+            needs.push("ebpf");
+        }
+    }
+    if redis {
+        needs.push("redis");
+    }
+    needs.join(",")
+}
 
 /// Host tooling: never in a guest, whatever the options.
 pub const HOST_TOOLING: &[&str] = &["xtask", "vm-init"];
@@ -222,6 +261,14 @@ mod tests {
         for (name, _) in ARCH_DEPENDENT {
             assert!(matches!(place(name), Ok(Place::Guests { .. })), "{name} is not a guest binary");
         }
+    }
+
+    #[test]
+    fn the_no_btf_guest_requires_the_fallback_and_the_others_the_ebpf_backend() {
+        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,pid_space,compat32,no_btf");
+        assert_eq!(guest_requires(false, true, true), "root,guest,memory_cgroup,pid_space,compat32,btf,ebpf,redis");
+        // --skip-ebpf without an object: the ebpf tests are ignored there, not failed.
+        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,pid_space,compat32,btf");
     }
 
     #[test]

@@ -20,12 +20,10 @@
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead as _, BufReader, BufWriter, Write as _},
+    io::BufWriter,
     os::unix::fs::{FileTypeExt as _, MetadataExt as _},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    thread,
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -33,7 +31,8 @@ use anyhow::{bail, Context as _};
 
 use super::{
     cpio::{CpioWriter, Owner},
-    kernels, payload, qemu,
+    kernels, payload,
+    qemu::{self, Boot, Mark},
 };
 mod package;
 
@@ -76,8 +75,11 @@ const CONFIG: &str = "{\n  \"threshold\": 3,\n  \"timeout\": \"5s\"\n}\n";
 /// Another valid config, for the "not a link to <source>" drift.
 const OTHER_CONFIG: &str = "{\n  \"threshold\": 30,\n  \"timeout\": \"1h\"\n}\n";
 
-/// What runs in the guest (as `guard-vm-systemd.service`).
+/// What runs in the guest (as `guard-vm-systemd.service`), after [`PRELUDE`].
 const GUEST_SCRIPT: &str = include_str!("systemd/guest.sh");
+/// The start of every scenario's script: the console, the account, and the shell helpers
+/// (`run`, `has`, `fail`, `wait_for`, …) both scenarios use.
+const PRELUDE: &str = include_str!("systemd/prelude.sh");
 
 pub fn run(opts: &super::Options) -> anyhow::Result<()> {
     let total = Instant::now();
@@ -109,8 +111,9 @@ pub fn run(opts: &super::Options) -> anyhow::Result<()> {
     for kernel in &kernels {
         let log = logs.join(format!("systemd-{}.log", kernel.name));
         let started = Instant::now();
-        let outcome = boot(&Boot {
+        let outcome = boot(&qemu::Boot {
             name: &format!("systemd-{}", kernel.name),
+            arch: Arch::Amd64,
             qemu: &qemu,
             vmlinuz: &kernel.vmlinuz,
             initrd: &initrd,
@@ -214,7 +217,7 @@ fn extras(guard_user: Option<&Path>, scenario: Option<package::Scenario>) -> any
             Extra::Symlink("/etc/systemd/system/guard-vm-systemd.service"),
         ),
         ("opt/guard".into(), Extra::Dir),
-        ("opt/guard/systemd-guest.sh".into(), Extra::File(0o755, script.as_bytes().to_vec())),
+        ("opt/guard/systemd-guest.sh".into(), Extra::File(0o755, format!("{PRELUDE}\n{script}").into_bytes())),
         ("opt/guard/guard-config.json".into(), Extra::File(0o644, CONFIG.as_bytes().to_vec())),
         ("opt/guard/other-config.json".into(), Extra::File(0o644, OTHER_CONFIG.as_bytes().to_vec())),
     ];
@@ -294,19 +297,6 @@ fn walk<W: std::io::Write>(
     Ok(())
 }
 
-struct Boot<'a> {
-    name: &'a str,
-    qemu: &'a Path,
-    vmlinuz: &'a Path,
-    initrd: &'a Path,
-    memory: &'a str,
-    cpus: u32,
-    cmdline: &'a str,
-    boot_timeout: Duration,
-    timeout: Duration,
-    log: &'a Path,
-}
-
 struct Outcome {
     /// `success`, `failure <why>`, or what went wrong without a sentinel.
     verdict: String,
@@ -318,18 +308,6 @@ struct Outcome {
     script_time: Option<Duration>,
 }
 
-/// Kills and reaps qemu however `boot` ends.
-struct QemuChild(Child);
-
-impl Drop for QemuChild {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
-}
-
 const SENTINEL: &str = "systemd-guest: ";
 const PREFIX: &str = "sg| ";
 
@@ -339,99 +317,46 @@ fn boot(b: &Boot) -> anyhow::Result<Outcome> {
         format!("console=ttyS0 panic=-1 rdinit=/lib/systemd/systemd quiet systemd.show_status=1 {}", b.cmdline)
             .trim()
             .to_string();
-    let mut cmd = Command::new(b.qemu);
-    cmd.args(["-accel", "tcg", "-m", b.memory, "-smp", &b.cpus.to_string()])
-        .args(["-nographic", "-no-reboot", "-nic", "none"])
-        .arg("-kernel")
-        .arg(b.vmlinuz)
-        .arg("-initrd")
-        .arg(b.initrd)
-        .args(["-append", &append])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    println!(
-        "[{}] {} -kernel {} -initrd {} -append \"{append}\"",
-        b.name,
-        b.qemu.display(),
-        b.vmlinuz.display(),
-        b.initrd.display()
-    );
-    let started = Instant::now();
-    let mut child = QemuChild(cmd.spawn().with_context(|| format!("starting {}", b.qemu.display()))?);
-    let stdout = child.0.stdout.take().expect("piped stdout");
-    let stderr = child.0.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel::<String>();
-    thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut buf = Vec::new();
-        while matches!(reader.read_until(b'\n', &mut buf), Ok(n) if n > 0) {
-            if tx.send(qemu::clean_console_line(&buf)).is_err() {
-                break;
-            }
-            buf.clear();
-        }
-    });
-    let stderr_text = thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
-        text
-    });
-    let mut log = fs::File::create(b.log).with_context(|| format!("creating {}", b.log.display()))?;
-    let mut out = Outcome { verdict: String::new(), transcript: Vec::new(), boot_time: None, script_time: None };
-    let mut script_at: Option<Instant> = None;
-    loop {
-        let limit = if script_at.is_none() { b.boot_timeout.min(b.timeout) } else { b.timeout };
-        let Some(wait) = (started + limit).checked_duration_since(Instant::now()) else {
-            let what = if script_at.is_none() { "no line from the guest script" } else { "no sentinel" };
-            out.verdict = format!("timeout: {what} after {}s; qemu killed", limit.as_secs());
-            break;
-        };
-        let line = match rx.recv_timeout(wait) {
-            Ok(line) => line,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let status = child.0.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                out.verdict = format!("qemu exited ({status}) before the sentinel");
-                break;
-            }
-        };
-        let _ = writeln!(log, "{line}");
-        println!("[{}] {line}", b.name);
+    let mut transcript = Vec::new();
+    let console = qemu::run_console(b, &append, "no line from the guest script", Duration::from_secs(60), |line| {
         if let Some(at) = line.find(PREFIX) {
-            out.transcript.push(line[at + PREFIX.len()..].to_string());
-            continue;
+            transcript.push(line[at + PREFIX.len()..].to_string());
+            return Mark::Nothing;
         }
-        let Some(sentinel) = line.find(SENTINEL).map(|at| &line[at + SENTINEL.len()..]) else { continue };
-        out.transcript.push(format!("{SENTINEL}{sentinel}"));
-        let now = Instant::now();
+        let Some(sentinel) = line.find(SENTINEL).map(|at| &line[at + SENTINEL.len()..]) else { return Mark::Nothing };
+        transcript.push(format!("{SENTINEL}{sentinel}"));
         if sentinel.starts_with("start") {
-            script_at.get_or_insert(now);
-            out.boot_time.get_or_insert(now - started);
-            continue;
+            Mark::Started
+        } else if sentinel == "success" || sentinel.starts_with("failure") {
+            Mark::Ended(sentinel.to_string())
+        } else {
+            Mark::Nothing
         }
-        if !(sentinel == "success" || sentinel.starts_with("failure")) {
-            continue;
-        }
-        out.verdict = sentinel.to_string();
-        out.script_time = script_at.map(|at| now - at);
-        // The guest powers off next; give it a moment to do so cleanly.
-        let exit_by = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < exit_by && matches!(child.0.try_wait(), Ok(None)) {
-            while let Ok(line) = rx.try_recv() {
-                let _ = writeln!(log, "{line}");
-                println!("[{}] {line}", b.name);
+    })?;
+    Ok(Outcome {
+        verdict: console.ended.as_ref().map(|(_, v)| v.clone()).or(console.broken).unwrap_or_default(),
+        transcript,
+        boot_time: console.started.map(|at| at - console.spawned),
+        script_time: console.started.zip(console.ended.as_ref()).map(|(from, (to, _))| *to - from),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both scenarios are the prelude then their own lines; each whole script parses, and uses
+    /// the prelude's helpers rather than defining its own.
+    #[test]
+    fn each_scenario_is_the_prelude_then_its_own_lines_and_parses() {
+        for (name, script) in [("guest.sh", GUEST_SCRIPT), ("package.rs", package::SCRIPT)] {
+            let whole = format!("{PRELUDE}\n{script}");
+            let out = Command::new("bash").args(["-n", "-c", &whole]).output().expect("bash");
+            assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+            for helper in ["say()", "run()", "fail()", "wait_for()", "has()"] {
+                assert!(!script.contains(helper), "{name} defines {helper} again: it is the prelude's");
             }
-            thread::sleep(Duration::from_millis(100));
-        }
-        break;
-    }
-    drop(child);
-    if out.verdict != "success" && !out.verdict.starts_with("failure") {
-        let stderr = stderr_text.join().unwrap_or_default();
-        if !stderr.trim().is_empty() {
-            out.verdict.push_str(&format!("; qemu stderr: {}", stderr.trim()));
+            assert!(whole.starts_with("#!/bin/bash\n") && whole.matches("#!/bin/bash").count() == 1, "{name}");
         }
     }
-    Ok(out)
 }

@@ -4,7 +4,7 @@
 //! An x86_64 guest carries the build machine's bash, coreutils and C library (`ldd` names
 //! them). An arm64 guest needs arm64 builds of the same programs, so they come from bookworm's
 //! arm64 packages: apt, through the private configuration of that architecture
-//! ([`super::kernels::Apt`]), resolves and downloads [`PACKAGES`] and everything they depend on
+//! ([`super::apt::Apt`]), resolves and downloads [`PACKAGES`] and everything they depend on
 //! (nothing is installed on the machine), and each `.deb` is unpacked with `dpkg-deb -x` into
 //! `target/vm/userland-<arch>/root`. A program's libraries are found by reading its ELF
 //! dynamic section (`readelf -d`, `-l` for the loader), since `ldd` runs programs and cannot
@@ -22,7 +22,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use super::kernels::Apt;
+use super::apt::Apt;
 use crate::{
     arch::Arch,
     build_ebpf::{run_checked, target_dir},

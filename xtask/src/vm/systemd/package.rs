@@ -46,56 +46,16 @@ pub fn has_man(rootfs: &Path) -> bool {
     rootfs.join("usr/bin/man").exists()
 }
 
-const SCRIPT: &str = r#"#!/bin/bash
-# Runs in the guest of `cargo xtask vm --systemd --package` as guard-vm-systemd.service: installs
+/// The scenario's lines, after the shared prelude (`systemd/prelude.sh`).
+pub(super) const SCRIPT: &str = r#"# Runs in the guest of `cargo xtask vm --systemd --package` as guard-vm-systemd.service: installs
 # the Debian package, then guard-user for a test account from the packaged unit and config, lets
-# it end a pile of probes, checks, and reinstalls, removes and purges the package. Every command
-# and its output goes to the serial console, prefixed `sg| `.
-exec >/dev/ttyS0 2>&1
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-U=guardtest1 UID_=4201 H=/home/guardtest1
+# it end a pile of probes, checks, and reinstalls, removes and purges the package. It follows
+# prelude.sh (xtask writes both into one script).
 DEB=/opt/guard/guard-user.deb SRC=/usr/share/guard-user/guard-config.json
-UNIT=guard-user@guardtest1.service PROBE=ghost-sleeper PROBES=6
-LOG=$H/guard-daemon.log
 # Set when install needed path options on the packaged host: the run then ends as a failure
 # that says so, after the rest of the package's life has been exercised.
 DEGRADED=
 XARGS=()
-
-say() { printf 'sg| %s\n' "$*"; }
-run() {
-    say "\$ $*"
-    "$@" >/tmp/sg.out 2>&1
-    RC=$?
-    OUT=$(cat /tmp/sg.out)
-    sed 's/^/sg|   /' /tmp/sg.out
-    say "[exit $RC]"
-}
-has() { [[ $OUT == *"$1"* ]] || fail "expected \"$1\" in the output of the last command"; }
-diagnostics() {
-    say "--- diagnostics"
-    run systemctl --no-pager status "$UNIT"
-    run journalctl -b --no-pager -o short-monotonic -u "$UNIT"
-    run cat "$LOG"
-    run systemctl --no-pager --failed
-}
-fail() {
-    diagnostics
-    echo "systemd-guest: failure $*"
-    systemctl --no-block poweroff
-    exit 1
-}
-wait_for() {
-    local limit=$1 what=$2 start=$SECONDS
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS - start >= limit)) && fail "$what not within ${limit}s"
-        sleep 1
-    done
-    say "($what after $((SECONDS - start))s)"
-}
-ticked() { systemctl is-active -q "$UNIT" && grep -q TICK_COMPLETE "$LOG"; }
-probes_gone() { grep -q "KILLED .*name=$PROBE" "$LOG" && ! pgrep -u $UID_ -x $PROBE; }
 main_pid() { systemctl show -p MainPID --value "$UNIT"; }
 restarted() { local p; p=$(main_pid); [[ $p != 0 && $p != "$PID_BEFORE" ]] && systemctl is-active -q "$UNIT"; }
 

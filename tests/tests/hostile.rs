@@ -1,0 +1,336 @@
+//! A hostile account against the real daemon under the unit's limits (`MemoryMax=64M`,
+//! `TasksMax=32`; docs/architecture.md, "Bounds"): every known attack shape at once, and a
+//! control pile of one plain name that must still be ended on time.
+//!
+//! The shapes, all started before the control pile so they are flagged first (their names are
+//! read and matched first):
+//! - a 1 MiB command line shared by 100 processes (one exec, 99 forks);
+//! - eight distinct 1 MiB command lines, two longer than the matcher takes, one of a process that
+//!   maps memory and flips its protection in a loop (its command line is slow to read);
+//! - 60 execs of a session root with a 1 MiB command line each (`sessions` on);
+//! - six processes with an empty argv, six renamed to a 15-byte name of control bytes;
+//! - costly `excludeCommands` (`(a*)*\1b{0,i}x`) and six processes with 3,000 `a`s in theirs;
+//! - a 4 MiB state file of flag clocks 300 years ahead, and a config rewritten before every tick
+//!   with 40,000 new unknown keys;
+//! - a Redis endpoint on a loopback port the account listens on, answering every command with
+//!   five bulk strings of 16 MiB.
+//!
+//! The hostile processes carry a marker a pattern protects (so they live on through the test);
+//! the control pile does not. The test reports the daemon's peak memory (its cgroup's) and tick
+//! times, and fails if the daemon dies, is OOM-killed, hangs, or the control pile is not ended
+//! within its timeout and a few ticks. `GUARD_HOSTILE=long` makes every shape bigger (the
+//! `cargo xtask bench --only hostile` figure runs it so, against the release build).
+use std::{
+    io::{Read, Write},
+    net::TcpListener,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    bounds::{config_with_unknown_keys, hostile_state, UnitCgroup, MEMORY_MAX, TASKS_MAX},
+    *,
+};
+
+/// The interval the daemon runs at here.
+const INTERVAL_SECS: u64 = 2;
+/// The timeout of every pile.
+const TIMEOUT_SECS: u64 = 16;
+/// What protects the hostile processes (so the attack lasts): a pattern for this word.
+const MARK: &str = "hostile-keep";
+
+/// How big the shapes are: CI's form, or the bench's long one.
+struct Scale {
+    forks: usize,
+    distinct: usize,
+    roots: usize,
+    slow_mib: usize,
+}
+
+impl Scale {
+    fn get() -> Scale {
+        if std::env::var("GUARD_HOSTILE").is_ok_and(|v| v == "long") {
+            Scale { forks: 299, distinct: 16, roots: 200, slow_mib: 8192 }
+        } else {
+            Scale { forks: 99, distinct: 6, roots: 60, slow_mib: 1024 }
+        }
+    }
+}
+
+/// `pad <letter × 130,000>` pairs (the probe ignores them) making a command line of about
+/// `args` × 130 kB, each argument under the kernel's 128 KiB per argument; `seed` varies the
+/// letters so two seeds make two texts. Never `a`: the costly patterns backtrack on those.
+fn pad(args: usize, seed: usize) -> Vec<String> {
+    let mut out = vec!["mark".to_string(), MARK.to_string()];
+    for i in 0..args {
+        out.push("pad".into());
+        out.push(char::from(b'b' + ((seed * 7 + i) % 24) as u8).to_string().repeat(130_000));
+    }
+    out
+}
+
+/// The config: five processes of a name flag it, every pile is due `TIMEOUT_SECS` later; the
+/// shipped patterns, eight costly ones, the marker; session roots.
+fn config() -> String {
+    let mut patterns: Vec<String> = [
+        "(^|[ /])agentihooks swarm tick( |$)",
+        " -m scripts[.]swarm[.]scheduled_tick( |$)",
+        "(^|[ /])agentihooks select-profile( |$)",
+        "(^|[ /])agentihooks swarm (tick-watch|prober|waker)( |$)",
+    ]
+    .map(String::from)
+    .to_vec();
+    patterns.extend((0..8).map(|i| format!("(a*)*\\1b{{0,{i}}}x")));
+    patterns.push(format!(" {MARK}( |$)"));
+    serde_json::json!({
+        "threshold": 5,
+        "timeout": format!("{TIMEOUT_SECS}s"),
+        "warnBefore": 0,
+        "excludes": [],
+        "excludeCommands": patterns,
+        "sessions": {"roots": ["(^|/)ghroot( |$)"], "leftovers": "report"},
+    })
+    .to_string()
+}
+
+/// A Redis endpoint the account listens on (the socket is made with its uid): every command is
+/// answered with five bulk strings of 16 MiB, each under the per-piece cap the mirror had.
+struct FakeRedis {
+    port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl FakeRedis {
+    fn start() -> FakeRedis {
+        // SAFETY: this thread's file-system uid only, set back right after.
+        let old = unsafe { libc::setfsuid(TEST_UID) };
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        unsafe { libc::setfsuid(old as u32) };
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = stream.set_nonblocking(false);
+                    let mut buf = [0u8; 4096];
+                    if stream.read(&mut buf).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let _ = stream.write_all(b"*5\r\n$16777215\r\n");
+                    let chunk = vec![b'x'; 1 << 20];
+                    // Until the reader gives up and closes.
+                    for _ in 0..80 {
+                        if stream.write_all(&chunk).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        FakeRedis { port, stop }
+    }
+}
+
+impl Drop for FakeRedis {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Tick durations the status file reported, one per tick seen.
+#[derive(Default)]
+struct Ticks {
+    seen: u64,
+    secs: Vec<f64>,
+}
+
+impl Ticks {
+    fn sample(&mut self, home: &Home) {
+        let path = home.path().join("guard-status.json");
+        let Ok(st) = guard::status::read(&path, guard::safefs::FsIdentity::current()) else { return };
+        if st.ticks > self.seen {
+            self.seen = st.ticks;
+            if let Some(t) = st.vitals.and_then(|v| v.tick_duration_last_secs) {
+                self.secs.push(t);
+            }
+        }
+    }
+
+    fn quantile(&self, q: f64) -> f64 {
+        let mut v = self.secs.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
+    }
+}
+
+#[guard_test(needs = [root, memory_cgroup])]
+fn a_hostile_account_throws_every_shape_at_once_and_a_plain_pile_is_still_ended_on_time() {
+    let _g = setup();
+    let cg = UnitCgroup::new(MEMORY_MAX, Some(TASKS_MAX)).unwrap_or_else(|why| panic!("the unit's cgroup: {why}"));
+    let scale = Scale::get();
+    let home = Home::new();
+    let state_path = home.path().join("guard-daemon-state.json");
+    std::fs::write(&state_path, hostile_state()).unwrap();
+    std::os::unix::fs::chown(&state_path, Some(TEST_UID), Some(TEST_UID)).unwrap();
+    let valid = config();
+    home.write_config(&config_with_unknown_keys(&valid, 0, 40_000));
+    // Before every tick, a config with 40,000 keys the daemon has not seen, swapped in whole.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, dir, valid) = (stop.clone(), home.path().to_path_buf(), valid.clone());
+        std::thread::spawn(move || {
+            let mut generation = 1;
+            while !stop.load(Ordering::Relaxed) {
+                let tmp = dir.join("guard-config.json.new");
+                std::fs::write(&tmp, config_with_unknown_keys(&valid, generation, 40_000)).unwrap();
+                std::fs::rename(&tmp, dir.join("guard-config.json")).unwrap();
+                generation += 1;
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+        })
+    };
+    let redis = FakeRedis::start();
+
+    let mut probes: Vec<Probe> = Vec::new();
+    let spawn = |exe: &std::path::Path, argv: Vec<String>| {
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        Probe::spawn(exe, &argv, TEST_UID)
+    };
+    // One 1 MiB command line, shared by 100 processes.
+    let shared = home.probe_named("ghshared");
+    probes.push(spawn(&shared, [vec!["forks".into(), scale.forks.to_string()], pad(8, 0)].concat()));
+    // Distinct 1 MiB command lines, two past the matcher's cap, one slow to read.
+    let mixed = home.probe_named("ghmixed");
+    for i in 0..scale.distinct {
+        probes.push(spawn(&mixed, pad(8, i + 1)));
+    }
+    for i in 0..2 {
+        probes.push(spawn(&mixed, pad(9, 100 + i)));
+    }
+    probes.push(spawn(&mixed, [vec!["slow-memory".into(), scale.slow_mib.to_string()], pad(8, 200)].concat()));
+    // Execs of a session root with 1 MiB each.
+    let root = home.probe_named("ghroot");
+    for i in 0..scale.roots {
+        probes.push(spawn(&root, pad(8, 300 + i)));
+    }
+    // Empty argvs; a 15-byte name of control bytes; command lines the costly patterns choke on.
+    let blank = home.probe_named("ghblank");
+    for _ in 0..6 {
+        probes.push(spawn(&blank, vec!["blank-cmdline".into(), "1".into()]));
+    }
+    let renamed = home.probe_named("ghrenamed");
+    for _ in 0..6 {
+        probes.push(spawn(
+            &renamed,
+            [vec!["rename-hex".into(), "78290a52091b5cff5c3d20281b0a29".into()], pad(0, 0)].concat(),
+        ));
+    }
+    let costly = home.probe_named("ghcostly");
+    for i in 0..6 {
+        probes.push(spawn(&costly, [vec![format!("{i}"), "a".repeat(3000)], pad(0, 0)].concat()));
+    }
+
+    let env = [
+        ("AGENTIHOOKS_LEDGER_MODE", "local"),
+        ("AGENTIHOOKS_SWARM_REDIS_URL", &format!("redis://127.0.0.1:{}/0", redis.port)),
+    ];
+    let started = Instant::now();
+    let mut d = cg.start_daemon(&home, &format!("{INTERVAL_SECS}s"), &env);
+    let mut ticks = Ticks::default();
+    // The control pile once the hostile names are flagged (so they are read and matched first).
+    let log = poll(Duration::from_secs(120), || {
+        let log = home.log();
+        let flagged = log.contains(" FLAGGED name=ghshared count=") && log.contains(" FLAGGED name=ghroot count=");
+        (flagged || !matches!(d.child.try_wait(), Ok(None)), log)
+    });
+    if !log.contains(" FLAGGED name=ghshared ") {
+        let alive = matches!(d.child.try_wait(), Ok(None));
+        eprintln!(
+            "hostile: {}",
+            serde_json::json!({"peak_mib": cg.peak().map(|b| b as f64 / 1048576.0), "oom_kills": cg.oom_kills(), "alive": alive, "ticks": 0})
+        );
+        panic!(
+            "the hostile piles were never flagged (daemon alive: {alive}, OOM kills: {}):\n{}",
+            cg.oom_kills(),
+            tail(&log)
+        );
+    }
+    let control = home.probe_named("ghcontrol");
+    let mut pile: Vec<Probe> = (0..6).map(|_| Probe::spawn(&control, &[], TEST_UID)).collect();
+    let log = poll(Duration::from_secs(240), || {
+        ticks.sample(&home);
+        let log = home.log();
+        let done = lines(&log, "KILLED").iter().filter(|l| l.contains(" name=ghcontrol ")).count() >= 6
+            || log.contains("STOPPED ");
+        (done || !matches!(d.child.try_wait(), Ok(None)), log)
+    });
+    ticks.sample(&home);
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let alive = matches!(d.child.try_wait(), Ok(None));
+    let oom = cg.oom_kills();
+    let peak = cg.peak();
+
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let report = serde_json::json!({
+        "peak_mib": peak.map(mib),
+        "limit_mib": MEMORY_MAX >> 20,
+        "tasks_peak": cg.tasks_peak(),
+        "tasks_refused": cg.tasks_refused(),
+        "ticks": ticks.secs.len(),
+        "tick_secs_median": ticks.quantile(0.5),
+        "tick_secs_max": ticks.secs.iter().copied().fold(0.0, f64::max),
+        "oom_kills": oom,
+        "seconds": started.elapsed().as_secs_f64(),
+        "unread": lines(&log, "SKIPPED").iter().filter(|l| l.ends_with("reason=read_budget")).count(),
+    });
+    eprintln!("hostile: {report}");
+
+    assert!(alive && oom == 0, "the daemon died (OOM kills in its cgroup: {oom}):\n{}", tail(&log));
+    assert!(!log.contains("STOPPED reason=hang"), "{}", tail(&log));
+    // On time: ended within its timeout plus a few ticks (an unread command line, an unsettled
+    // match, the deadline), counted in ticks, which a slow machine makes later, not fewer.
+    let flagged = log.find(" FLAGGED name=ghcontrol count=6 first_flagged=now").expect("the control pile was flagged");
+    let killed: Vec<_> = lines(&log, "KILLED").into_iter().filter(|l| l.contains(" name=ghcontrol ")).collect();
+    assert_eq!(killed.len(), 6, "the control pile was not ended:\n{}", tail(&log));
+    let last_kill = log.rfind(killed[5]).unwrap();
+    let ticks_between = lines(&log[flagged..last_kill], "TICK_COMPLETE").len() as u64;
+    let allowed = TIMEOUT_SECS.div_ceil(INTERVAL_SECS) + 4;
+    assert!(ticks_between <= allowed, "ended {ticks_between} ticks after its flag, at most {allowed}:\n{}", tail(&log));
+    assert!(pile.iter_mut().all(|p| p.wait_dead(Duration::from_secs(10))), "the control pile is gone");
+    // Every shape was met, said, and bounded.
+    for said in [
+        "ERROR state_rejected path=",
+        "WARN config_unknown_keys_unreported limit=256",
+        "WARN redis_listener_owned_by_account endpoint=",
+        "WARN redis_reply_rejected endpoint=",
+    ] {
+        assert!(log.contains(said), "no {said}:\n{}", tail(&log));
+    }
+    let protected = |reason: &str| lines(&log, "SKIPPED").iter().any(|l| l.ends_with(&format!("reason={reason}")));
+    assert!(protected("cmdline_too_long") && protected("excluded_command"), "{}", tail(&log));
+    assert!(lines(&log, "KILLED").iter().any(|l| l.contains(" name=ghblank ")), "an empty argv protects nothing");
+    assert!(probes.iter_mut().any(|p| p.is_alive()), "the attack lasted");
+    if let Some(peak) = peak {
+        assert!(peak <= 48 << 20, "peak {:.1} MiB, over three quarters of the unit's limit", mib(peak));
+    }
+    let st = d.stop();
+    assert_eq!(st.code(), Some(0), "{st:?}");
+}
+
+/// The last lines of a log, for a failure message.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+guard_test::main!();
