@@ -78,13 +78,13 @@ use aya_ebpf::{
         bpf_get_current_task, bpf_get_current_task_btf, bpf_ktime_get_boot_ns, bpf_probe_read_kernel,
         bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write,
     },
-    macros::{btf_tracepoint, fentry, map, tracepoint},
+    macros::{btf_tracepoint, fentry, map},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{BtfTracePointContext, FEntryContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext},
     EbpfContext,
 };
 use guard_common::{
-    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, TaskRecord, ALL_ACCOUNTS, COMM_LEN, CPU_RUN_ENTRIES,
+    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, SetuidSyscalls, TaskRecord, ALL_ACCOUNTS, COMM_LEN, CPU_RUN_ENTRIES,
     DEFAULT_RING_BYTES, PF_KTHREAD, TASK_MARK_BROKEN, TASK_MARK_END,
 };
 
@@ -96,6 +96,11 @@ static GUARD_UID: u32 = ALL_ACCOUNTS;
 /// The running kernel's structure offsets, written by the loader (see the crate doc).
 #[unsafe(no_mangle)]
 static GUARD_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
+
+/// The setuid family's syscall numbers and the compat test (see [`SetuidSyscalls`]), written by
+/// the loader.
+#[unsafe(no_mangle)]
+static GUARD_SYSCALLS: SetuidSyscalls = SetuidSyscalls::NONE;
 
 /// Unread bytes in the ring at which a record wakes user space (a sixteenth of the ring),
 /// written by the loader; 0 wakes it for every record.
@@ -145,6 +150,14 @@ macro_rules! off {
     ($field:ident) => {
         // SAFETY: a field of a static; volatile only keeps the load.
         unsafe { read_volatile(addr_of!(GUARD_OFFSETS.$field)) }
+    };
+}
+
+/// One field of `GUARD_SYSCALLS`, as the verifier's constant (see `off!`).
+macro_rules! sc {
+    ($($field:tt)+) => {
+        // SAFETY: a field of a static; volatile only keeps the load.
+        unsafe { read_volatile(addr_of!(GUARD_SYSCALLS.$($field)+)) }
     };
 }
 

@@ -18,7 +18,7 @@
 //!
 //! # Layout
 //! This file loads the object and reads the ring; `creds` attaches the credential hook or its
-//! fallbacks, `tracefs` finds or mounts tracefs for them, `error` says why a step failed,
+//! fallback, `syscalls` gives the fallback its syscall numbers, `error` says why a step failed,
 //! `task_iter` and `cpu_runtime` are the snapshot and stall-watch programs, `prog_info` reads
 //! the kernel's count of skipped program runs.
 use std::{
@@ -36,7 +36,7 @@ use aya::{
     programs::BtfTracePoint,
     Ebpf, EbpfLoader,
 };
-use guard_common::{KernelOffsets, ALL_ACCOUNTS, DEFAULT_RING_BYTES, LOST_INDEX};
+use guard_common::{KernelOffsets, SetuidSyscalls, ALL_ACCOUNTS, DEFAULT_RING_BYTES, LOST_INDEX};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::{
@@ -48,11 +48,11 @@ pub mod cpu_runtime;
 mod creds;
 mod error;
 mod prog_info;
+mod syscalls;
 pub mod task_iter;
-mod tracefs;
 
 pub use creds::CredTracking;
-use creds::{attach_creds, CRED_HOOK};
+use creds::{attach_creds, CRED_HOOK, SYSCALL_TRACEPOINTS};
 use error::{describe, is_permission, program_error};
 pub use error::{holds_bpf_capabilities, EbpfError};
 
@@ -83,9 +83,16 @@ pub struct EbpfOptions {
     pub skip_cred_hook: bool,
 }
 
-/// The offsets the programs need and the BTF stub aya's program loaders look ids up in (a stub
-/// with the kernel's ids spares aya a second full parse).
-fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
+/// What the programs read from the kernel's BTF: the structure offsets, the credential
+/// fallback's syscall filter (or why it has none), and the BTF stub aya's program loaders look
+/// ids up in (a stub with the kernel's ids spares aya a second full parse).
+struct KernelParts {
+    offsets: KernelOffsets,
+    syscalls: Result<SetuidSyscalls, EbpfError>,
+    stub: aya::Btf,
+}
+
+fn kernel_btf_parts() -> Result<KernelParts, EbpfError> {
     let kernel_btf = Btf::from_file(Path::new(VMLINUX))?;
     let offsets = kernel_btf.kernel_offsets()?;
     // The stall watch's accounting is optional: without its tracepoint the samples fall back.
@@ -93,8 +100,20 @@ fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
     if kernel_btf.has_tracepoint(cpu_runtime::TRACEPOINT) {
         tracepoints.push(cpu_runtime::TRACEPOINT);
     }
+    // The credential fallback is optional too: without the raw syscall tracepoints (or the
+    // fields it reads) uid changes reach the table through the audit.
+    let mut syscalls = syscalls::setuid_syscalls(&kernel_btf).map_err(EbpfError::from);
+    if SYSCALL_TRACEPOINTS.iter().all(|tp| kernel_btf.has_tracepoint(tp)) {
+        tracepoints.extend(SYSCALL_TRACEPOINTS);
+    } else {
+        syscalls = Err(EbpfError::Attach {
+            program: "sys_exit_setuid".into(),
+            tracepoint: SYSCALL_TRACEPOINTS.join(", "),
+            detail: "the kernel has no raw syscall tracepoints (CONFIG_HAVE_SYSCALL_TRACEPOINTS)".into(),
+        });
+    }
     let stub = kernel_btf.aya_stub(&tracepoints, &[task_iter::BTF_FUNCTION, CRED_HOOK])?;
-    Ok((offsets, stub))
+    Ok(KernelParts { offsets, syscalls, stub })
 }
 
 /// glibc's allocator, tuned for a small long-lived daemon (measured in `cargo xtask bench`'s RSS
@@ -176,7 +195,7 @@ impl EbpfSource {
         // EbpfLoader::new() parses the whole vmlinux BTF (aya reads it for relocations; ~20 ms
         // of CPU), and we parse it for the offsets: on two threads, the start-up's longest step
         // takes the time of one. Where no thread can be made, one after the other.
-        let ((offsets, aya_btf), mut loader) = std::thread::scope(|sc| {
+        let (KernelParts { offsets, syscalls, stub: aya_btf }, mut loader) = std::thread::scope(|sc| {
             let loader = std::thread::Builder::new().name("guard-btf".into()).spawn_scoped(sc, EbpfLoader::new);
             let ours = kernel_btf_parts();
             let loader = match loader {
@@ -196,6 +215,7 @@ impl EbpfSource {
             .override_global("GUARD_UID", &uid, true)
             .override_global("GUARD_OFFSETS", &offsets, true)
             .override_global("GUARD_WAKE_BYTES", &wake_bytes, true)
+            .override_global("GUARD_SYSCALLS", syscalls.as_ref().unwrap_or(&SetuidSyscalls::NONE), true)
             .map_max_entries("EVENTS", ring_bytes)
             .map_max_entries("CPU_RUN_A", cpu_run_entries)
             .map_max_entries("CPU_RUN_B", cpu_run_entries)
@@ -232,7 +252,7 @@ impl EbpfSource {
             p.attach().map_err(|e| program_error(prog, tp, e))?;
             crate::startup_phase(prog);
         }
-        let (creds, cred_program) = attach_creds(&mut ebpf, &aya_btf, opts.skip_cred_hook);
+        let (creds, cred_program) = attach_creds(&mut ebpf, &aya_btf, opts.skip_cred_hook, syscalls.map(|_| ()));
         crate::startup_phase("credential hook");
         let task_iter = task_iter::TaskIter::load(&mut ebpf, &aya_btf);
         crate::startup_phase("task iterator");

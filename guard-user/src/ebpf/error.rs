@@ -1,7 +1,5 @@
 //! Why loading or attaching the programs failed, as a typed error with the token of its
 //! `WARN backend_fallback` line, and the aya error chain turned into a readable detail.
-use std::path::PathBuf;
-
 use aya::programs::ProgramError;
 
 use crate::btf::BtfError;
@@ -12,8 +10,6 @@ pub enum EbpfError {
     NoObject,
     #[error("ring buffer of {bytes} bytes: must be a power of two of at least the page size ({page})")]
     RingSize { bytes: u32, page: u32 },
-    #[error("no tracefs at {}: {detail}", path.display())]
-    Tracefs { path: PathBuf, detail: String },
     #[error(transparent)]
     Btf(#[from] BtfError),
     /// EPERM or EACCES from the kernel. What it means depends on who asked: without the
@@ -21,12 +17,6 @@ pub enum EbpfError {
     /// whatever the privileges (said so, never "needs root" to root).
     #[error("{}", permission_text(what, detail))]
     Permission { what: String, detail: String },
-    #[error(
-        "{what} is refused by kernel.perf_event_paranoid={level}: attaching a classic tracepoint \
-         then needs CAP_SYS_ADMIN, which the unit does not grant (CAP_BPF and CAP_PERFMON are not \
-         enough); set the sysctl to 2 to track uid changes at once ({detail})"
-    )]
-    PerfParanoid { what: String, level: i32, detail: String },
     #[error("cannot load the BPF object: {detail}")]
     Load { detail: String },
     #[error("cannot load or attach `{program}` to `{tracepoint}`: {detail}")]
@@ -43,10 +33,8 @@ impl EbpfError {
         match self {
             EbpfError::NoObject => "no_bpf_object",
             EbpfError::RingSize { .. } => "bad_ring_size",
-            EbpfError::Tracefs { .. } => "tracefs_unavailable",
             EbpfError::Btf(_) => "no_btf",
             EbpfError::Permission { .. } => "permission_denied",
-            EbpfError::PerfParanoid { .. } => "perf_event_paranoid",
             EbpfError::Load { .. } | EbpfError::Map { .. } | EbpfError::Account(_) => "load_failed",
             EbpfError::Attach { .. } => "attach_failed",
         }
@@ -142,7 +130,6 @@ mod tests {
         let errors = [
             EbpfError::NoObject,
             EbpfError::RingSize { bytes: 1, page: 4096 },
-            EbpfError::Tracefs { path: super::super::tracefs::TRACEFS.into(), detail: String::new() },
             EbpfError::Permission { what: String::new(), detail: String::new() },
             EbpfError::Load { detail: String::new() },
             EbpfError::Attach { program: String::new(), tracepoint: String::new(), detail: String::new() },

@@ -45,9 +45,8 @@ pub fn unit_text(bin: &Executable) -> String {
 [Unit]
 Description=guard: ends process names that pile up for %i
 Documentation={docs}
-# Classic tracepoints (the setuid family) resolve their ids in tracefs. systemd mounts it here;
-# the unit does not get CAP_SYS_ADMIN to mount it itself. Without it the guard still runs and
-# logs a WARN (uid changes without exec are then caught by the periodic audit).
+# tracefs: guard's programs no longer need it (every one attaches through BTF, the credential
+# hook's fallback on the raw syscall tracepoints included); ordering after it is harmless.
 Wants=sys-kernel-tracing.mount
 After=sys-kernel-tracing.mount network.target
 # No start-rate limit: a guard that gives up is worse than one that keeps retrying. (A [Unit]
@@ -92,15 +91,13 @@ RuntimeDirectoryPreserve=yes
 
 # Least privilege: root's uid, but only these capabilities.
 #   CAP_BPF             load the BPF programs and create their maps
-#   CAP_PERFMON         attach the tp_btf programs and read the kernel's BTF. The classic
-#                       setuid-family tracepoints go through perf_event_open, which Debian and
-#                       Ubuntu kernels at their default kernel.perf_event_paranoid=3 allow only
-#                       with CAP_SYS_ADMIN: there the guard logs WARN setuid_untracked and the
-#                       periodic audit catches uid changes without exec.
+#   CAP_PERFMON         attach the tp_btf and fentry programs and read the kernel's BTF. None
+#                       goes through perf_event_open, so Debian's and Ubuntu's default
+#                       kernel.perf_event_paranoid=3 refuses the guard nothing.
 #   CAP_KILL            signal processes of another uid (the guarded account's)
 #   CAP_SETUID/SETGID   setfsuid/setfsgid: files in the home are written as the account (safefs)
 #   CAP_DAC_READ_SEARCH traverse a 0700 home and read /proc entries of other uids
-# Not CAP_SYS_ADMIN: tracefs comes from sys-kernel-tracing.mount (see [Unit]).
+# Not CAP_SYS_ADMIN: nothing is mounted (see [Unit]).
 # Not CAP_DAC_OVERRIDE/CAP_FOWNER/CAP_CHOWN: writes happen as the account, never as root.
 CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_KILL CAP_SETUID CAP_SETGID CAP_DAC_READ_SEARCH
 AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_KILL CAP_SETUID CAP_SETGID CAP_DAC_READ_SEARCH

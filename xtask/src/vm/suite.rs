@@ -184,6 +184,23 @@ pub const SUITE: &[(&str, Place)] = &[
     ("integration-tests.supervise", Place::Host { why: "sd_notify sockets, signals and the watchdog" }),
 ];
 
+/// The guest binaries whose outcome can depend on the machine's architecture, not only on the
+/// kernel: what `--arch-subset` keeps in a guest of another architecture than the build
+/// machine's (CI's arm64 guest, to stay inside CI's time). The others (cgroups, pid namespaces,
+/// /proc files, exec's limits, replays) test the kernel's generic code, which the x86_64 guests
+/// of the same kernel versions cover; `cargo xtask vm --arch arm64` runs them all.
+pub const ARCH_DEPENDENT: &[(&str, &str)] = &[
+    ("guard-user.lib", "BTF offsets of the architecture's structures, the setuid family's syscall numbers"),
+    ("guard-user.ebpf_source", "the BPF JIT and verifier of the architecture"),
+    ("guard-user.ebpf_filter", "the credential hook or its fallback, the 32-bit compat syscalls"),
+    ("guard-user.task_iter", "the task iterator through the JIT"),
+    ("guard-user.kernel_names", "names read by the programs through the JIT"),
+    ("guard-user.cpu_runtime", "sched_stat_runtime through the JIT"),
+    ("guard-user.matcher_sandbox", "seccomp: the architecture's syscall numbers and audit arch"),
+    ("integration-tests.daemon", "the whole guard end to end"),
+    ("integration-tests.sessions", "session lineage from setuid events (the fallback on arm64 6.1)"),
+];
+
 /// Unit-test binaries (libtest's harness) whose `#[ignore = "needs …"]` tests are the ones that
 /// need the machine (guard-test's `need::here`): the guests run them all, and each says why it
 /// returns early where its need is missing and not required (BTF in the no-btf guest).
@@ -192,11 +209,14 @@ pub const INCLUDE_IGNORED: &[&str] = &["guard-user.lib"];
 /// What a guest must run, as `GUARD_TESTS_REQUIRE` (guard-test's needs): a test that needs one
 /// of these and finds it missing fails there instead of being ignored. Every guest is root in a
 /// throwaway kernel with a cgroup v2 memory controller and freezer (vm-init mounts cgroup2; every
-/// kernel of the matrix is 5.10 or later) and the default pid space; the kernel
-/// has BTF (and then the ebpf backend loads, when the image has the BPF object) unless it is the
-/// no-btf guest; redis-server is in the image when the host has one.
+/// kernel of the matrix is 5.10 or later) and the default pid space, and every
+/// Debian kernel booted (amd64 and arm64) runs 32-bit programs (ia32 emulation, AArch32 under
+/// qemu's `max` CPU); the kernel has BTF (and then the ebpf backend loads, when the image has
+/// the BPF object) unless it is the no-btf guest; redis-server is in the image when the host
+/// (or, for another architecture, that architecture's packages) has one. The same for every
+/// architecture's guest, `--arch-subset` or not.
 pub fn guest_requires(hides_btf: bool, bpf_object: bool, redis: bool) -> String {
-    let mut needs = vec!["root", "guest", "memory_cgroup", "freezer", "pid_space"];
+    let mut needs = vec!["root", "guest", "memory_cgroup", "freezer", "pid_space", "compat32"];
     if hides_btf {
         needs.push("no_btf");
     } else {
@@ -273,11 +293,21 @@ mod tests {
     }
 
     #[test]
+    fn the_architecture_dependent_binaries_are_guest_binaries() {
+        for (name, _) in ARCH_DEPENDENT {
+            assert!(matches!(place(name), Ok(Place::Guests { .. })), "{name} is not a guest binary");
+        }
+    }
+
+    #[test]
     fn the_no_btf_guest_requires_the_fallback_and_the_others_the_ebpf_backend() {
-        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,freezer,pid_space,no_btf");
-        assert_eq!(guest_requires(false, true, true), "root,guest,memory_cgroup,freezer,pid_space,btf,ebpf,redis");
+        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,freezer,pid_space,compat32,no_btf");
+        assert_eq!(
+            guest_requires(false, true, true),
+            "root,guest,memory_cgroup,freezer,pid_space,compat32,btf,ebpf,redis"
+        );
         // --skip-ebpf without an object: the ebpf tests are ignored there, not failed.
-        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,freezer,pid_space,btf");
+        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,freezer,pid_space,compat32,btf");
     }
 
     #[test]
