@@ -46,6 +46,7 @@ pub mod report;
 pub mod sessions;
 pub mod slots;
 pub mod slots_io;
+mod slots_releaser;
 pub mod source;
 pub mod supervise;
 pub mod tick;
