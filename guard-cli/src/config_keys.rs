@@ -44,4 +44,9 @@ pub const CONFIG_KEYS: &[ConfigKey] = &[
         "off",
         "session roots (patterns) and what happens to the processes they leave behind: report or stop",
     ),
+    key(
+        "slots",
+        "off",
+        "heavy-command slots: at most max process trees of matching commands run at once, the rest wait frozen",
+    ),
 ];

@@ -35,6 +35,12 @@ pub const EXIT_STATUSES: &[ExitStatus] = &[
     row("tree", 1, "there is no status file, or the last tick is older than two intervals"),
     row("holders", 0, "no process holds the path (with --stop: none is left)"),
     row("holders", 1, "some process holds it (with --stop: some are left)"),
+    row(
+        "holders",
+        2,
+        "the path does not exist, the account is unknown, --stop without --user, or none was found but a process \
+         in scope could not be read completely (it may hold the path)",
+    ),
     row("check", 0, "the installation is in sync"),
     row("check", 1, "drift, one line each (as root with no --user: on any installed guard, or none is installed)"),
     row("install", 0, "installed and started under systemd"),

@@ -90,7 +90,6 @@ fn as_root_with_no_account_named_what_only_reads_says_whom_it_read_on_its_first_
         &["status", "--json", "--home", home],
         &["tree", "--home", home],
         &["validate", "--home", home],
-        &["holders", home],
     ] {
         let o = run_in(dir.path(), args);
         let err = text(&o.stderr);
@@ -99,6 +98,11 @@ fn as_root_with_no_account_named_what_only_reads_says_whom_it_read_on_its_first_
         // stdout stays the command's own output (JSON for --json).
         assert!(!text(&o.stdout).contains("account root"), "{args:?}: {o:?}");
     }
+    // holders reads no account without --user but every process of the machine, and says so
+    // first, on the line its output starts with (docs/operations.md, holders).
+    let o = run_in(dir.path(), &["holders", home]);
+    let out = text(&o.stdout);
+    assert!(out.lines().next().unwrap_or_default().contains("every process of the machine (read as root)"), "{o:?}");
     // Named (by --user or by sudo), nothing is said: the reader chose.
     test_account("guardtest1", 4201);
     for (user, sudo) in [(Some("root"), None), (None, Some("guardtest1"))] {

@@ -353,13 +353,14 @@ fn tree_json_has_exactly_the_documented_fields() {
     assert!(stages.contains("live") && stages.contains("grace"), "{stages:?}");
     // Heavy-command slots: beside the sessions, and alone.
     for sessions in [true, false] {
-        let mut s = guard::status::Status { uid, last_tick: now, ..Default::default() };
+        let mut s = guard::status::Status { uid, last_tick: now, pid: std::process::id(), ..Default::default() };
         if sessions {
             s.sessions = Some(guard::status::SessionsStatus { leftovers: "report".into(), ..Default::default() });
         }
         s.slots = Some(slots_status(root, kid, None));
         let home = home("{}");
-        std::fs::write(home.path().join("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+        // As above: root's own copy when run as root, else the file in the home.
+        let _copy = TrustedCopy::write(uid, home.path(), &s);
         let out = run(&["tree", "--json"], home.path());
         assert_eq!(out["slots"]["slots"][0]["waiting"][0]["pid"], kid, "{out:#}");
         outputs.push(out);

@@ -105,7 +105,8 @@ fn no_account_controlled_byte_reaches_the_unit_directory() {
         assert_eq!(dropin, expected_dropin(&host, &host.p("bin/guard-user"), home, None), "stateFile {state_file:?}");
         let unit = fs::read(host.p("units/guard-user@.service")).unwrap();
         assert_eq!(template.get_or_insert_with(|| unit.clone()), &unit, "the template changed with the config");
-        for needle in ["ExecStartPre", "CapabilityBoundingSet=~", "ProtectSystem=no", "state.json", "/etc/x"] {
+        // The template's own ExecStartPre= (the slots' releaser) is fixed text; the config's is not.
+        for needle in ["/guard-pwned", "CapabilityBoundingSet=~", "ProtectSystem=no", "state.json", "/etc/x"] {
             let all = [dropin.as_bytes(), &unit].concat();
             assert!(!all.windows(needle.len()).any(|w| w == needle.as_bytes()), "{needle} reached the units");
         }
@@ -117,8 +118,9 @@ fn no_account_controlled_byte_reaches_the_unit_directory() {
         assert_eq!(parsed.complaints, Vec::<String>::new());
         assert_eq!(Path::new(&parsed.fragment), host.p("units/guard-user@.service"));
         assert_eq!(Path::new(&parsed.dropins), host.dropin());
-        // The template's own ExecReload (SIGHUP); no ExecStartPre or other command from the config.
-        assert_eq!(parsed.exec_kinds, ["ExecStart", "ExecReload"]);
+        // The template's own commands: the slots' releaser before and after, ExecReload (SIGHUP);
+        // none from the config.
+        assert_eq!(parsed.exec_kinds, ["ExecStartPre", "ExecStart", "ExecReload", "ExecStopPost"]);
         let home_s = home.to_str().unwrap();
         let bin = host.p("bin/guard-user").display().to_string();
         // `$GUARD_ARGS`, the flags of /etc/default/guard-user, expanded at each start.

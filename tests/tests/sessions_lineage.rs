@@ -238,7 +238,10 @@ fn members_that_visit_another_uid_through_a_set_user_id_program_stay_in_their_se
     home.wait_log(WAIT, |l| !lines(l, "TICK_COMPLETE").is_empty());
     let mut root = Root::spawn(&dir, &["visitor", dir.to_str().unwrap()]);
     let r = root.roles();
-    let (sgish, visited, back) = (r["sgish"], r["visited"], r["back"]);
+    let role = |k: &str| {
+        *r.get(k).unwrap_or_else(|| panic!("{k} was not announced: {r:?} {:?}", fs::read_to_string(dir.join("pids"))))
+    };
+    let (sgish, visited, back) = (role("sgish"), role("visited"), role("back"));
     assert!(wait_recognised(&home, root.pid(), WAIT), "{}", home.log());
     root.poke();
     let _ = root.child.wait();

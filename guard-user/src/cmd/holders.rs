@@ -115,7 +115,7 @@ pub fn main(args: HoldersArgs) -> anyhow::Result<ExitCode> {
             .and_then(|u| Account::by_uid(u).ok())
             .map_or_else(|| "NAME".to_string(), |a| a.name);
         anyhow::bail!(
-            "holders --stop needs --user: it ends one account's holders only, never root's or another account's \
+            "holders --stop needs --user (no account named): it ends one account's holders only, never root's or another account's \
              that hold the same path; name the account, e.g. {}",
             stop_command(args.path.as_os_str().as_bytes(), &owner)
         );

@@ -382,7 +382,10 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
                 // Members no round signalled yet (and decided): forked since, or new to the lineage.
                 let fresh = left.iter().any(|p| !step.e.signalled.contains(&p.id) && !step.e.undecided.contains(&p.id));
                 let done = round >= MAX_KILL_ROUNDS || (round >= KILL_ROUNDS && !fresh);
-                if left.is_empty() || (due && done) {
+                // In the SIGKILL rounds an empty list waits for the round's check: a leftover that
+                // keeps moving to new pids can be between two of them when the tick looks.
+                let gone = left.is_empty() && (due || matches!(step.e.phase, Phase::Term { .. }));
+                if gone || (due && done) {
                     // A survivor forked since the last round is a leftover all the same.
                     step.announce();
                     let line = step.reaped();

@@ -198,8 +198,14 @@ fn exec_exact(path: &str, argv: &[&str]) -> ! {
 
 pub fn visitor(args: &[String]) -> ! {
     let dir = args[0].as_str();
-    // SAFETY: the child only execs.
+    // SAFETY: the child only redirects its stdout and execs.
     if unsafe { libc::fork() } == 0 {
+        // Only the root says `ready` on the test's pipe: the watchers sgish starts print theirs
+        // too, and one read before the root's would let the test go on before they announced.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+            libc::dup2(null, 1);
+        }
         exec(&format!("{dir}/sgish"), &["sgish", "visit", dir]);
     }
     wait_announced(dir, &["visited", "back", "sgish"]);
