@@ -177,8 +177,8 @@ The account to guard when \-\-user is not given and guard\-user runs through sud
 either, guard\-user run as root refuses to start rather than guard root.
 .TP
 \fBGUARD_LOG\fR
-The level of the daemon's diagnostics on standard error (error, warn, info, debug, trace;
-default info).
+The level of the daemon's diagnostics on standard error (error, warn, info, debug, trace, off;
+default info), or target=level directives such as guard=debug,warn.
 .TP
 \fBAGENTIHOOKS_HIVE_REDIS_URL\fR, \fBAGENTIHOOKS_SWARM_REDIS_URL\fR, \fBAGENTIHOOKS_LEDGER_MODE\fR
 The optional swarm Redis the daemon mirrors its heartbeat and events to (the first of the two
