@@ -9,6 +9,11 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueHint};
 
+mod config_keys;
+mod exit_status;
+pub use config_keys::{ConfigKey, CONFIG_KEYS};
+pub use exit_status::{exit_statuses, ExitStatus, EXIT_STATUSES};
+
 #[derive(Parser, Debug)]
 #[command(name = "guard-user", version, about = "Ends process names that pile up for one account on a workstation.")]
 #[command(args_conflicts_with_subcommands = true)]
@@ -47,12 +52,24 @@ pub enum Command {
                       knows the lineage (it comes from fork events /proc no longer shows): exit 1 when its status \
                       file is missing or its last tick is stale.")]
     Tree(TreeArgs),
-    /// List the account's processes working in a directory (or below it), with the command that stops each.
-    #[command(long_about = "List the account's processes whose working directory is DIR or below it (by whole \
-                      path components): pid, name, CPU seconds, age, program, and the command that stops it. \
-                      Exit 0 when there are none, 1 when some. With --stop, end them: SIGTERM through a pidfd \
-                      after the identity check (pid, start time, name, uid), up to 10 s, then SIGKILL to those \
-                      still themselves; one line per process; exit 0 when none is left.")]
+    /// List every process that holds a path (its working or root directory, its executable, an open file or a
+    /// mapping there), with the command that stops one account's.
+    #[command(long_about = "List every process that holds PATH: a directory and everything below it, or a file, \
+                      held in any way `lsof +D` sees: as its working directory (cwd), its root directory (root), \
+                      its executable (exe), an open file descriptor (fd) or a mapped file (mmap, also one mapped \
+                      and then closed). Objects are compared by device and inode, never by path text, so \
+                      symlinks, bind mounts and names ending ` (deleted)` neither hide nor invent a holder. \
+                      Without --user, every process the caller can read (as root: the whole machine), each with \
+                      its user; with --user, that account's only. One line each: pid, user, CPU seconds, age, how \
+                      it holds PATH, and its command line (escaped, at most 4 KiB, with the bytes left out); \
+                      then, per account, the exact command that stops them. A process whose /proc files could \
+                      not be read completely (they stopped answering, or the run's read budget ran out) is \
+                      listed apart: it may hold PATH. Exit 0 when no process holds PATH, 1 when some do, 2 on \
+                      an error (PATH does not exist, an unknown account, --stop without --user, or no holder \
+                      found but a process not read completely). With --stop (which needs --user), end that \
+                      account's holders only: each is read again, then SIGTERM through a pidfd after the \
+                      identity check (pid, start time, name, uid), up to 10 s, then SIGKILL to those still \
+                      themselves; one line per process; exit 0 when none is left.")]
     Holders(HoldersArgs),
     /// Report drift of the installation; changes nothing.
     Check(InstallArgs),
@@ -61,6 +78,8 @@ pub enum Command {
     /// Stop and remove what install added (keeps the config link and the log).
     Uninstall(InstallArgs),
     /// Record one account's process events from the kernel into a trace file (for replay tests).
+    // A developer's tool (the replay fixtures): hidden from --help, the man pages and completions.
+    #[command(hide = true)]
     Record(RecordArgs),
     /// Check a config file and print every problem with its fix (exit 1 when invalid).
     #[command(long_about = "Check a config file and print every problem with its fix, one line each \
@@ -79,13 +98,31 @@ pub enum Command {
     /// Internal: the sandboxed excludeCommands matcher the daemon starts (pattern::worker).
     #[command(name = "__pattern-worker", hide = true)]
     PatternWorker,
+    /// Internal: puts back every command heavy-command slots hold. With --instance, the
+    /// daemon's releaser: waits for its stdin to close (the daemon ended), then releases that
+    /// instance. Without, releases every instance no daemon holds (the unit's ExecStartPre= and
+    /// ExecStopPost=).
+    #[command(name = "__slots-release", hide = true)]
+    SlotsRelease(SlotsReleaseArgs),
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct SlotsReleaseArgs {
+    /// The daemon instance (`<uid>-<hash>`) whose releaser this is.
+    #[arg(long, value_name = "NAME")]
+    pub instance: Option<String>,
+    /// Accepted for the unit's command line (`--user %i`); every instance no daemon holds is
+    /// released whatever it names.
+    #[arg(long, value_name = "NAME|UID")]
+    pub user: Option<String>,
 }
 
 /// Which account, and where its files are: shared by every subcommand.
 #[derive(Args, Debug, Clone, Default)]
 pub struct AccountArgs {
-    /// Account to guard, by name or uid (default: $SUDO_USER under sudo, else the invoking user; run as
-    /// root without sudo, the daemon needs --user: it never guards root unless told to).
+    /// The account, by name or uid (default: $SUDO_USER as root through sudo, else the invoking user;
+    /// as root with neither, a command that acts or prints command lines asks for --user, and one
+    /// that reads says it read root's).
     #[arg(long, value_name = "NAME|UID", value_hint = ValueHint::Username)]
     pub user: Option<String>,
     /// Use DIR instead of the account's home for every default path.
@@ -119,7 +156,8 @@ pub struct RunArgs {
     #[arg(long, hide = true)]
     pub no_deadline_timer: bool,
     /// Write Prometheus metrics to PATH after every tick (atomically), for node_exporter's textfile
-    /// collector: PATH must end in .prom, the only files the collector reads.
+    /// collector: PATH must end in .prom, the only files the collector reads, or be a directory,
+    /// which gets guard-<account>.prom.
     #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath)]
     pub metrics_file: Option<PathBuf>,
 }
@@ -131,6 +169,9 @@ pub struct MatchArgs {
     /// A bash extended regex, as in excludeCommands.
     #[arg(long, value_name = "P")]
     pub pattern: String,
+    /// Try P as a sessions.roots pattern: refused (exit 2) when it matches every command line or the empty one, as validate and the daemon refuse it.
+    #[arg(long)]
+    pub roots: bool,
     /// A command line to test; repeatable; prints match, other or budget for each. Without it, every live process of the account.
     #[arg(long, value_name = "TEXT")]
     pub cmdline: Vec<String>,
@@ -159,15 +200,18 @@ pub struct TreeArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct HoldersArgs {
-    #[command(flatten)]
-    pub account: AccountArgs,
-    /// The directory (a checkout about to be removed, say).
-    #[arg(value_name = "DIR", value_hint = ValueHint::DirPath)]
-    pub dir: PathBuf,
+    /// Only this account's processes (name or uid); --stop needs it. Without it, every process the caller can
+    /// read (as root, every process of the machine).
+    #[arg(long, value_name = "NAME|UID", value_hint = ValueHint::Username)]
+    pub user: Option<String>,
+    /// A directory (a checkout about to be removed, say: it and everything below it) or a file.
+    #[arg(value_name = "PATH", value_hint = ValueHint::AnyPath)]
+    pub path: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// End them: SIGTERM, up to 10 s, SIGKILL, each through a pidfd after the identity check.
+    /// End the --user account's holders: SIGTERM, up to 10 s, SIGKILL, each through a pidfd after the identity
+    /// check.
     #[arg(long)]
     pub stop: bool,
 }

@@ -128,6 +128,52 @@ impl KernelOffsets {
     };
 }
 
+/// How the credential fallback recognises a setuid-family call on the raw syscall tracepoints
+/// (`sys_enter`/`sys_exit`, which every syscall of every ABI passes, 32-bit compat calls
+/// included, unlike the per-syscall tracepoints): the architecture's syscall numbers and where
+/// a compat call shows, written by user space into `GUARD_SYSCALLS` at load (the BPF object is
+/// the same for every architecture). All zero (the object file's value) matches nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetuidSyscalls {
+    /// Offset in `struct pt_regs` of the syscall number at syscall exit (x86_64 `orig_ax`,
+    /// arm64 `syscallno`), read as a u32.
+    pub regs_nr: u32,
+    /// Non-zero: the compat test reads `pt_regs` at `compat_off` (arm64: `pstate`, whose
+    /// `PSR_MODE32_BIT` marks an AArch32 task); zero: the current `task_struct` (x86_64:
+    /// `thread_info.status`, whose `TS_COMPAT` marks a 32-bit syscall in progress, `int 0x80`
+    /// from a 64-bit program included).
+    pub compat_in_regs: u32,
+    /// Where the compat flag is (see `compat_in_regs`), read as a u32.
+    pub compat_off: u32,
+    /// The flag's bits; 0: this architecture has no compat syscalls.
+    pub compat_mask: u32,
+    /// ANDed with a native number before the compare (x86_64: clears x32's `__X32_SYSCALL_BIT`,
+    /// whose setuid family shares the 64-bit numbers). 0 (the object file's value): nothing
+    /// matches.
+    pub native_mask: u32,
+    /// Native `setuid`, `setreuid`, `setresuid`.
+    pub native: [u32; 3],
+    /// Compat `setuid`, `setreuid`, `setresuid` (16-bit uids) and `setuid32`, `setreuid32`,
+    /// `setresuid32` (i386 and ARM EABI number them alike).
+    pub compat: [u32; 6],
+}
+
+impl SetuidSyscalls {
+    /// Matches nothing: the object file's value.
+    pub const NONE: SetuidSyscalls = SetuidSyscalls {
+        regs_nr: 0,
+        compat_in_regs: 0,
+        compat_off: 0,
+        compat_mask: 0,
+        native_mask: 0,
+        native: [0; 3],
+        compat: [0; 6],
+    };
+}
+
+const _: () = assert!(core::mem::size_of::<SetuidSyscalls>() == 56);
+
 /// `GUARD_UID` for programs that report every account's processes (no filter). No process can
 /// have this effective uid: `(uid_t)-1` is the kernel's invalid uid (setresuid reads it as
 /// "unchanged").
@@ -241,6 +287,7 @@ mod pod {
     // SAFETY: both are repr(C), Copy, built only of integers, with no padding.
     unsafe impl aya::Pod for super::RawEvent {}
     unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::SetuidSyscalls {}
     unsafe impl aya::Pod for super::TaskRecord {}
     unsafe impl aya::Pod for super::CpuRun {}
     unsafe impl aya::Pod for super::CpuCtl {}

@@ -1,6 +1,6 @@
 //! The credential programs: a leader entering or leaving the account through a credential
-//! change (the `commit_creds` fentry, typed or with probe reads), and the setuid tracepoints'
-//! fallback where no fentry attaches.
+//! change (the `commit_creds` fentry, typed or with probe reads), and the fallback where no
+//! fentry attaches: the raw syscall tracepoints, filtered to the setuid family of both ABIs.
 use super::*;
 
 /// fentry on `commit_creds(new)` (kernel/cred.c): the calling task's credentials are about to
@@ -60,13 +60,48 @@ fn emit_untyped(event_kind: u32, task: u64, euid: u32) -> Res {
     submit(RawEvent { kind: event_kind, pid: tgid, aux: 0, euid, start_boottime_ns: start, comm })
 }
 
-/// Attached to `syscalls/sys_enter_setuid`, `sys_enter_setreuid` and `sys_enter_setresuid`
-/// only where the `commit_creds` hook cannot attach: notes a leader of the account (its euid is
-/// about to change, or not), for [`sys_exit_setuid`].
-#[tracepoint]
-pub fn sys_enter_setuid(ctx: TracePointContext) -> i32 {
-    let _ = &ctx;
-    finish(try_setuid_enter())
+/// Whether the syscall `nr` in progress (at its entry or exit, `regs` its registers) is one of
+/// the setuid family, of the native ABI or of the 32-bit compat one (`GUARD_SYSCALLS`). Most
+/// syscalls are answered by comparing `nr` with nine constants; the compat flag is read only for
+/// a number of the family.
+#[inline(always)]
+fn setuid_call(regs: Kptr, nr: u32) -> Result<bool, i64> {
+    let native_mask = sc!(native_mask);
+    if native_mask == 0 {
+        return Ok(false); // not configured by the loader
+    }
+    let native = [sc!(native[0]), sc!(native[1]), sc!(native[2])];
+    let compat = [sc!(compat[0]), sc!(compat[1]), sc!(compat[2]), sc!(compat[3]), sc!(compat[4]), sc!(compat[5])];
+    let in_native = native.contains(&(nr & native_mask));
+    if !in_native && !compat.contains(&nr) {
+        return Ok(false);
+    }
+    let mask = sc!(compat_mask);
+    let is_compat = mask != 0
+        && if sc!(compat_in_regs) != 0 {
+            regs.get::<u32>(sc!(compat_off)) & mask != 0
+        } else {
+            // The current task, copied with a helper: bpf_get_current_task_btf is 5.11+.
+            read::<u32>(unsafe { bpf_get_current_task() }, sc!(compat_off))? & mask != 0
+        };
+    Ok(if is_compat { compat.contains(&nr) } else { in_native })
+}
+
+/// tp_btf on the raw `sys_enter(regs, id)`, attached only where the `commit_creds` hook cannot
+/// attach: for a setuid-family call (either ABI), notes a leader of the account (its euid is
+/// about to change, or not), for [`sys_exit_setuid`]. The raw tracepoint sees every syscall,
+/// 32-bit compat ones included (the per-syscall `syscalls/` tracepoints skip those), and
+/// attaches without perf_event_open (which Debian's `perf_event_paranoid=3` refuses to a unit
+/// without CAP_SYS_ADMIN).
+#[btf_tracepoint(function = "sys_enter")]
+pub fn sys_enter_setuid(ctx: BtfTracePointContext) -> i32 {
+    let ctx = ctx.as_ptr();
+    let Some(regs) = arg_ptr(ctx, 0) else { return 0 };
+    match setuid_call(regs, arg_u64(ctx, 1) as u32) {
+        Ok(false) => 0,
+        Ok(true) => finish(try_setuid_enter()),
+        Err(e) => finish(Err(e)),
+    }
 }
 
 fn try_setuid_enter() -> Res {
@@ -86,15 +121,20 @@ fn try_setuid_enter() -> Res {
     SETUID_FROM.insert(tid, 1, 0).map_err(|e| e as i64)
 }
 
-/// Attached to `syscalls/sys_exit_setuid`, `sys_exit_setreuid` and `sys_exit_setresuid` only
-/// where the `commit_creds` hook cannot attach: the caller's credentials are committed by then.
-/// Only the leader's euid is the process's (what `ps -u` shows). Reported when the new euid is
-/// the account's and the enter side did not note it (entering), or the enter side noted it and
-/// the new one is not (leaving); watching every account, every leader's call.
-#[tracepoint]
-pub fn sys_exit_setuid(ctx: TracePointContext) -> i32 {
-    let _ = &ctx;
-    finish(try_setuid())
+/// tp_btf on the raw `sys_exit(regs, ret)`, attached only where the `commit_creds` hook cannot
+/// attach: the caller's credentials are committed by then. Only the leader's euid is the
+/// process's (what `ps -u` shows). Reported when the new euid is the account's and the enter
+/// side did not note it (entering), or the enter side noted it and the new one is not
+/// (leaving); watching every account, every leader's call.
+#[btf_tracepoint(function = "sys_exit")]
+pub fn sys_exit_setuid(ctx: BtfTracePointContext) -> i32 {
+    let ctx = ctx.as_ptr();
+    let Some(regs) = arg_ptr(ctx, 0) else { return 0 };
+    match setuid_call(regs, regs.get(sc!(regs_nr))) {
+        Ok(false) => 0,
+        Ok(true) => finish(try_setuid()),
+        Err(e) => finish(Err(e)),
+    }
 }
 
 fn try_setuid() -> Res {

@@ -5,7 +5,7 @@
 //!
 //! | program | attach point | emits |
 //! |---|---|---|
-//! | `sched_process_fork` | tp_btf `sched_process_fork(parent, child)` | FORK for a new process, never a thread |
+//! | `sched_process_fork` | tp_btf `sched_process_fork(parent, child)` | FORK for a new process, never a thread (of the account, or of its real uid: see below) |
 //! | `sched_process_exec` | tp_btf `sched_process_exec(p, old_pid, bprm)` | EXEC (new comm, new euid) |
 //! | `sched_process_exit_gd` | tp_btf `sched_process_exit(p, group_dead)` (Linux ≥ 6.16) | EXIT once the last thread is gone |
 //! | `sched_process_exit_live` | tp_btf `sched_process_exit(p)` (older kernels) | EXIT when `signal->live` reached 0 (two threads exiting at once may both see 0: a duplicate EXIT, which the table ignores) |
@@ -24,12 +24,18 @@
 //! group leader's effective uid in `real_cred` (what /proc/PID/status and `ps -u` show).
 //! Which credentials each event tests, so that nothing entering or leaving the account is
 //! missed:
-//! - fork: the child's `real_cred` (copy_creds() gave it the forking thread's credentials);
+//! - fork: the child's `real_cred` (copy_creds() gave it the forking thread's credentials): its
+//!   euid, or its real uid. A set-user-ID program the account runs (`sg`, `newgrp`, `sudo`'s
+//!   front end) keeps the account's real uid while its euid is another's: its forks and its exit
+//!   are reported, so the session lineage keeps what it starts when that comes back to the
+//!   account's uid (the table still holds only the account's euid). Only programs installed
+//!   set-user-ID do this, so it adds a handful of records, never a flood the account controls;
 //! - exec: the new `real_cred` (committed before the tracepoint): its euid, or its real uid (a
 //!   set-user-ID binary run by the account keeps the real uid: the process leaves; reported
 //!   here too in case the credential hook is missing), or any exec by a thread other than the
 //!   leader (it becomes the leader, with its own credentials, without a credential commit);
-//! - exit: the leader's `real_cred` (a zombie leader keeps its credentials until it is released);
+//! - exit: the leader's `real_cred`, euid or real uid as for fork (a zombie leader keeps its
+//!   credentials until it is released);
 //! - rename: the renamed leader's `real_cred`;
 //! - a credential change (`commit_creds`, which every setuid-family call and exec's credential
 //!   install go through, and the only writer of `real_cred` after fork): the leader's old euid
@@ -72,13 +78,13 @@ use aya_ebpf::{
         bpf_get_current_task, bpf_get_current_task_btf, bpf_ktime_get_boot_ns, bpf_probe_read_kernel,
         bpf_probe_read_kernel_str_bytes, generated::bpf_seq_write,
     },
-    macros::{btf_tracepoint, fentry, map, tracepoint},
+    macros::{btf_tracepoint, fentry, map},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{BtfTracePointContext, FEntryContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext},
     EbpfContext,
 };
 use guard_common::{
-    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, TaskRecord, ALL_ACCOUNTS, COMM_LEN, CPU_RUN_ENTRIES,
+    kind, CpuCtl, CpuRun, KernelOffsets, RawEvent, SetuidSyscalls, TaskRecord, ALL_ACCOUNTS, COMM_LEN, CPU_RUN_ENTRIES,
     DEFAULT_RING_BYTES, PF_KTHREAD, TASK_MARK_BROKEN, TASK_MARK_END,
 };
 
@@ -91,6 +97,11 @@ static GUARD_UID: u32 = ALL_ACCOUNTS;
 #[unsafe(no_mangle)]
 static GUARD_OFFSETS: KernelOffsets = KernelOffsets::ZERO;
 
+/// The setuid family's syscall numbers and the compat test (see [`SetuidSyscalls`]), written by
+/// the loader.
+#[unsafe(no_mangle)]
+static GUARD_SYSCALLS: SetuidSyscalls = SetuidSyscalls::NONE;
+
 /// Unread bytes in the ring at which a record wakes user space (a sixteenth of the ring),
 /// written by the loader; 0 wakes it for every record.
 #[unsafe(no_mangle)]
@@ -101,6 +112,13 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Non-zero while heavy-command slots are on: every record is submitted with the ring's adaptive
+/// notification instead of waiting for the drain timer, so a matching exec reaches user space
+/// within milliseconds (it is held before it has done anything worth mentioning) and a holder's
+/// exit starts the next in line at once. Written by user space (`EbpfSource::wake_for`).
+#[map]
+static EXEC_WAKE: Array<u32> = Array::with_max_entries(1, 0);
 
 /// The stall watch's per-process CPU time, two maps so user space drains one while the program
 /// adds to the other (`CpuCtl::generation`). Preallocated (tracing programs may only update
@@ -132,6 +150,14 @@ macro_rules! off {
     ($field:ident) => {
         // SAFETY: a field of a static; volatile only keeps the load.
         unsafe { read_volatile(addr_of!(GUARD_OFFSETS.$field)) }
+    };
+}
+
+/// One field of `GUARD_SYSCALLS`, as the verifier's constant (see `off!`).
+macro_rules! sc {
+    ($($field:tt)+) => {
+        // SAFETY: a field of a static; volatile only keeps the load.
+        unsafe { read_volatile(addr_of!(GUARD_SYSCALLS.$($field)+)) }
     };
 }
 
@@ -273,10 +299,16 @@ fn emit(event_kind: u32, task: Kptr, aux: u32, euid: u32, comm: Option<[u8; COMM
 
 #[inline(always)]
 fn submit(ev: RawEvent) -> Res {
+    // 0: the ring's adaptive notification, a wake-up only when user space has read everything
+    // before this record (it sleeps, or is about to): at once after a quiet spell, one wake-up
+    // per drain in a storm (`bpf_ringbuf_commit`). Every record, not execs alone: an exec behind
+    // an unread fork record would otherwise wait for the drain timer.
+    const BPF_RB_ADAPTIVE: u64 = 0;
+    let adaptive = EXEC_WAKE.get(0).is_some_and(|&on| on != 0);
     match EVENTS.reserve::<RawEvent>(0) {
         Some(mut slot) => {
             slot.write(ev);
-            slot.submit(wakeup_flag());
+            slot.submit(if adaptive { BPF_RB_ADAPTIVE } else { wakeup_flag() });
             Ok(())
         }
         None => Err(1),
@@ -297,12 +329,18 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     finish(try_fork(ctx.as_ptr()))
 }
 
+/// The euid in a task's `real_cred` when the task is the account's or visits another uid with
+/// the account's real uid (see the crate doc), else `None`.
+#[inline(always)]
+fn account_euid(task: Kptr) -> Option<u32> {
+    let cred = task.ptr(off!(task_cred))?;
+    let euid: u32 = cred.get(off!(cred_euid));
+    (watched(euid) || watched(cred.get(off!(cred_uid)))).then_some(euid)
+}
+
 fn try_fork(ctx: *mut c_void) -> Res {
     let Some(child) = arg_ptr(ctx, 1) else { return Ok(()) };
-    let Some(euid) = euid_of(child) else { return Ok(()) };
-    if !watched(euid) {
-        return Ok(());
-    }
+    let Some(euid) = account_euid(child) else { return Ok(()) };
     if child.get::<u32>(off!(task_pid)) != child.get::<u32>(off!(task_tgid)) {
         return Ok(()); // a thread: the process already counts once
     }
@@ -358,10 +396,7 @@ fn try_exit(ctx: *mut c_void, has_group_dead: bool) -> Res {
         return Ok(());
     }
     let Some(leader) = task.ptr(off!(task_group_leader)) else { return Ok(()) };
-    let Some(euid) = euid_of(leader) else { return Ok(()) };
-    if !watched(euid) {
-        return Ok(());
-    }
+    let Some(euid) = account_euid(leader) else { return Ok(()) };
     if task.get::<u32>(off!(task_flags)) & PF_KTHREAD != 0 {
         return Ok(());
     }

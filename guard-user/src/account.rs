@@ -1,4 +1,10 @@
-//! The guarded account: docs/architecture.md (`--user NAME|UID`, default `$SUDO_USER`, else the invoking user).
+//! The account a subcommand guards, reads or acts on, and the one rule that names it
+//! (docs/operations.md, "Which account"): `--user NAME|UID`, else `$SUDO_USER` when running as
+//! root through sudo, else the invoking user. Run as root with neither, the default would be
+//! root itself: a subcommand that acts on the account ([`Purpose::Acts`]) or shows its command
+//! lines ([`Purpose::ShowsCommandLines`]) refuses and asks for `--user`, and one that only reads
+//! ([`Purpose::Reads`]) says whom it read ([`Resolved::notice`]). Every subcommand goes through
+//! [`Account::resolve`] and [`Resolved::for_purpose`]; nothing else reads `$SUDO_USER`.
 //!
 //! Looked up with libc's reentrant `getpwnam_r`/`getpwuid_r` (so NSS sources such as LDAP or
 //! systemd-homed answer too) behind one bounded loop (`lookup`): the daemon already speaks libc
@@ -39,23 +45,122 @@ pub enum AccountError {
          for that account"
     )]
     EntryTooLarge { who: String, limit: usize },
+    /// Run as root without `--user` and not through sudo, a subcommand that acts (or shows
+    /// command lines) would do so to root's own processes: never without being told.
+    #[error(
+        "no account named: run as root without --user (and not through sudo), guard-user {command} would {what} \
+         root's own processes; name the account, e.g. guard-user {command} --user alice (or --user root if root \
+         is really what you mean)"
+    )]
+    ImplicitRoot { command: &'static str, what: &'static str },
+}
+
+/// What a subcommand does with the account it names, which decides what happens when the
+/// default would be root ([`Resolved::for_purpose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Guards, signals, installs or records (`run`, `holders --stop`, `install`, `uninstall`,
+    /// `record`): refused for an implicit root.
+    Acts,
+    /// Prints the account's command lines (`match` without `--cmdline`, `explain`): root's hold
+    /// secrets in their arguments, so refused for an implicit root too.
+    ShowsCommandLines,
+    /// Reads the account's files (`status`, `tree`, `validate`, `check`): goes on, and says whom
+    /// it read.
+    Reads,
+}
+
+/// How the account was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chosen {
+    /// `--user`.
+    Named,
+    /// `$SUDO_USER`, as root through sudo.
+    SudoUser,
+    /// The invoking user (the real uid).
+    Invoker,
+}
+
+/// Which account the rule picks before any lookup: the pure half of [`Account::resolve`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    Named(String),
+    SudoUser(String),
+    Invoker(u32),
+}
+
+/// The rule itself. `$SUDO_USER` counts only when this process runs as root (sudo to root sets
+/// it; a shell that inherited the variable, or `sudo -u bob`, is not "root through sudo") and
+/// names someone other than root.
+pub fn choose(user: Option<&str>, sudo_user: Option<&str>, euid: u32, uid: u32) -> Choice {
+    match (user, sudo_user) {
+        (Some(u), _) => Choice::Named(u.to_string()),
+        (None, Some(s)) if euid == 0 && !s.is_empty() && s != "root" => Choice::SudoUser(s.to_string()),
+        _ => Choice::Invoker(uid),
+    }
+}
+
+/// An account and how it was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub account: Account,
+    pub chosen: Chosen,
+}
+
+impl Resolved {
+    /// Root, though nobody named it: the default fell through to the invoking root.
+    pub fn is_implicit_root(&self) -> bool {
+        self.chosen != Chosen::Named && self.account.uid == 0
+    }
+
+    /// The account `command` may use for `purpose`: refused ([`AccountError::ImplicitRoot`],
+    /// exit 2) when it acts or shows command lines and nobody named root.
+    pub fn for_purpose(self, command: &'static str, purpose: Purpose) -> Result<Account, AccountError> {
+        let what = match purpose {
+            Purpose::Acts => "act on",
+            Purpose::ShowsCommandLines => "print the command lines (secrets included) of",
+            Purpose::Reads => return Ok(self.account),
+        };
+        if self.is_implicit_root() {
+            return Err(AccountError::ImplicitRoot { command, what });
+        }
+        Ok(self.account)
+    }
+
+    /// The first line a reading subcommand prints when nobody named the account and it fell
+    /// through to root, so the reader knows whose files they are looking at.
+    pub fn notice(&self, command: &str) -> Option<String> {
+        self.is_implicit_root().then(|| {
+            format!(
+                "guard-user {command}: account root (uid 0), since it runs as root without --user and not through \
+                 sudo; --user NAME names another account"
+            )
+        })
+    }
 }
 
 impl Account {
-    /// Resolves `--user` (a name, or digits for a uid); `None` means `$SUDO_USER` when set, else
-    /// the real uid of this process.
-    pub fn resolve(user: Option<&str>) -> Result<Account, AccountError> {
-        match user {
-            Some(u) if !u.is_empty() && u.bytes().all(|b| b.is_ascii_digit()) => match u.parse::<u32>() {
+    /// The one rule ([`choose`]) applied to this process: `--user` (a name, or digits for a
+    /// uid), else `$SUDO_USER` as root, else the real uid of this process.
+    pub fn resolve(user: Option<&str>) -> Result<Resolved, AccountError> {
+        let sudo_user = std::env::var("SUDO_USER").ok();
+        // SAFETY: geteuid and getuid cannot fail.
+        let (euid, uid) = unsafe { (libc::geteuid(), libc::getuid()) };
+        Ok(match choose(user, sudo_user.as_deref(), euid, uid) {
+            Choice::Named(u) => Resolved { account: Account::named(&u)?, chosen: Chosen::Named },
+            Choice::SudoUser(s) => Resolved { account: Account::by_name(&s)?, chosen: Chosen::SudoUser },
+            Choice::Invoker(uid) => Resolved { account: Account::by_uid(uid)?, chosen: Chosen::Invoker },
+        })
+    }
+
+    /// `--user NAME|UID`: digits are a uid.
+    fn named(u: &str) -> Result<Account, AccountError> {
+        match u {
+            u if !u.is_empty() && u.bytes().all(|b| b.is_ascii_digit()) => match u.parse::<u32>() {
                 Ok(uid) => Account::by_uid(uid),
                 Err(_) => Err(AccountError::NoSuchName(u.to_string())),
             },
-            Some(u) => Account::by_name(u),
-            None => match std::env::var("SUDO_USER") {
-                Ok(s) if !s.is_empty() && s != "root" => Account::by_name(&s),
-                // SAFETY: getuid cannot fail.
-                _ => Account::by_uid(unsafe { libc::getuid() }),
-            },
+            u => Account::by_name(u),
         }
     }
 
@@ -125,7 +230,7 @@ mod tests {
     #[test]
     fn root_resolves_by_name_and_by_uid() {
         assert_eq!(Account::by_name("root").unwrap().uid, 0);
-        assert_eq!(Account::resolve(Some("0")).unwrap().name, "root");
+        assert_eq!(Account::resolve(Some("0")).unwrap().account.name, "root");
     }
 
     #[test]
@@ -141,6 +246,38 @@ mod tests {
     fn a_name_with_a_nul_byte_or_an_oversized_uid_is_no_such_account() {
         assert!(matches!(Account::resolve(Some("root\0x")), Err(AccountError::NoSuchName(n)) if n == "root\0x"));
         assert!(matches!(Account::resolve(Some("99999999999")), Err(AccountError::NoSuchName(_))));
+    }
+
+    #[test]
+    fn the_rule_is_user_then_sudo_user_as_root_then_the_invoker() {
+        let named = |s: &str| Choice::Named(s.into());
+        assert_eq!(choose(Some("bob"), Some("alice"), 0, 0), named("bob"));
+        assert_eq!(choose(Some("root"), None, 0, 0), named("root"));
+        assert_eq!(choose(None, Some("alice"), 0, 1000), Choice::SudoUser("alice".into()));
+        // sudo by root, an empty variable, or a variable inherited by a non-root process.
+        assert_eq!(choose(None, Some("root"), 0, 0), Choice::Invoker(0));
+        assert_eq!(choose(None, Some(""), 0, 0), Choice::Invoker(0));
+        assert_eq!(choose(None, Some("alice"), 1001, 1001), Choice::Invoker(1001));
+        assert_eq!(choose(None, None, 0, 0), Choice::Invoker(0));
+    }
+
+    #[test]
+    fn an_implicit_root_is_refused_for_acting_and_command_lines_and_announced_for_reading() {
+        let root = Account { name: "root".into(), uid: 0, gid: 0, home: "/root".into() };
+        let alice = Account { name: "alice".into(), uid: 1000, gid: 1000, home: "/home/alice".into() };
+        let r = |account: &Account, chosen| Resolved { account: account.clone(), chosen };
+        for purpose in [Purpose::Acts, Purpose::ShowsCommandLines] {
+            let e = r(&root, Chosen::Invoker).for_purpose("run", purpose).unwrap_err().to_string();
+            assert!(e.contains("--user") && e.contains("guard-user run --user alice"), "{e}");
+            assert!(r(&root, Chosen::Named).for_purpose("run", purpose).is_ok());
+            assert!(r(&alice, Chosen::Invoker).for_purpose("run", purpose).is_ok());
+            assert!(r(&alice, Chosen::SudoUser).for_purpose("run", purpose).is_ok());
+        }
+        assert!(r(&root, Chosen::Invoker).for_purpose("status", Purpose::Reads).is_ok());
+        let notice = r(&root, Chosen::Invoker).notice("status").unwrap();
+        assert!(notice.starts_with("guard-user status: account root (uid 0), since"), "{notice}");
+        assert_eq!(r(&root, Chosen::Named).notice("status"), None);
+        assert_eq!(r(&alice, Chosen::Invoker).notice("status"), None);
     }
 
     /// Writes an entry into the lookup's buffer the way glibc does: strings in `buf`, pointers

@@ -37,12 +37,25 @@ where
 {
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut w: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let level = *event.metadata().level();
-        if self.journald {
-            write!(w, "<{}>", level_priority(level))?;
+        let mut message = String::new();
+        ctx.field_format().format_fields(Writer::new(&mut message), event)?;
+        w.write_str(&self.lines(level, &message))
+    }
+}
+
+impl Format {
+    /// `message` as stderr lines: each starts with the prefix (and its `<N>` for journald, which
+    /// makes every line an entry of its own), so a message that spans lines (a verifier log)
+    /// never leaves an entry without its priority.
+    fn lines(&self, level: Level, message: &str) -> String {
+        let mut out = String::with_capacity(message.len() + 32);
+        for line in message.split('\n') {
+            if self.journald {
+                out.push_str(&format!("<{}>", level_priority(level)));
+            }
+            out.push_str(&format!("guard-user: {}: {line}\n", level.as_str().to_ascii_lowercase()));
         }
-        write!(w, "guard-user: {}: ", level.as_str().to_ascii_lowercase())?;
-        ctx.field_format().format_fields(w.by_ref(), event)?;
-        writeln!(w)
+        out
     }
 }
 
@@ -72,6 +85,9 @@ pub fn init() {
         std::env::var_os("JOURNAL_STREAM").is_some_and(|v| crate::log::journal_stream_matches(&v.to_string_lossy(), 2));
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        // Its own complaint about a failed write is an eprintln!, which panics when stderr is
+        // a closed pipe: a diagnostic nobody can read is dropped, never fatal.
+        .log_internal_errors(false)
         .event_format(Format { journald })
         .with_filter(filter);
     let _ = tracing_subscriber::registry().with(layer).try_init();
@@ -113,5 +129,19 @@ mod tests {
             assert_eq!(level(value, "guard::daemon"), want, "GUARD_LOG={value:?}");
         }
         assert_eq!(level(Some("aya=trace,warn"), "aya::maps"), LevelFilter::TRACE);
+    }
+
+    #[test]
+    fn every_line_of_a_message_carries_the_prefix_and_its_priority() {
+        let journal = Format { journald: true };
+        assert_eq!(journal.lines(Level::WARN, "one"), "<4>guard-user: warn: one\n");
+        assert_eq!(
+            journal.lines(Level::INFO, "head\nverifier log (end):\n0: r1 = 0"),
+            "<6>guard-user: info: head\n<6>guard-user: info: verifier log (end):\n<6>guard-user: info: 0: r1 = 0\n"
+        );
+        assert_eq!(
+            Format { journald: false }.lines(Level::ERROR, "a\nb"),
+            "guard-user: error: a\nguard-user: error: b\n"
+        );
     }
 }

@@ -18,7 +18,7 @@
 //!
 //! # Layout
 //! This file loads the object and reads the ring; `creds` attaches the credential hook or its
-//! fallbacks, `tracefs` finds or mounts tracefs for them, `error` says why a step failed,
+//! fallback, `syscalls` gives the fallback its syscall numbers, `error` says why a step failed,
 //! `task_iter` and `cpu_runtime` are the snapshot and stall-watch programs, `prog_info` reads
 //! the kernel's count of skipped program runs.
 use std::{
@@ -32,11 +32,11 @@ use std::{
 };
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::BtfTracePoint,
     Ebpf, EbpfLoader,
 };
-use guard_common::{KernelOffsets, ALL_ACCOUNTS, DEFAULT_RING_BYTES, LOST_INDEX};
+use guard_common::{KernelOffsets, SetuidSyscalls, ALL_ACCOUNTS, DEFAULT_RING_BYTES, LOST_INDEX};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::{
@@ -48,13 +48,13 @@ pub mod cpu_runtime;
 mod creds;
 mod error;
 mod prog_info;
+mod syscalls;
 pub mod task_iter;
-mod tracefs;
 
 pub use creds::CredTracking;
-use creds::{attach_creds, CRED_HOOK};
-pub use error::EbpfError;
+use creds::{attach_creds, CRED_HOOK, SYSCALL_TRACEPOINTS};
 use error::{describe, is_permission, program_error};
+pub use error::{holds_bpf_capabilities, EbpfError};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/guard.bpf.o"));
 
@@ -83,9 +83,16 @@ pub struct EbpfOptions {
     pub skip_cred_hook: bool,
 }
 
-/// The offsets the programs need and the BTF stub aya's program loaders look ids up in (a stub
-/// with the kernel's ids spares aya a second full parse).
-fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
+/// What the programs read from the kernel's BTF: the structure offsets, the credential
+/// fallback's syscall filter (or why it has none), and the BTF stub aya's program loaders look
+/// ids up in (a stub with the kernel's ids spares aya a second full parse).
+struct KernelParts {
+    offsets: KernelOffsets,
+    syscalls: Result<SetuidSyscalls, EbpfError>,
+    stub: aya::Btf,
+}
+
+fn kernel_btf_parts() -> Result<KernelParts, EbpfError> {
     let kernel_btf = Btf::from_file(Path::new(VMLINUX))?;
     let offsets = kernel_btf.kernel_offsets()?;
     // The stall watch's accounting is optional: without its tracepoint the samples fall back.
@@ -93,8 +100,20 @@ fn kernel_btf_parts() -> Result<(KernelOffsets, aya::Btf), EbpfError> {
     if kernel_btf.has_tracepoint(cpu_runtime::TRACEPOINT) {
         tracepoints.push(cpu_runtime::TRACEPOINT);
     }
+    // The credential fallback is optional too: without the raw syscall tracepoints (or the
+    // fields it reads) uid changes reach the table through the audit.
+    let mut syscalls = syscalls::setuid_syscalls(&kernel_btf).map_err(EbpfError::from);
+    if SYSCALL_TRACEPOINTS.iter().all(|tp| kernel_btf.has_tracepoint(tp)) {
+        tracepoints.extend(SYSCALL_TRACEPOINTS);
+    } else {
+        syscalls = Err(EbpfError::Attach {
+            program: "sys_exit_setuid".into(),
+            tracepoint: SYSCALL_TRACEPOINTS.join(", "),
+            detail: "the kernel has no raw syscall tracepoints (CONFIG_HAVE_SYSCALL_TRACEPOINTS)".into(),
+        });
+    }
     let stub = kernel_btf.aya_stub(&tracepoints, &[task_iter::BTF_FUNCTION, CRED_HOOK])?;
-    Ok((offsets, stub))
+    Ok(KernelParts { offsets, syscalls, stub })
 }
 
 /// glibc's allocator, tuned for a small long-lived daemon (measured in `cargo xtask bench`'s RSS
@@ -143,6 +162,10 @@ pub struct EbpfSource {
     /// The event programs, each with the most runs the kernel has skipped (see
     /// [`prog_info`]): those are lost events too.
     missed: Vec<(&'static str, AtomicU64)>,
+    /// `EXEC_WAKE`: which records wake us at once (heavy-command slots).
+    exec_wake: Option<Array<MapData, u32>>,
+    /// What `EXEC_WAKE` holds.
+    wake: crate::event::Wake,
     /// Owns the programs and their links.
     ebpf: Ebpf,
 }
@@ -172,7 +195,7 @@ impl EbpfSource {
         // EbpfLoader::new() parses the whole vmlinux BTF (aya reads it for relocations; ~20 ms
         // of CPU), and we parse it for the offsets: on two threads, the start-up's longest step
         // takes the time of one. Where no thread can be made, one after the other.
-        let ((offsets, aya_btf), mut loader) = std::thread::scope(|sc| {
+        let (KernelParts { offsets, syscalls, stub: aya_btf }, mut loader) = std::thread::scope(|sc| {
             let loader = std::thread::Builder::new().name("guard-btf".into()).spawn_scoped(sc, EbpfLoader::new);
             let ours = kernel_btf_parts();
             let loader = match loader {
@@ -192,6 +215,7 @@ impl EbpfSource {
             .override_global("GUARD_UID", &uid, true)
             .override_global("GUARD_OFFSETS", &offsets, true)
             .override_global("GUARD_WAKE_BYTES", &wake_bytes, true)
+            .override_global("GUARD_SYSCALLS", syscalls.as_ref().unwrap_or(&SetuidSyscalls::NONE), true)
             .map_max_entries("EVENTS", ring_bytes)
             .map_max_entries("CPU_RUN_A", cpu_run_entries)
             .map_max_entries("CPU_RUN_B", cpu_run_entries)
@@ -228,7 +252,7 @@ impl EbpfSource {
             p.attach().map_err(|e| program_error(prog, tp, e))?;
             crate::startup_phase(prog);
         }
-        let (creds, cred_program) = attach_creds(&mut ebpf, &aya_btf, opts.skip_cred_hook);
+        let (creds, cred_program) = attach_creds(&mut ebpf, &aya_btf, opts.skip_cred_hook, syscalls.map(|_| ()));
         crate::startup_phase("credential hook");
         let task_iter = task_iter::TaskIter::load(&mut ebpf, &aya_btf);
         crate::startup_phase("task iterator");
@@ -242,7 +266,22 @@ impl EbpfSource {
         let mut event_programs = vec!["sched_process_fork", "sched_process_exec", exit_prog, "task_rename"];
         event_programs.extend(cred_program);
         let missed = event_programs.into_iter().map(|p| (p, AtomicU64::new(0))).collect();
-        Ok(EbpfSource { poll: OnceLock::new(), ring, lost, creds, task_iter, cpu_runtime, missed, ebpf })
+        // An object built before the map existed: execs are drained on the timer (slots still
+        // work, a drain period later).
+        let exec_wake = ebpf.take_map("EXEC_WAKE").and_then(|m| Array::try_from(m).ok());
+        let wake = crate::event::Wake::Timer;
+        Ok(EbpfSource {
+            poll: OnceLock::new(),
+            ring,
+            lost,
+            creds,
+            task_iter,
+            cpu_runtime,
+            missed,
+            exec_wake,
+            wake,
+            ebpf,
+        })
     }
 
     /// How credential changes are tracked (for the `WARN setuid_untracked` line and tests).
@@ -254,6 +293,21 @@ impl EbpfSource {
     /// task); `None` when it could not load (see [`Self::task_iter_problem`]).
     pub fn task_iter(&self) -> Option<&task_iter::TaskIter> {
         self.task_iter.as_ref().ok()
+    }
+
+    /// When the kernel wakes the pump (heavy-command slots want every event at once).
+    pub fn wake_for(&mut self, wake: crate::event::Wake) {
+        self.wake = wake;
+        if let Some(m) = self.exec_wake.as_mut() {
+            if let Err(e) = m.set(0, wake as u32, 0) {
+                tracing::warn!("cannot set EXEC_WAKE: {e}");
+            }
+        }
+    }
+
+    /// The wake-ups asked for by [`Self::wake_for`].
+    pub fn wake(&self) -> crate::event::Wake {
+        self.wake
     }
 
     /// The stall watch's CPU accounting (once; later calls get `None`), or why it did not load.

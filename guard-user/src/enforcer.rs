@@ -68,7 +68,7 @@ pub struct Enforcer {
     dodgers: HashMap<ProcId, Instant>,
 }
 
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open has no memory arguments; a non-negative result is a new fd we own.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0 as libc::c_uint) };
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -82,7 +82,7 @@ fn pidfd_signal(fd: &OwnedFd, sig: i32) -> bool {
 }
 
 /// Whether the process behind `fd` has exited (it may still be a zombie).
-fn pidfd_exited(fd: &OwnedFd) -> bool {
+pub(crate) fn pidfd_exited(fd: &OwnedFd) -> bool {
     let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd, count 1, no wait.
     unsafe { libc::poll(&mut pfd, 1, 0) == 1 && pfd.revents & libc::POLLIN != 0 }

@@ -191,6 +191,50 @@ pub fn log_value_capped(bytes: &[u8], max: usize) -> String {
     out
 }
 
+/// `bytes` as one shell word that bash (and zsh) reads back as exactly those bytes, and that
+/// shows on a terminal as one line of printable text: a command printed for the operator to
+/// paste (`holders`' stop command), whatever the account named its directory.
+///
+/// Letters, digits and `_@%+=:,./-` stay bare; other printable text goes in single quotes (a `'`
+/// written `'\''`); text holding a line break, a control or invisible character or bytes that
+/// are not UTF-8 is written `$'…'` with those bytes as `\xNN` (and `\\`, `\'`).
+pub fn shell_word(bytes: &[u8]) -> String {
+    let bare = |b: &u8| b.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(b);
+    if !bytes.is_empty() && bytes.iter().all(bare) {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    let shown = text(bytes);
+    if shown.as_bytes() == bytes {
+        return format!("'{}'", shown.replace('\'', r"'\''"));
+    }
+    let mut out = String::from("$'");
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str(r"\\"),
+                '\'' => out.push_str(r"\'"),
+                c if hidden(c) => {
+                    for &b in c.encode_utf8(&mut [0u8; 4]).as_bytes() {
+                        let _ = write!(out, "\\x{b:02x}");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for &b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// [`log_value_capped`], quoted whatever it holds: the text of a string shown where another
+/// type belongs (`value="30"` is the string "30"; the number is `value=30`).
+pub fn log_string_capped(bytes: &[u8], max: usize) -> String {
+    format!("\"{}\"", text_capped(bytes, max).replace('"', "\\\""))
+}
+
 /// Bytes of a command line that any output shows (`explain`, `match`, `tree`, `holders`): the
 /// account may make one 1 MiB long, and root's terminal and memory are not its to fill.
 pub const SHOWN_CMDLINE_BYTES: usize = 4096;
@@ -434,5 +478,36 @@ mod tests {
         assert_eq!(log_value_capped(&huge, 8), "aaaaaaaa…");
         assert_eq!(log_value_capped(b"\"30\"", 200), r#""\"30\"""#);
         assert_eq!(log_value_capped(b"30", 200), "30");
+    }
+
+    /// bash itself reads each word back: the bytes come out exactly, and the word shows as one
+    /// printable line.
+    #[test]
+    fn a_shell_word_is_read_back_by_bash_as_its_bytes() {
+        let samples: [&[u8]; 12] = [
+            b"/home/alice/work",
+            b"/home/alice/my work",
+            b"/tmp/it's",
+            b"/tmp/$(touch /tmp/pwned)`id`;rm -rf ~ *",
+            b"/tmp/x (deleted)",
+            b"/tmp/line\nbreak\nfor real: \n",
+            b"/tmp/\x1b[2J\x07bell",
+            b"/tmp/q\xff\xfe",
+            b"/tmp/back\\slash\\'quote'",
+            "/tmp/caf\u{e9}/\u{202e}txt".as_bytes(),
+            b"!event",
+            b"",
+        ];
+        for bytes in samples {
+            let word = shell_word(bytes);
+            assert!(!word.chars().any(|c| c.is_control()), "{word}");
+            let out =
+                std::process::Command::new("bash").args(["-c", &format!("printf %s {word}")]).output().expect("bash");
+            assert!(out.status.success(), "{word}: {}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(out.stdout, bytes, "{word}");
+        }
+        assert_eq!(shell_word(b"/home/alice/work"), "/home/alice/work");
+        assert_eq!(shell_word(b"/tmp/it's"), r"'/tmp/it'\''s'");
+        assert_eq!(shell_word(b"a\nb"), r"$'a\x0ab'");
     }
 }

@@ -64,6 +64,18 @@ impl StateKind {
     }
 }
 
+/// When the kernel wakes the pump (the value of the BPF programs' `EXEC_WAKE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// At the drain timer, or when the ring is a sixteenth full: an idle host's few events cost
+    /// one wake-up a second.
+    Timer = 0,
+    /// As soon as a record comes after the pump read everything (the ring's adaptive
+    /// notification): heavy-command slots hold a matching exec within milliseconds, and start
+    /// the next in line at a holder's exit.
+    Adaptive = 1,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A new process (not a thread), named like its parent.

@@ -19,7 +19,7 @@
 //! - [`btf`], [`ebpf`]: structure offsets from the running kernel's BTF; loading and attaching the
 //!   BPF programs, draining the ring buffer, the kernel's lost-event counter.
 //! - [`enforcer`]: ending processes through pidfds after re-verifying their identity.
-//! - [`holders`]: the processes working in a directory (`guard-user holders`).
+//! - [`holders`]: every process that holds a path, and ending one account's (`guard-user holders`).
 //! - [`safefs`], [`log`], [`state`], [`status`]: files in the account's home, read and written
 //!   with the account's rights, never following a planted link; the log grammar of docs/log.md; flag
 //!   clocks; the status file. [`escape`]: the one text form of account-controlled bytes.
@@ -36,6 +36,7 @@ pub mod account;
 pub mod bounded_json;
 pub mod btf;
 pub mod budget;
+pub mod cgroup;
 pub mod cmd;
 pub mod comm;
 pub mod config;

@@ -22,11 +22,14 @@ fn main() -> ExitCode {
         Command::Validate(args) => cmd::validate::main(args),
         Command::Unit(args) => cmd::unit::main(args),
         Command::PatternWorker => return guard::pattern::worker::main(),
+        Command::SlotsRelease(args) => cmd::slots_release::main(args),
     };
     match result {
         Ok(code) => code,
+        // `explain X | head`: the reader went away, which is not an error of ours.
+        Err(err) if cmd::is_stdout_gone(&err) => ExitCode::from(cmd::STDOUT_GONE),
         Err(err) => {
-            eprintln!("guard-user: {err:#}");
+            cmd::say(&format!("guard-user: {err:#}"));
             ExitCode::from(2)
         }
     }

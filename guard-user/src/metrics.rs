@@ -51,12 +51,14 @@ pub struct MetricsInput {
     pub mirror_dropped: u64,
 }
 
-/// A flagged name as its two families show it.
+/// A flagged name as its two families show it: times, not ages (Prometheus' own advice for
+/// "when did it happen": the reader subtracts `time()`, and a sample that stops being updated
+/// never looks like a clock that stopped).
 struct FlaggedName {
-    /// Seconds since the name was flagged.
-    age_secs: f64,
-    /// Seconds left before enforcement (0 when due).
-    time_left_secs: f64,
+    /// When the name was flagged, unix seconds.
+    since: f64,
+    /// When its processes are due to be ended, unix seconds (the last tick's time when due).
+    due: f64,
 }
 
 #[derive(Clone, Copy)]
@@ -136,13 +138,13 @@ fn bool01(b: bool) -> f64 {
 /// `guard_tracked_processes`, `guard_machine_processes`, `guard_names`,
 /// `guard_name_processes{name}` (the [`TOP_NAMES`] largest, most first), `guard_flagged_names`,
 /// `guard_warned_names`, `guard_repeat_offenders`, `guard_pegged_processes`,
-/// `guard_flagged_age_seconds{name}`, `guard_flagged_time_left_seconds{name}`,
-/// `guard_kills_total`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
+/// `guard_flagged_since_timestamp_seconds{name}`, `guard_flagged_due_timestamp_seconds{name}`,
+/// `guard_kills_total{reason}`, `guard_dry_runs_total`, `guard_skipped_total`, `guard_events_total`,
 /// `guard_lost_events_total`, `guard_resyncs_total`, `guard_cmdlines_unread_total`,
-/// `guard_mirror_dropped_total`; while sessions
-/// are on, `guard_sessions{stage}`, `guard_session_leftovers`, `guard_lineage_processes`,
+/// `guard_mirror_dropped_total`; while sessions are on, `guard_sessions{stage}`,
+/// `guard_session_leftovers`, `guard_session_reported_leftovers`, `guard_lineage_processes`,
 /// `guard_leftovers_total`, `guard_reaped_total`, `guard_leftovers_stopped_total`,
-/// `guard_lineage_untracked_total`.
+/// `guard_lineage_untracked_total`, `guard_sessions_cap_reached_total{what}`.
 pub fn render(s: &Status, m: &MetricsInput) -> String {
     use Kind::{Counter, Gauge};
     let mut w = Writer { out: String::new(), user: label_value(&escape_for_terminal(s.user.as_bytes())) };
@@ -175,10 +177,13 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         w.sample("guard_timeout_seconds", &[], t);
     }
     w.one("guard_tracked_processes", Gauge, "Live processes of the guarded account.", s.tracked_processes as f64);
+    // Every guard of a host reports the same count. Its `user` label stays (node_exporter's
+    // textfile collector fails a whole scrape on two files with one series): aggregating across
+    // guards takes max by (instance), never sum (docs/metrics.md).
     w.family(
         "guard_machine_processes",
         Gauge,
-        "Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included.",
+        "Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included; every guard of a host writes the same value, so aggregate with max by (instance), never sum.",
     );
     if let Some(n) = s.machine_processes {
         w.sample("guard_machine_processes", &[], n as f64);
@@ -212,8 +217,7 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         else {
             continue;
         };
-        let f =
-            FlaggedName { age_secs: (s.last_tick - since).max(0.0), time_left_secs: row.time_left_secs.unwrap_or(0.0) };
+        let f = FlaggedName { since, due: s.last_tick + row.time_left_secs.unwrap_or(0.0).max(0.0) };
         flagged.entry(name.as_bytes()).or_insert(f);
     }
     w.one("guard_flagged_names", Gauge, "Names at or over the threshold.", flagged.len() as f64);
@@ -235,16 +239,27 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
         "Processes of the account pegged at peggedCpu for peggedFor (PEGGED; report only).",
         s.pegged.len() as f64,
     );
-    w.family("guard_flagged_age_seconds", Gauge, "Seconds since the name was flagged.");
+    w.family("guard_flagged_since_timestamp_seconds", Gauge, "When the name was flagged, unix seconds.");
     for (name, f) in &flagged {
-        w.sample("guard_flagged_age_seconds", &[("name", &escape_for_terminal(name))], f.age_secs);
+        w.sample("guard_flagged_since_timestamp_seconds", &[("name", &escape_for_terminal(name))], f.since);
     }
-    w.family("guard_flagged_time_left_seconds", Gauge, "Seconds before the flagged name's processes are ended.");
+    w.family(
+        "guard_flagged_due_timestamp_seconds",
+        Gauge,
+        "When the flagged name's processes are due to be ended, unix seconds.",
+    );
     for (name, f) in &flagged {
-        w.sample("guard_flagged_time_left_seconds", &[("name", &escape_for_terminal(name))], f.time_left_secs);
+        w.sample("guard_flagged_due_timestamp_seconds", &[("name", &escape_for_terminal(name))], f.due);
     }
 
-    w.one("guard_kills_total", Counter, "Processes ended (KILLED lines).", s.kills as f64);
+    w.family(
+        "guard_kills_total",
+        Counter,
+        "Processes ended, by reason: ghost_detected (KILLED lines), leftover (leftovers of ended sessions).",
+    );
+    for (reason, n) in s.kills_by_reason.each() {
+        w.sample("guard_kills_total", &[("reason", reason)], n as f64);
+    }
     w.one("guard_dry_runs_total", Counter, "Processes a dry run would have ended (DRY_RUN lines).", m.dry_runs as f64);
     w.one("guard_skipped_total", Counter, "Processes left alone at enforcement (SKIPPED lines).", m.skipped as f64);
     w.one("guard_events_total", Counter, "Process events applied to the live table.", s.events as f64);
@@ -270,7 +285,47 @@ pub fn render(s: &Status, m: &MetricsInput) -> String {
     if let Some(x) = &s.sessions {
         sessions(&mut w, x);
     }
+    if let Some(x) = &s.slots {
+        slots(&mut w, x);
+    }
     w.out
+}
+
+/// Heavy-command slots (docs/configuration.md `slots`), while any is configured.
+fn slots(w: &mut Writer, s: &crate::status::SlotsStatus) {
+    use Kind::{Counter, Gauge};
+    type Figure = fn(&crate::status::SlotStatus) -> f64;
+    let families: [(&str, &str, Figure); 3] = [
+        ("guard_slot_holders", "Process trees holding the slot.", |x| x.holders_count as f64),
+        ("guard_slot_waiting", "Process trees waiting for the slot (frozen).", |x| x.waiting_count as f64),
+        ("guard_slot_max", "The slot's max: trees that may hold it at once.", |x| f64::from(x.max)),
+    ];
+    for (name, help, value) in families {
+        w.family(name, Gauge, help);
+        for slot in &s.slots {
+            w.sample(name, &[("slot", &slot.name)], value(slot));
+        }
+    }
+    w.one(
+        "guard_slots_available",
+        Gauge,
+        "1 when slots can hold commands here, 0 when they only report (WARN slots_unavailable).",
+        bool01(s.unavailable.is_none()),
+    );
+    w.one("guard_slot_waits_total", Counter, "Trees that waited for a slot (SLOT_WAIT lines).", s.waits_total as f64);
+    w.one(
+        "guard_slot_wait_seconds_total",
+        Counter,
+        "Seconds trees spent waiting for a slot, all of them.",
+        s.wait_seconds_total,
+    );
+    w.one("guard_slot_timeouts_total", Counter, "Trees maxWait let go (SLOT_TIMEOUT lines).", s.timeouts_total as f64);
+    w.one(
+        "guard_slot_not_held_total",
+        Counter,
+        "Trees that should have waited but could not be held, and ran (WARN slot_not_held, the waiting cap).",
+        (s.not_held_total + s.over_cap_total) as f64,
+    );
 }
 
 fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {
@@ -278,11 +333,18 @@ fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {
     w.family("guard_sessions", Gauge, "Session roots: live, or ended with their leftovers still to deal with.");
     w.sample("guard_sessions", &[("stage", "live")], s.live as f64);
     w.sample("guard_sessions", &[("stage", "ended")], s.ended as f64);
+    w.sample("guard_sessions", &[("stage", "reported")], s.reported as f64);
     w.one(
         "guard_session_leftovers",
         Gauge,
         "Live processes of ended sessions (leftovers in their grace or being stopped).",
         s.pending_leftovers as f64,
+    );
+    w.one(
+        "guard_session_reported_leftovers",
+        Gauge,
+        "Leftovers of settled sessions that were reported (LEFTOVER) or left alive by the stop, still running.",
+        s.reported_leftovers as f64,
     );
     w.one(
         "guard_lineage_processes",
@@ -309,4 +371,12 @@ fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {
         "Processes left without lineage at a cap (never reaped), and execs left unclassified at a cap.",
         (s.untracked_total + s.unclassified_total) as f64,
     );
+    w.family(
+        "guard_sessions_cap_reached_total",
+        Counter,
+        "Times each cap of the sessions was reached (WARN sessions_cap says each once); what it refused is never reaped.",
+    );
+    for (what, n) in s.caps.each() {
+        w.sample("guard_sessions_cap_reached_total", &[("what", what)], n as f64);
+    }
 }

@@ -59,6 +59,7 @@ pub struct Status {
     pub events: u64,
     pub lost_events: u64,
     pub resyncs: u64,
+    /// Processes ended since start, for every reason (`kills_by_reason` splits them).
     pub kills: u64,
     /// The guarded account's live processes (every name, excluded ones too). Status files written
     /// before `machine_processes` existed hold the machine's total here.
@@ -92,6 +93,92 @@ pub struct Status {
     /// The same, summed over every tick since the daemon started.
     #[serde(default)]
     pub cmdlines_unread_total: u64,
+    /// Heavy-command slots (docs/configuration.md `slots`): holders and the queue; absent when off.
+    #[serde(default)]
+    pub slots: Option<SlotsStatus>,
+    /// `kills` by why they were ended (absent in older status files, whose `kills` counted
+    /// `KILLED` lines only).
+    #[serde(default)]
+    pub kills_by_reason: KillsByReason,
+}
+
+/// Processes ended since start, by reason (the reason of their log line).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct KillsByReason {
+    /// `KILLED … reason=ghost_detected`: a pile of one name over the threshold for the timeout.
+    pub ghost_detected: u64,
+    /// Leftovers of ended sessions stopped (the sum of `REAPED`'s `count=`).
+    pub leftover: u64,
+}
+
+impl KillsByReason {
+    /// Every reason with its total, in the order metrics and docs list them.
+    pub fn each(&self) -> [(&'static str, u64); 2] {
+        [("ghost_detected", self.ghost_detected), ("leftover", self.leftover)]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.ghost_detected + self.leftover
+    }
+}
+
+/// The slots as the pump held them at the last tick, for `status`, `tree` and `explain`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SlotsStatus {
+    /// Why nothing is held on this host (the slots report only): `WARN slots_unavailable`'s
+    /// reason; `null` when slots can hold.
+    pub unavailable: Option<String>,
+    pub slots: Vec<SlotStatus>,
+    /// Execs whose command line is still to be classified.
+    pub pending_execs: u64,
+    /// Processes in a slot's tree or awaiting their exec's verdict.
+    pub tracked: u64,
+    /// Trees that waited (or, reporting, would have), since start.
+    pub waits_total: u64,
+    /// Trees `maxWait` let go, since start.
+    pub timeouts_total: u64,
+    /// Seconds trees spent waiting, since start.
+    pub wait_seconds_total: f64,
+    /// Trees that could not be held and ran at once, since start.
+    pub not_held_total: u64,
+    /// Execs not classified (a cap, or a classifier that could not keep up), since start.
+    pub unclassified_total: u64,
+    /// Processes left out of their tree at the node cap, since start.
+    pub untracked_total: u64,
+    /// Trees run at once because the waiting cap was reached, since start.
+    pub over_cap_total: u64,
+}
+
+/// One slot.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SlotStatus {
+    pub name: String,
+    pub max: u32,
+    pub max_wait_secs: f64,
+    /// `queue` or `report` (a dry run, or a host where nothing can be held, reports).
+    pub mode: String,
+    /// The trees holding it (at most 64 listed; `holders_count` counts them all).
+    pub holders: Vec<SlotTree>,
+    pub holders_count: u64,
+    /// The trees waiting, first in line first (at most 64 listed).
+    pub waiting: Vec<SlotTree>,
+    pub waiting_count: u64,
+}
+
+/// One tree: its head (the matching exec) and how many processes it has.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SlotTree {
+    pub pid: u32,
+    /// The head's start time in clock ticks since boot (its identity with the pid).
+    pub start_ticks: u64,
+    pub name: String,
+    /// Since it holds the slot, or since it waits (unix seconds).
+    pub since_unix: f64,
+    pub processes: u64,
 }
 
 /// The sessions as the last tick saw them, for `status` and `guard-user tree`.
@@ -105,8 +192,12 @@ pub struct SessionsStatus {
     pub live: u64,
     /// Root sessions whose root ended, in their grace or being stopped.
     pub ended: u64,
-    /// Live processes of ended sessions (leftovers, reported or not yet).
+    /// Settled sessions whose leftovers (reported, or left alive by the stop) still run.
+    pub reported: u64,
+    /// Live processes of ended sessions in their grace or being stopped.
     pub pending_leftovers: u64,
+    /// Live processes of reported sessions: leftovers given a `LEFTOVER` line and still running.
+    pub reported_leftovers: u64,
     /// `LEFTOVER` lines since the daemon started.
     pub leftovers_total: u64,
     /// `REAPED` lines since the daemon started.
@@ -123,10 +214,47 @@ pub struct SessionsStatus {
     pub unclassified_total: u64,
     /// Roots refused at the cap on sessions, since start.
     pub roots_refused_total: u64,
+    /// How often each cap was reached since start (each said once by `WARN sessions_cap`).
+    pub caps: SessionCaps,
     /// The first sessions (at most 64), in the order they were opened.
     pub sessions: Vec<SessionStatus>,
     /// Sessions beyond the first 64.
     pub sessions_omitted: u64,
+}
+
+/// How often each cap of the sessions was reached since start (docs/configuration.md).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct SessionCaps {
+    /// Roots refused at the cap on sessions.
+    pub sessions: u64,
+    /// Forks left without lineage at the cap on one session's members.
+    pub members: u64,
+    /// Forks and execs left without lineage at the cap on the lineage's processes.
+    pub nodes: u64,
+    /// Execs left unclassified at the cap on pending ones.
+    pub pending_execs: u64,
+    /// Settled sessions whose leftovers could not stay listed.
+    pub reported: u64,
+    /// Ticks with more pending execs than one tick is handed.
+    pub candidates: u64,
+    /// Ticks whose byte budget for roots' command lines left candidates for the next tick.
+    pub command_bytes: u64,
+}
+
+impl SessionCaps {
+    /// Every cap with its count, by the name `WARN sessions_cap what=` gives it.
+    pub fn each(&self) -> [(&'static str, u64); 7] {
+        [
+            ("sessions", self.sessions),
+            ("members", self.members),
+            ("nodes", self.nodes),
+            ("pending_execs", self.pending_execs),
+            ("reported", self.reported),
+            ("candidates", self.candidates),
+            ("command_bytes", self.command_bytes),
+        ]
+    }
 }
 
 /// One root session.
@@ -146,7 +274,8 @@ pub struct SessionStatus {
     pub since: Option<f64>,
     /// The root's age while it lives.
     pub root_age_secs: Option<u64>,
-    /// `live`, `grace` (the root ended; leftovers are due at `due_at`) or `stopping`.
+    /// `live`, `grace` (the root ended; leftovers are due at `due_at`), `stopping`, or
+    /// `reported` (settled: its leftovers were reported, or left alive by the stop, and still run).
     pub stage: String,
     /// When the root ended (unix seconds; written `ended_at_unix`, `ended_at` in older files).
     #[serde(rename = "ended_at_unix", alias = "ended_at")]
@@ -328,6 +457,22 @@ pub fn read_trusted(
         Some(st) => Ok(st),
         None => read(path, who),
     }
+}
+
+/// The daemon's own copy alone (`guard-user tree` as root, docs/operations.md): never the file in
+/// the home, which the account can make say anything. Missing when no daemon running as root
+/// wrote one for this account and home, or another daemon holds the lock now.
+pub fn read_trusted_only(copy: &TrustedCopy) -> Result<Status, StatusReadError> {
+    use crate::safefs::{read_account_file, Follow, FsIdentity};
+    let root = FsIdentity { uid: 0, gid: 0 };
+    let holder = read_account_file(&copy.lock, root, 4096, Follow::NoLinks)?;
+    let holder: Option<u32> = std::str::from_utf8(&holder).ok().and_then(|t| t.lines().next()?.trim().parse().ok());
+    let st = read(&copy.status, root)?;
+    if Some(st.pid) != holder {
+        let path = copy.status.clone();
+        return Err(StatusReadError::Unreadable(crate::safefs::ReadError::NotFound { path }));
+    }
+    Ok(st)
 }
 
 /// Reads the status file as the account `who` (the commands reading it may run as root): never

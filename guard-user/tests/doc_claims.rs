@@ -109,7 +109,9 @@ fn status_without_a_status_file_says_what_operations_md_quotes() {
         .and_then(|rest| rest.split('`').next())
         .expect("docs/operations.md quotes status' message without a status file");
     let dir = tempfile::tempdir().unwrap();
-    let o = guard().args(["status", "--home"]).arg(dir.path()).output().unwrap();
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() }.to_string();
+    let o = guard().args(["status", "--user", &me, "--home"]).arg(dir.path()).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     let path = dir.path().join("guard-status.json");
     let want = quoted.replace("\n", " ").replace("<path>", &path.display().to_string());
@@ -142,7 +144,7 @@ fn a_bare_run_as_root_asks_for_an_account_instead_of_guarding_root() {
         let o = guard().args(args).arg("--home").arg(dir.path()).env_remove("SUDO_USER").output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
         let err = text(&o.stderr);
-        assert!(err.contains("no account to guard") && err.contains("--user"), "{args:?}: {err}");
+        assert!(err.contains("no account named") && err.contains("--user"), "{args:?}: {err}");
         assert!(!dir.path().join("guard-daemon.log").exists(), "{args:?}: the daemon started");
         // sudo by root (SUDO_USER=root) is root too.
         let o = guard().args(args).arg("--home").arg(dir.path()).env("SUDO_USER", "root").output().unwrap();
@@ -184,7 +186,7 @@ fn the_packaged_unit_is_what_the_binary_prints_and_names_the_man_pages() {
     let exe = install::escape::Executable::new(Path::new("/usr/bin/guard-user")).unwrap();
     assert_eq!(text(&o.stdout), install::unit_text(&exe));
     assert!(text(&o.stdout).contains("\nDocumentation=man:guard-user(8) man:guard-config.json(5)\n"));
-    assert!(text(&o.stdout).contains("\nExecStart=/usr/bin/guard-user run --user %i\n"));
+    assert!(text(&o.stdout).contains("\nExecStart=/usr/bin/guard-user run --user %i $GUARD_ARGS\n"));
     // A source install has no man page to point at (systemd-analyze verify would fail on it).
     let o = guard().args(["__unit", "--bin-dir", "/opt/bin"]).output().unwrap();
     assert!(!text(&o.stdout).contains("man:"), "{}", text(&o.stdout));
@@ -269,6 +271,185 @@ fn the_monitoring_examples_name_only_metrics_guard_writes() {
     for (file, name) in &used {
         assert!(written.contains(name), "{file} uses {name}, which guard-user does not write");
     }
+}
+
+/// The exit statuses the man pages render (guard-cli's table) are the binary's: each row is
+/// driven into being here where that is quick, or names the test that drives it (which must
+/// exist); docs/operations.md's table is the same table.
+#[guard_test]
+fn every_documented_exit_status_is_what_the_binary_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().to_str().unwrap();
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() }.to_string();
+    let run = |args: &[&str]| guard().args(args).env_remove("SUDO_USER").output().unwrap().status.code();
+    let mine = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--user", &me, "--home", home]);
+        run(&all)
+    };
+    fs::write(dir.path().join("ok.json"), "{}").unwrap();
+    fs::write(dir.path().join("bad.json"), r#"{"threshold": 0}"#).unwrap();
+    let ok = dir.path().join("ok.json");
+    let bad = dir.path().join("bad.json");
+    let mut driven: Vec<(&str, u8, Option<i32>)> = vec![
+        ("match", 0, run(&["match", "--pattern", "a", "--cmdline", "a"])),
+        ("match", 2, run(&["match", "--pattern", "(a", "--cmdline", "a"])),
+        ("explain", 1, mine(&["explain", "sleep"])),
+        ("status", 1, mine(&["status"])),
+        ("tree", 1, mine(&["tree"])),
+        ("validate", 0, mine(&["validate", ok.to_str().unwrap()])),
+        ("validate", 1, mine(&["validate", bad.to_str().unwrap()])),
+        ("holders", 0, mine(&["holders", home])),
+        ("*", 2, run(&["run", "--interval", "soon"])),
+    ];
+    fs::copy(&ok, dir.path().join("guard-config.json")).unwrap();
+    driven.push(("explain", 0, mine(&["explain", "sleep"])));
+    // Elsewhere, where a daemon, a unit or a pipe is needed: file and test.
+    let elsewhere: &[(&str, u8, &str, &str)] = &[
+        ("run", 0, "guard-user/tests/operator_output.rs", "fn a_closed_stderr_never_ends_the_daemon"),
+        ("run", 70, "tests/tests/supervise.rs", "fn a_hung_tick_warns_once_then_exits_70"),
+        ("run", 75, "tests/tests/supervise.rs", "fn a_second_daemon_for_the_same_account_and_home_exits_75"),
+        ("status", 0, "guard-user/tests/status_view.rs", "fn both_views_exit_one_when_the_status_is_stale"),
+        ("tree", 0, "guard-user/tests/json_schema.rs", "fn tree_json_has_exactly_the_documented_fields"),
+        ("holders", 1, "tests/tests/sessions.rs", "fn holders_lists_only_the_processes_inside_the_directory"),
+        ("check", 0, "tests/tests/install.rs", "fn check_reports_every_drift_and_install_brings_it_in_sync"),
+        ("check", 1, "tests/tests/install.rs", "fn check_reports_every_drift_and_install_brings_it_in_sync"),
+        ("install", 0, "tests/tests/install.rs", "fn check_reports_every_drift_and_install_brings_it_in_sync"),
+        (
+            "install",
+            1,
+            "tests/tests/install.rs",
+            "fn install_without_systemd_links_and_says_the_guard_is_not_scheduled",
+        ),
+        (
+            "uninstall",
+            0,
+            "tests/tests/install.rs",
+            "fn uninstall_removes_the_unit_and_binary_but_keeps_the_link_and_log",
+        ),
+        ("*", 141, "guard-user/tests/operator_output.rs", "fn a_reader_that_goes_away_ends_a_subcommand_quietly"),
+    ];
+    for row in guard_cli::EXIT_STATUSES {
+        let key = (row.command, row.code);
+        if let Some((_, _, got)) = driven.iter().find(|(c, code, _)| (*c, *code) == key) {
+            assert_eq!(*got, Some(i32::from(row.code)), "{} exits {:?}, documented {}", row.command, got, row.code);
+        } else {
+            let (_, _, file, test) = elsewhere
+                .iter()
+                .find(|(c, code, _, _)| (*c, *code) == key)
+                .unwrap_or_else(|| panic!("exit {} of {} is neither driven here nor named", row.code, row.command));
+            assert!(read(file).contains(test), "{file} has no `{test}` for exit {} of {}", row.code, row.command);
+        }
+    }
+    // docs/operations.md carries the same table, row for row.
+    let doc = read("docs/operations.md");
+    let table = doc.split("<!-- exit statuses: guard-cli/src/exit_status.rs -->\n").nth(1).expect("the marker");
+    let rows: Vec<String> = table.lines().skip(2).take_while(|l| l.starts_with('|')).map(str::to_string).collect();
+    let want: Vec<String> = guard_cli::EXIT_STATUSES
+        .iter()
+        .map(|r| {
+            let cmd = if r.command == "*" { "every command".to_string() } else { format!("`{}`", r.command) };
+            format!("| {cmd} | {} | {} |", r.code, r.meaning)
+        })
+        .collect();
+    assert_eq!(rows, want, "docs/operations.md's exit statuses differ from guard-cli's table");
+}
+
+/// guard-user(8)'s CONFIGURATION list (guard-cli's CONFIG_KEYS) is the parser's: the same keys
+/// in the same order, each with the parser's default.
+#[guard_test]
+fn the_main_man_page_lists_every_config_key_with_the_parsers_default() {
+    let keys: Vec<&str> = guard_cli::CONFIG_KEYS.iter().map(|k| k.key).collect();
+    assert_eq!(keys, config::KNOWN_KEYS);
+    let d = config::Config::defaults(Path::new("/h"));
+    let default = |key: &str| guard_cli::CONFIG_KEYS.iter().find(|k| k.key == key).unwrap().default;
+    assert_eq!(default("threshold"), d.threshold.to_string());
+    assert_eq!(default("timeout"), format!("\"{}h\"", d.timeout.as_secs() / 3600));
+    assert_eq!(default("logMaxSizeMB"), (d.log_max_bytes >> 20).to_string());
+    assert_eq!(default("stateFile"), format!("\"{}\"", config::DEFAULT_STATE_FILE));
+    assert_eq!(default("warnBefore"), format!("\"{}m\"", d.warn_before.as_secs() / 60));
+    assert_eq!(default("repeatAfter"), d.repeat_after.to_string());
+    let s = d.stall_watch.unwrap();
+    assert_eq!(
+        default("stallWatch"),
+        format!(r#"{{"peggedCpu": {}, "peggedFor": "{}m"}}"#, s.pegged_cpu, s.pegged_for.as_secs() / 60)
+    );
+    assert_eq!(default("sessions"), if d.sessions.is_none() { "off" } else { "on" });
+    for name in &d.excludes {
+        assert!(default("excludes").split([' ', ',']).any(|w| w == name), "the excludes default lacks {name}");
+    }
+    assert!(default("excludeCommands").contains(&format!("the {} ", d.exclude_commands.len())));
+}
+
+/// `/etc/default/guard-user` as the package ships it: GUARD_ARGS empty, and every flag its
+/// comments suggest is one `run` starts with.
+#[guard_test]
+fn the_packaged_defaults_file_is_valid_and_its_examples_are_flags_run_takes() {
+    use clap::Parser as _;
+    let text = read("packaging/debian/default");
+    assert_eq!(install::defaults::env_file_value(&text, "GUARD_ARGS").as_deref(), Some(""));
+    let examples: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("#   --")).map(|l| l.split("  ").next().unwrap().trim()).collect();
+    assert!(examples.len() >= 3, "{examples:?}");
+    for e in examples {
+        let mut argv = vec!["guard-user".to_string(), "run".into()];
+        argv.extend(install::defaults::split_words(&format!("--{e}")));
+        let cli = guard_cli::Cli::try_parse_from(&argv).unwrap_or_else(|err| panic!("--{e}: {err}"));
+        let Some(guard_cli::Command::Run(args)) = cli.command else { panic!("--{e}") };
+        guard::daemon::flags::run_flags(&args, "alice").unwrap_or_else(|err| panic!("--{e}: {err}"));
+    }
+}
+
+/// What docs/operations.md says `status --fleet` answers for a `rediss://` endpoint is what it
+/// answers.
+#[guard_test]
+fn a_tls_endpoint_is_refused_in_the_words_operations_md_quotes() {
+    let o = guard()
+        .args(["status", "--fleet"])
+        .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
+        .env("AGENTIHOOKS_SWARM_REDIS_URL", "rediss://127.0.0.1:1/0")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    let doc = read("docs/operations.md").replace('\n', " ");
+    let quoted = "is not usable: TLS (rediss://) is not supported; use redis:// on a trusted network or a unix socket";
+    assert!(doc.contains(quoted) && err.contains(quoted), "{err}");
+}
+
+/// README's Usage block shows every subcommand an operator has (`--help`'s list, hidden ones
+/// left out), and none it lacks.
+#[guard_test]
+fn the_readme_usage_shows_every_visible_subcommand() {
+    use clap::CommandFactory as _;
+    let readme = read("README.md");
+    let usage = readme.split("## Usage").nth(1).unwrap().split("```").nth(1).unwrap();
+    let shown: BTreeSet<&str> = usage
+        .lines()
+        .filter_map(|l| l.strip_prefix("guard-user "))
+        .flat_map(|rest| rest.split_whitespace().next())
+        .flat_map(|w| w.trim_matches(['[', ']']).split('|'))
+        .filter(|w| !w.starts_with('-'))
+        .collect();
+    let cli = guard_cli::Cli::command();
+    let visible: BTreeSet<&str> = cli.get_subcommands().filter(|s| !s.is_hide_set()).map(|s| s.get_name()).collect();
+    assert_eq!(shown, visible, "README's Usage against the subcommands of --help");
+}
+
+/// guard-config.json(5) names the keys the packaged config sets; the file sets exactly those.
+#[guard_test]
+fn the_config_man_page_says_which_keys_the_packaged_config_sets() {
+    let page = read("packaging/man/guard-config.json.5");
+    let claim = page.split("The default configuration shipped by the package: ").nth(1).expect("the FILES entry");
+    let claim = claim.split(" at their defaults").next().unwrap().replace('\n', " ");
+    let named: BTreeSet<String> =
+        claim.split([',', ' ']).filter(|w| !w.is_empty() && *w != "and").map(String::from).collect();
+    let shipped: serde_json::Value = serde_json::from_str(&read("config/guard-config.json")).unwrap();
+    let keys: BTreeSet<String> = shipped.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(named, keys);
+    let c = config::parse(read("config/guard-config.json").as_bytes(), Path::new("/h")).unwrap();
+    assert_eq!(c, config::Config::defaults(Path::new("/h")), "the packaged config is the defaults");
 }
 
 guard_test::main!();

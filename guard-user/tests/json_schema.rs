@@ -2,7 +2,8 @@
 //! values they take: `status --json` on statuses the whole daemon wrote while replaying recorded
 //! traces (piles, warnings, repeats, the stall watch, sessions), `explain --json` run by the
 //! binary on live processes and a real config, `tree --json` run by the binary on a replayed
-//! session lineage whose processes are made live ones. Nothing here lists a field by hand: the
+//! session lineage whose processes are made live ones, `holders --json` run by the binary on a
+//! live process (listed, read on a starved budget, stopped). Nothing here lists a field by hand: the
 //! fields come from the outputs, the expectations from the docs.
 mod replay_harness;
 
@@ -130,7 +131,57 @@ fn status_outputs() -> (Vec<Value>, Vec<guard::status::Status>) {
             statuses.push(s.clone());
         }
     }
+    // Slots live in the daemon's pump (a replay configures none): one status with a holder and
+    // a waiting tree, one from a host where they only report.
+    for unavailable in [None, Some("no_cgroup2".to_string())] {
+        let s = guard::status::Status { slots: Some(slots_status(1, 2, unavailable)), ..statuses[0].clone() };
+        let json = guard::cmd::status::render_json(&s, SystemTime::now());
+        outputs.push(serde_json::from_str(&json).unwrap());
+        statuses.push(s);
+    }
     (outputs, statuses)
+}
+
+/// A slot `build` held by the tree of `holder` and waited for by `waiter`'s (pid = start time).
+fn slots_status(holder: u32, waiter: u32, unavailable: Option<String>) -> guard::status::SlotsStatus {
+    use guard::status::{SlotStatus, SlotTree, SlotsStatus};
+    let tree = |pid: u32, start: u64| SlotTree {
+        pid,
+        start_ticks: start,
+        name: "cargo".into(),
+        since_unix: 1_700_000_000.0,
+        processes: 3,
+    };
+    SlotsStatus {
+        unavailable,
+        slots: vec![SlotStatus {
+            name: "build".into(),
+            max: 1,
+            max_wait_secs: 1800.0,
+            mode: "queue".into(),
+            holders: vec![tree(holder, start_ticks_or(holder))],
+            holders_count: 1,
+            waiting: vec![tree(waiter, start_ticks_or(waiter))],
+            waiting_count: 1,
+        }],
+        pending_execs: 0,
+        tracked: 6,
+        waits_total: 1,
+        timeouts_total: 0,
+        wait_seconds_total: 12.5,
+        not_held_total: 0,
+        unclassified_total: 0,
+        untracked_total: 0,
+        over_cap_total: 0,
+    }
+}
+
+/// A live process's start time, or the pid itself for one that is not (a made-up tree).
+fn start_ticks_or(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s[s.rfind(')')? + 2..].split(' ').nth(19)?.parse().ok())
+        .unwrap_or(u64::from(pid))
 }
 
 #[guard_test]
@@ -155,7 +206,9 @@ impl Drop for Probes {
 fn probe(dir: &Path, name: &str, args: &[&str]) -> Child {
     let exe = dir.join(name);
     if !exe.exists() {
-        std::fs::copy("/bin/sleep", &exe).unwrap();
+        // A link, not a copy: a copy still open for writing in this process when another test's
+        // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+        std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
     }
     let child = Command::new(&exe).args(args).spawn().unwrap();
     // Exec'd once /proc shows its own name and arguments (not the test's, as right after fork).
@@ -176,7 +229,7 @@ fn start_ticks(pid: u32) -> u64 {
 }
 
 fn user() -> String {
-    guard::account::Account::resolve(None).map(|a| a.name).unwrap_or_else(|_| "root".into())
+    guard::account::Account::resolve(None).map(|a| a.account.name).unwrap_or_else(|_| "root".into())
 }
 
 /// A home the account (the test's own user) can read, with `config` as its config.
@@ -217,7 +270,13 @@ fn explain_json_has_exactly_the_documented_fields() {
     std::fs::write(flagged.path().join("guard-daemon-state.json"), file).unwrap();
     outputs.push(run(&["explain", "gjsonprobe", "--json"], flagged.path()));
     let next = home(r#"{"threshold": 2, "timeout": "1h"}"#);
+    // The running guard's last status says the first probe holds a slot, the second waits.
+    let (first, second) = (_probes.0[0].id(), _probes.0[1].id());
+    let status = guard::status::Status { slots: Some(slots_status(first, second, None)), ..Default::default() };
+    std::fs::write(next.path().join("guard-status.json"), serde_json::to_vec(&status).unwrap()).unwrap();
     outputs.push(run(&["explain", "gjsonprobe", "--json"], next.path()));
+    let places: Vec<&Value> = outputs[1]["processes"].as_array().unwrap().iter().map(|p| &p["slot"]["state"]).collect();
+    assert!(places.contains(&&Value::from("holding")) && places.contains(&&Value::from("waiting")), "{:#}", outputs[1]);
     let excluded = home(r#"{"threshold": 2, "excludes": ["gjsonprobe"]}"#);
     outputs.push(run(&["explain", "gjsonprobe", "--json"], excluded.path()));
     let stages: Vec<&Value> = outputs.iter().map(|o| &o["enforcement"]).collect();
@@ -233,6 +292,35 @@ fn explain_json_has_exactly_the_documented_fields() {
     assert!(verdicts.contains(&(&"skip".into(), &"excluded_command".into())), "{:#}", outputs[0]);
     assert!(verdicts.contains(&(&"end".into(), &Value::Null)), "{:#}", outputs[0]);
     check("explain NAME --json", &outputs);
+}
+
+/// The status where `tree` reads it: the daemon's own copy (beside its instance lock in
+/// /run/guard-user/, both removed on drop) when this test runs as root, else the file in the home.
+struct TrustedCopy(Option<guard::status::TrustedCopy>);
+
+impl TrustedCopy {
+    fn write(uid: u32, home: &Path, s: &guard::status::Status) -> TrustedCopy {
+        let bytes = serde_json::to_vec(s).unwrap();
+        let Some(copy) = guard::daemon::instance::trusted_status(uid, home) else {
+            std::fs::write(home.join("guard-status.json"), bytes).unwrap();
+            return TrustedCopy(None);
+        };
+        std::fs::create_dir_all(copy.lock.parent().unwrap()).unwrap();
+        std::fs::write(&copy.lock, format!("{}\n{}\n", s.pid, home.display())).unwrap();
+        std::fs::write(&copy.status, bytes).unwrap();
+        // What the account writes in its home is never read by root's tree.
+        std::fs::write(home.join("guard-status.json"), b"{}").unwrap();
+        TrustedCopy(Some(copy))
+    }
+}
+
+impl Drop for TrustedCopy {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            let _ = std::fs::remove_file(&c.status);
+            let _ = std::fs::remove_file(&c.lock);
+        }
+    }
 }
 
 #[guard_test]
@@ -255,15 +343,77 @@ fn tree_json_has_exactly_the_documented_fields() {
         for p in &mut row.processes {
             (p.pid, p.start) = (kid, start_ticks(kid));
         }
-        (s.uid, s.last_tick) = (uid, now);
+        (s.uid, s.last_tick, s.pid) = (uid, now, std::process::id());
         let home = home("{}");
-        std::fs::write(home.path().join("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+        // Run as root, tree reads the daemon's own copy only: written where a root daemon writes
+        // it for this home (and removed after); otherwise the file in the home.
+        let _copy = TrustedCopy::write(uid, home.path(), &s);
         outputs.push(run(&["tree", "--json"], home.path()));
     }
     assert!(stages.contains("live") && stages.contains("grace"), "{stages:?}");
+    // Heavy-command slots: beside the sessions, and alone.
+    for sessions in [true, false] {
+        let mut s = guard::status::Status { uid, last_tick: now, ..Default::default() };
+        if sessions {
+            s.sessions = Some(guard::status::SessionsStatus { leftovers: "report".into(), ..Default::default() });
+        }
+        s.slots = Some(slots_status(root, kid, None));
+        let home = home("{}");
+        std::fs::write(home.path().join("guard-status.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+        let out = run(&["tree", "--json"], home.path());
+        assert_eq!(out["slots"]["slots"][0]["waiting"][0]["pid"], kid, "{out:#}");
+        outputs.push(out);
+    }
     let listed = outputs.iter().flat_map(|o| o["sessions"][0]["processes"].as_array().unwrap().clone());
     assert!(listed.clone().any(|p| p["pid"] == kid), "the live kid is listed: {outputs:#?}");
     check("tree --json", &outputs);
+}
+
+#[guard_test]
+fn holders_json_has_exactly_the_documented_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let exe = dir.path().join("gjsonhold");
+    // A link, not a copy: a copy still open for writing in this process when another test's
+    // child forks cannot be exec'd (ETXTBSY). The kernel names the process after the link.
+    std::os::unix::fs::symlink("/bin/sleep", &exe).unwrap();
+    let probes = Probes(vec![Command::new(&exe).arg("1000").current_dir(&work).spawn().unwrap()]);
+    let pid = probes.0[0].id();
+    let run = |args: &[&str], env: &[(&str, &str)]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_guard-user"))
+            .arg("holders")
+            .arg(&work)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let listed = |v: &Value| v["holders"].as_array().unwrap().iter().any(|r| r["pid"] == pid);
+    let mut outputs = Vec::new();
+    // Until the probe has started in the directory (seconds, on a loaded machine).
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < until {
+        let v = run(&["--json"], &[]);
+        if listed(&v) {
+            outputs.push(v);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!outputs.is_empty(), "the probe never showed as a holder");
+    // A read budget of nothing (a debug build's fault hook): every other process of the account
+    // is unread, the probe is found by its working directory and read in part.
+    let starved = run(&["--json", "--user", &user()], &[("GUARD_FAULT", "holders_budget:0")]);
+    assert!(!starved["unread"].as_array().unwrap().is_empty(), "{starved:#}");
+    outputs.push(starved);
+    let stopped = run(&["--json", "--user", &user(), "--stop"], &[]);
+    assert!(stopped["holders"].as_array().unwrap().iter().any(|r| r["pid"] == pid && r["outcome"] == "stopped"));
+    outputs.push(stopped);
+    check("holders --json", &outputs);
 }
 
 guard_test::main!();

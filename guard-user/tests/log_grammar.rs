@@ -26,6 +26,9 @@ use guard_test::{guard_test, rng::Rng};
 struct Line {
     event: String,
     fields: Vec<(String, Vec<u8>)>,
+    /// The keys whose value was written in double quotes (a config value that is a string
+    /// where another type belongs always is: `value="30"`, never `value=30`).
+    quoted: Vec<String>,
 }
 
 fn hex(c: u8) -> Result<u8, String> {
@@ -69,11 +72,12 @@ fn parse(line: &str) -> Result<Line, String> {
         }
         words.push(word.to_string());
         if end == rest.len() {
-            return Ok(Line { event: words.join(" "), fields: Vec::new() });
+            return Ok(Line { event: words.join(" "), fields: Vec::new(), quoted: Vec::new() });
         }
         i = end + 1;
     }
     let mut fields = Vec::new();
+    let mut quoted_keys = Vec::new();
     while i < r.len() {
         let eq = rest[i..].find('=').ok_or("a key without =")? + i;
         let key = &rest[i..eq];
@@ -127,6 +131,9 @@ fn parse(line: &str) -> Result<Line, String> {
         if !quoted && value.is_empty() {
             return Err(format!("empty bare value for {key}"));
         }
+        if quoted {
+            quoted_keys.push(key.to_string());
+        }
         fields.push((key.to_string(), value));
         match r.get(i) {
             None => break,
@@ -141,7 +148,7 @@ fn parse(line: &str) -> Result<Line, String> {
     if line.contains(['\u{85}', '\u{2028}', '\u{2029}', '\u{202e}']) {
         return Err("an unescaped line separator or bidi control".into());
     }
-    Ok(Line { event: words.join(" "), fields })
+    Ok(Line { event: words.join(" "), fields, quoted: quoted_keys })
 }
 
 /// Hostile values, as bytes.
@@ -261,12 +268,16 @@ fn one_of_each(name: Comm) -> Vec<LogLine> {
         LogLine::Recovered { pid: 9, name, after_secs: 60 },
         LogLine::Leftover { pid: 9, name, root: 2, age_secs: 30 },
         LogLine::Reaped { root: 2, name, count: 1, survivors: 0 },
+        LogLine::SlotWait { slot: "build".into(), pid: 9, name, position: 2, mode: "queue" },
+        LogLine::SlotStart { slot: "build".into(), pid: 9, waited_secs: 61, reason: "turn" },
+        LogLine::SlotTimeout { slot: "build".into(), pid: 9, waited_secs: 1800 },
         LogLine::Started { version: "0.1.0", backend: "ebpf", user: "a b=c".into(), dry_run: true, pid: 1 },
         LogLine::Stopped(StopReason::Hang),
         LogLine::Reload,
         LogLine::Resync { reason: ResyncReason::LostEvents, lost: 3 },
         LogLine::TickComplete { flagged: 1, kills: 1, errors: 0 },
         LogLine::Warn(Notice::new("redis_unreachable").with("endpoint", "redis://h:6379/0")),
+        LogLine::Warn(Notice::new("sessions_cap").with("what", "sessions").with("limit", 1024usize)),
         LogLine::Error(Notice::new("state_unwritable").with("path", "/home/u/my state.json")),
     ]
 }
@@ -276,7 +287,7 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
     let name = Comm::new(b"x KILLED pid=1\n");
     let lines = one_of_each(name);
     let parsed = written(&lines);
-    let expect: [(&str, &[&str]); 20] = [
+    let expect: [(&str, &[&str]); 24] = [
         ("FLAGGED", &["name", "count", "first_flagged"]),
         ("FLAGGED", &["name", "count", "first_flagged"]),
         ("UNFLAGGED", &["name", "count", "flagged_for", "reason"]),
@@ -290,12 +301,16 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
         ("RECOVERED", &["pid", "name", "after"]),
         ("LEFTOVER", &["pid", "name", "root", "age"]),
         ("REAPED", &["root", "name", "count", "survivors"]),
+        ("SLOT_WAIT", &["slot", "pid", "name", "position", "mode"]),
+        ("SLOT_START", &["slot", "pid", "waited", "reason"]),
+        ("SLOT_TIMEOUT", &["slot", "pid", "waited"]),
         ("STARTED", &["version", "backend", "user", "dry_run", "pid"]),
         ("STOPPED", &["reason"]),
         ("RELOAD", &["reason"]),
         ("RESYNC", &["reason", "lost"]),
         ("TICK_COMPLETE", &["flagged", "kills", "errors"]),
         ("WARN redis_unreachable", &["endpoint"]),
+        ("WARN sessions_cap", &["what", "limit"]),
         ("ERROR state_unwritable", &["path"]),
     ];
     for ((line, p), (typed, (event, keys))) in parsed.iter().zip(lines.iter().zip(expect)) {
@@ -313,8 +328,12 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
     assert_eq!(bodies[3], r#"WARNING name="x KILLED pid=1\n" count=4 due_in=2m ends=3 skips=1"#);
     assert_eq!(bodies[4], r#"KILLED pid=9 name="x KILLED pid=1\n" reason=ghost_detected count=4 elapsed=0.0h"#);
     assert_eq!(bodies[9], r#"PEGGED pid=9 name="x KILLED pid=1\n" cpu=1.00 for=300s"#);
-    assert_eq!(bodies[13], r#"STARTED version=0.1.0 backend=ebpf user="a b=c" dry_run=1 pid=1"#);
-    assert_eq!(bodies[19], r#"ERROR state_unwritable path="/home/u/my state.json""#);
+    assert_eq!(bodies[13], r#"SLOT_WAIT slot=build pid=9 name="x KILLED pid=1\n" position=2 mode=queue"#);
+    assert_eq!(bodies[14], "SLOT_START slot=build pid=9 waited=61s reason=turn");
+    assert_eq!(bodies[15], "SLOT_TIMEOUT slot=build pid=9 waited=1800s");
+    assert_eq!(bodies[16], r#"STARTED version=0.1.0 backend=ebpf user="a b=c" dry_run=1 pid=1"#);
+    assert_eq!(bodies[22], "WARN sessions_cap what=sessions limit=1024");
+    assert_eq!(bodies[23], r#"ERROR state_unwritable path="/home/u/my state.json""#);
 }
 
 #[guard_test]
@@ -324,6 +343,8 @@ fn docs_log_md_names_every_kind_of_line() {
         let word = line.kind().word();
         assert!(doc.contains(&format!("{word} ")), "docs/log.md never shows a {word} line");
     }
+    // Each WARN has its own heading, with its keys.
+    assert!(doc.contains("#### `WARN sessions_cap what=<cap> limit=<n>`"), "docs/log.md has no WARN sessions_cap");
 }
 
 #[guard_test]
@@ -403,10 +424,10 @@ fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_
     let huge = "x\n\u{1b}[2J ".repeat(300_000);
     let deep = format!("{}{}", "[".repeat(120), "]".repeat(120));
     let cases: Vec<(String, &str, Vec<u8>)> = vec![
-        // (config, the line's event words, the value as read back)
-        (r#"{"threshold": "30"}"#.into(), "ERROR config_malformed threshold", br#""30""#.to_vec()),
+        // (config, the line's event words, the value as read back; a string's is its text, quoted)
+        (r#"{"threshold": "30"}"#.into(), "ERROR config_malformed threshold", b"30".to_vec()),
         (r#"{"excludes": 30}"#.into(), "ERROR config_malformed excludes", b"30".to_vec()),
-        (r#"{"excludes": "30"}"#.into(), "ERROR config_malformed excludes", br#""30""#.to_vec()),
+        (r#"{"excludes": "30"}"#.into(), "ERROR config_malformed excludes", b"30".to_vec()),
         (r#"{"threshold": true}"#.into(), "ERROR config_malformed threshold", b"true".to_vec()),
         (r#"{"threshold": null}"#.into(), "ERROR config_malformed threshold", b"null".to_vec()),
         (r#"{"threshold": [30]}"#.into(), "ERROR config_malformed threshold", b"[30]".to_vec()),
@@ -414,13 +435,13 @@ fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_
         (
             r#"{"stallWatch": "a=b KILLED pid=1"}"#.into(),
             "ERROR config_malformed stallWatch",
-            br#""a=b KILLED pid=1""#.to_vec(),
+            b"a=b KILLED pid=1".to_vec(),
         ),
-        // Cut (below): the JSON's start, then the mark of the cut.
+        // Cut (below): the text's start, then the mark of the cut.
         (
             format!(r#"{{"threshold": {}}}"#, serde_json::to_string(&huge).unwrap()),
             "ERROR config_malformed threshold",
-            serde_json::to_string(&huge).unwrap().into_bytes(),
+            huge.clone().into_bytes(),
         ),
         (format!(r#"{{"threshold": {deep}}}"#), "ERROR config_malformed threshold", deep.clone().into_bytes()),
     ];
@@ -446,8 +467,11 @@ fn a_config_value_of_the_wrong_type_is_logged_as_its_json_with_validates_reason_
         assert_eq!(field(line, "reason"), problem.what.as_bytes(), "{shown}");
         assert_eq!(field(line, "fix"), problem.fix.as_bytes(), "{shown}");
     }
-    // The string "30" and the number 30 never read the same.
-    assert_ne!(field(&lines[1], "value"), field(&lines[2], "value"));
+    // The string "30" and the number 30 never read the same: the string's text is quoted
+    // (docs/log.md: `value="30"`), the number is bare.
+    let string = |l: &Line| l.quoted.iter().any(|k| k == "value");
+    assert!(string(&lines[0]) && string(&lines[2]) && !string(&lines[1]), "{lines:?}");
+    assert_eq!(field(&lines[1], "value"), field(&lines[2], "value"));
     assert_eq!(field(&lines[0], "reason"), br#""30" is a string"#);
 }
 
@@ -499,6 +523,46 @@ async fn the_mirror_s_warnings_escape_the_endpoint() {
         assert!(!line.contains("secret"), "{line}");
         drop(mirror);
     }
+}
+
+/// docs/log.md's journal table says which `<N>` each line gets; every kind of line the daemon
+/// writes (every `STOPPED` and `RESYNC` reason too) is in the row of the priority the daemon
+/// gives it (`Line::priority`), and the table names nothing the daemon does not write.
+#[guard_test]
+fn the_journal_priority_table_is_what_the_daemon_writes() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log.md")).unwrap();
+    let table = doc.split("## The journal").nth(1).expect("docs/log.md has a journal section");
+    // `| `<5>` notice | `KILLED`, `STOPPED reason=signal`, … |` → (5, ["KILLED", "STOPPED reason=signal", …])
+    let rows: Vec<(u8, Vec<String>)> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("| priority"))
+        .skip(2)
+        .take_while(|l| l.starts_with("| `<"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let n = cells[1].trim_start_matches("`<").chars().next().unwrap().to_digit(10).unwrap() as u8;
+            (n, cells[2].split(", ").map(|i| i.trim_matches('`').to_string()).collect())
+        })
+        .collect();
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [3, 4, 5, 6], "{rows:?}");
+    let mut lines = one_of_each(Comm::new(b"x"));
+    lines.extend([StopReason::Signal, StopReason::Error].map(LogLine::Stopped));
+    lines.extend([ResyncReason::Startup, ResyncReason::Drift].map(|reason| LogLine::Resync { reason, lost: 0 }));
+    let mut used = std::collections::BTreeSet::new();
+    for line in &lines {
+        let body = line.body();
+        // The most specific item this line starts with: `STOPPED reason=hang` before `STOPPED`.
+        let item = rows
+            .iter()
+            .flat_map(|(n, items)| items.iter().map(move |i| (*n, i)))
+            .filter(|(_, i)| body == **i || body.starts_with(&format!("{i} ")))
+            .max_by_key(|(_, i)| i.len());
+        let (n, item) = item.unwrap_or_else(|| panic!("{body}: in no row of docs/log.md's journal table"));
+        assert_eq!(n, line.priority(), "{body}: docs/log.md puts {item} under <{n}>");
+        used.insert(item.clone());
+    }
+    let all: std::collections::BTreeSet<String> = rows.into_iter().flat_map(|(_, i)| i).collect();
+    assert_eq!(all, used, "items of the table no line of the daemon is");
 }
 
 guard_test::main!();

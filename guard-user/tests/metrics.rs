@@ -52,7 +52,8 @@ fn tick() -> Tick {
             names: vec![NameStatus { warned: true, ..flagged(b"sleep", last_tick, 120.0, 3480.0) }],
             config_error: None,
             ticks: 61,
-            kills: 3,
+            kills: 5,
+            kills_by_reason: guard::status::KillsByReason { ghost_detected: 3, leftover: 2 },
             lost_events: 0,
             resyncs: 1,
             events: 98_765,
@@ -112,7 +113,7 @@ guard_timeout_seconds{user="alice"} 3600
 # HELP guard_tracked_processes Live processes of the guarded account.
 # TYPE guard_tracked_processes gauge
 guard_tracked_processes{user="alice"} 45
-# HELP guard_machine_processes Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included.
+# HELP guard_machine_processes Processes on the machine as ps -e counts them: every user's, kernel threads and zombies included; every guard of a host writes the same value, so aggregate with max by (instance), never sum.
 # TYPE guard_machine_processes gauge
 guard_machine_processes{user="alice"} 412
 # HELP guard_names Distinct names among the guarded account's live processes.
@@ -135,15 +136,16 @@ guard_repeat_offenders{user="alice"} 0
 # HELP guard_pegged_processes Processes of the account pegged at peggedCpu for peggedFor (PEGGED; report only).
 # TYPE guard_pegged_processes gauge
 guard_pegged_processes{user="alice"} 2
-# HELP guard_flagged_age_seconds Seconds since the name was flagged.
-# TYPE guard_flagged_age_seconds gauge
-guard_flagged_age_seconds{user="alice",name="sleep"} 120
-# HELP guard_flagged_time_left_seconds Seconds before the flagged name's processes are ended.
-# TYPE guard_flagged_time_left_seconds gauge
-guard_flagged_time_left_seconds{user="alice",name="sleep"} 3480
-# HELP guard_kills_total Processes ended (KILLED lines).
+# HELP guard_flagged_since_timestamp_seconds When the name was flagged, unix seconds.
+# TYPE guard_flagged_since_timestamp_seconds gauge
+guard_flagged_since_timestamp_seconds{user="alice",name="sleep"} 1700003480.5
+# HELP guard_flagged_due_timestamp_seconds When the flagged name's processes are due to be ended, unix seconds.
+# TYPE guard_flagged_due_timestamp_seconds gauge
+guard_flagged_due_timestamp_seconds{user="alice",name="sleep"} 1700007080.5
+# HELP guard_kills_total Processes ended, by reason: ghost_detected (KILLED lines), leftover (leftovers of ended sessions).
 # TYPE guard_kills_total counter
-guard_kills_total{user="alice"} 3
+guard_kills_total{user="alice",reason="ghost_detected"} 3
+guard_kills_total{user="alice",reason="leftover"} 2
 # HELP guard_dry_runs_total Processes a dry run would have ended (DRY_RUN lines).
 # TYPE guard_dry_runs_total counter
 guard_dry_runs_total{user="alice"} 0
@@ -309,7 +311,7 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
     // The PATH's python3 first, else Debian's (`python3-prometheus-client` installs for
     // /usr/bin/python3, which a pyenv or venv on PATH does not see).
     let python = guard_test::need::prometheus_python().expect("the need says there is one");
-    for m in [tick(), hostile_tick()] {
+    for m in [tick(), hostile_tick(), slots_tick()] {
         let text = render_tick(&m);
         let parsed = parse_with_prometheus_client(python, &text);
         // Families: every TYPE line's metric, with its HELP, read back under its name (the client
@@ -340,14 +342,47 @@ fn a_real_prometheus_parser_reads_back_every_family_sample_and_label() {
         let got: Vec<(String, f64)> = top.iter().map(|(_, l, v)| (l["name"].clone(), *v)).collect();
         assert_eq!(got, expected);
         let flagged: BTreeSet<String> =
-            parsed["guard_flagged_age_seconds"].2.iter().map(|(_, l, _)| l["name"].clone()).collect();
+            parsed["guard_flagged_since_timestamp_seconds"].2.iter().map(|(_, l, _)| l["name"].clone()).collect();
         let want: BTreeSet<String> =
             m.status.names.iter().filter(|n| n.flagged_since.is_some()).map(|n| n.name.clone()).collect();
         assert_eq!(flagged, want);
         assert_eq!(parsed["guard_build_info"].2[0].1["version"], escape_for_terminal(m.status.version.as_bytes()));
         assert_eq!(parsed["guard_events"].2[0].2, m.status.events as f64);
         assert_eq!(parsed["guard_last_tick_timestamp_seconds"].2[0].2, m.status.last_tick);
+        if let Some(x) = &m.status.slots {
+            for (family, build, unit) in
+                [("guard_slot_holders", 2.0, 0.0), ("guard_slot_waiting", 3.0, 1.0), ("guard_slot_max", 2.0, 0.0)]
+            {
+                let got: Vec<(String, f64)> =
+                    parsed[family].2.iter().map(|(_, l, v)| (l["slot"].clone(), *v)).collect();
+                assert_eq!(got, [("build".to_string(), build), ("test.unit".to_string(), unit)], "{family}");
+            }
+            assert_eq!(parsed["guard_slot_wait_seconds"].2[0].2, x.wait_seconds_total);
+            assert_eq!(parsed["guard_slots_available"].2[0].2, 1.0);
+        }
     }
+}
+
+/// A tick with two slots: `build` (max 2) held by two trees with three waiting, `test.unit`
+/// with one waiting (a max of 0 cannot be configured; the renderer writes what it is given).
+fn slots_tick() -> Tick {
+    use guard::status::{SlotStatus, SlotsStatus};
+    let mut t = tick();
+    let slot = |name: &str, max: u32, holders: u64, waiting: u64| SlotStatus {
+        name: name.into(),
+        max,
+        mode: "queue".into(),
+        holders_count: holders,
+        waiting_count: waiting,
+        ..Default::default()
+    };
+    t.status.slots = Some(SlotsStatus {
+        slots: vec![slot("build", 2, 2, 3), slot("test.unit", 0, 0, 1)],
+        waits_total: 7,
+        wait_seconds_total: 93.5,
+        ..Default::default()
+    });
+    t
 }
 
 guard_test::main!();

@@ -22,11 +22,13 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         flagged: vec!["sleep".into()],
         flagged_omitted: 0,
         kills: 3,
+        kills_by_reason: guard::status::KillsByReason { ghost_detected: 3, leftover: 0 },
         lost_events: 1,
         resyncs: 2,
         interval_secs: 60,
         config_error: None,
         sessions: None,
+        slots: None,
     }
 }
 
@@ -154,7 +156,8 @@ fn a_hostile_heartbeat_is_one_row_of_the_fleet_table() {
 fn a_guard_whose_config_is_invalid_is_an_unhealthy_row_with_the_reason() {
     let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
     let ok = heartbeat("alice", 1);
-    let reason = r#"config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#;
+    let reason =
+        r#"config_malformed threshold value="30" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#;
     let broken = Heartbeat { config_error: Some(reason.into()), ..heartbeat("bob", 2) };
     let stale = Heartbeat { last_tick: 1_000_000 - 121, ..heartbeat("carol", 3) };
     assert_eq!(fleet_exit_code(std::slice::from_ref(&ok), now, None), std::process::ExitCode::SUCCESS);

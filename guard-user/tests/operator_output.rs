@@ -103,6 +103,29 @@ fn validate_refuses_patterns_that_match_every_command_line_and_passes_ones_that_
     }
 }
 
+#[guard_test]
+fn validate_names_a_slot_pattern_bash_refuses_or_one_that_matches_every_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = validate(
+        dir.path(),
+        r#"{"slots": {"build": {"commands": ["(^|/)cargo build( |$)", "(unclosed"], "max": 2},
+                      "test": {"commands": ["."], "max": 1, "mode": "queue"}}}"#,
+    );
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let lines = stdout_lines(&o);
+    assert!(
+        lines[0].starts_with(r#"slots.build.commands[1]: "(unclosed" is not a valid bash extended regex"#),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].starts_with(r#"slots.test.commands[0]: "." matches every command line, so every command"#),
+        "{lines:?}"
+    );
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let o = validate(dir.path(), r#"{"slots": {"build": {"commands": ["(^|/)cargo build( |$)"], "max": 2}}}"#);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
+
 /// The daemon under "systemd": stdout is a pipe that `JOURNAL_STREAM` names. Its echoed lines
 /// carry `<N>`; the log file's lines do not. Runs as root for the `nobody` account, in dry run
 /// with an unreachable threshold, so it ends nothing.
@@ -152,6 +175,175 @@ fn the_journal_gets_syslog_priorities_and_the_log_file_does_not() {
         r#" ERROR config_malformed threshold value=0 reason="0 is below 1" fix="write a whole number >= 1, e.g. 30""#;
     assert!(log.contains(&format!("{error}\n")), "{log}");
     assert!(log.lines().all(|l| l.as_bytes()[0].is_ascii_digit()), "{log}");
+}
+
+/// A pipe whose reader is already gone: every write to it fails with EPIPE.
+fn closed_pipe() -> std::io::PipeWriter {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    writer
+}
+
+/// `guard-user explain X | head`: a reader that goes away ends a subcommand quietly, with the
+/// status a C tool killed by SIGPIPE has (141), never a panic (101) or `Broken pipe` on stderr.
+#[guard_test]
+fn a_reader_that_goes_away_ends_a_subcommand_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("guard-config.json"), "{}").unwrap();
+    fs::write(dir.path().join("bad.json"), r#"{"threshold": "30", "timeout": 0.5}"#).unwrap();
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() }.to_string();
+    let home = dir.path().to_str().unwrap();
+    let bad = dir.path().join("bad.json");
+    let cases: &[&[&str]] = &[
+        &["explain", "--user", &me, "--home", home, "sleep"],
+        &["validate", "--user", &me, "--home", home, bad.to_str().unwrap()],
+        &["match", "--pattern", "x", "--cmdline", "a", "--cmdline", "x"],
+        &["match", "--user", &me, "--pattern", "."],
+    ];
+    for args in cases {
+        let o = guard().args(*args).stdout(closed_pipe()).output().unwrap();
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {o:?}");
+        assert!(o.stderr.is_empty(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// A daemon that cannot write its log (here: a home the account cannot write) with stderr a
+/// closed pipe keeps guarding and stops cleanly on SIGTERM: the complaint goes through the
+/// diagnostics, which never panic on a closed stream (it used to exit 101 on the first line).
+#[guard_test(needs = [root])]
+fn a_closed_stderr_never_ends_the_daemon() {
+    // Root's 0700 directory: nobody can neither write its log there nor read its config.
+    let home = tempfile::Builder::new().prefix("guard-closed-").tempdir_in("/tmp").unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut child = guard()
+        .args(["run", "--user", "nobody", "--backend", "procfs", "--interval", "1s", "--dry-run", "--home"])
+        .arg(home.path())
+        .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
+        .env("AGENTIHOOKS_SWARM_REDIS_URL", "redis://127.0.0.1:1/0")
+        .stdout(writer)
+        .stderr(closed_pipe())
+        .spawn()
+        .unwrap();
+    // Two ticks reach stdout, each after a log line that could not be written.
+    let mut out = BufReader::new(reader);
+    let mut ticks = 0;
+    let end = Instant::now() + Duration::from_secs(60);
+    while ticks < 2 && Instant::now() < end {
+        let mut l = String::new();
+        if out.read_line(&mut l).unwrap() == 0 {
+            break;
+        }
+        ticks += usize::from(l.contains("TICK_COMPLETE"));
+    }
+    assert_eq!(ticks, 2, "the daemon stopped ticking: {:?}", child.try_wait());
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// Under systemd stdout and stderr are one journal stream: every line the daemon writes there,
+/// log lines and diagnostics alike, starts with its `<N>` priority, so no entry is left without
+/// one (a BPF error used to span three lines), and nothing tells root it "needs root".
+#[guard_test(needs = [root])]
+fn every_line_on_the_journal_stream_carries_a_priority() {
+    let home = tempfile::Builder::new().prefix("guard-journal-").tempdir_in("/tmp").unwrap();
+    chown(home.path(), Some(65534), Some(65534)).unwrap();
+    fs::write(home.path().join("guard-config.json"), r#"{"threshold": 4000000}"#).unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::fstat(writer.as_raw_fd(), &mut st) }, 0);
+    // The default backend: BPF where it loads, with whatever it has to say about it.
+    let mut child = guard()
+        .args(["run", "--user", "nobody", "--interval", "1s", "--dry-run", "--home"])
+        .arg(home.path())
+        .env("JOURNAL_STREAM", format!("{}:{}", st.st_dev, st.st_ino))
+        .env_remove("GUARD_LOG")
+        .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
+        .env("AGENTIHOOKS_SWARM_REDIS_URL", "redis://127.0.0.1:1/0")
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    let mut out = BufReader::new(reader);
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end && !lines.iter().any(|l: &String| l.contains("TICK_COMPLETE")) {
+        let mut l = String::new();
+        if out.read_line(&mut l).unwrap() == 0 {
+            break;
+        }
+        lines.push(l.trim_end().to_string());
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    lines.extend(rest.lines().map(str::to_string));
+    child.wait().unwrap();
+    assert!(lines.iter().any(|l| l.contains("TICK_COMPLETE")), "{lines:#?}");
+    let priority = |l: &str| l.len() > 3 && l.starts_with('<') && l.as_bytes()[1].is_ascii_digit() && &l[2..3] == ">";
+    assert!(lines.iter().all(|l| priority(l)), "{lines:#?}");
+    assert!(lines.iter().all(|l| !l.contains("needs root")), "{lines:#?}");
+}
+
+/// What the daemon would take silently, `validate` names: a key written twice (with both
+/// lines: the daemon uses the last), another regex dialect's syntax (what bash reads instead),
+/// a stateFile the unit cannot write; and a costly pattern hides no invalid one behind it.
+#[guard_test]
+fn validate_names_what_the_daemon_would_take_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = validate(dir.path(), "{\n  \"threshold\": 5,\n  \"timeout\": \"1h\",\n  \"threshold\": 50\n}\n");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert_eq!(
+        stdout_lines(&o)[0],
+        "threshold: is written 2 times (lines 2 and 4); the daemon uses the last one; keep only the one you mean"
+    );
+
+    let json =
+        r#"{"excludeCommands": ["((a{1,255}){1,255}){1,255}", "(a", "\\d+ --port \\d", "[\\w-]+", "x.*?y", "ok"]}"#;
+    let o = validate(dir.path(), json);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let lines = stdout_lines(&o);
+    let at = |key: &str| lines.iter().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("{key}: {lines:#?}"));
+    assert!(at("excludeCommands[0]: is too costly").contains("regex nodes"));
+    assert!(at("excludeCommands[1]: ").contains("is not a valid bash extended regex"), "hidden behind [0]");
+    assert!(at("excludeCommands[2]: ").contains("bash reads `\\d` as the letter d (write [0-9] for a digit)"));
+    assert!(at("excludeCommands[3]: ").contains("bash reads `[\\w-]` as two characters"));
+    // Lazy `*?` matches the same command lines in bash: a warning only.
+    assert!(at("warning: excludeCommands[4]: ").contains("bash reads `*?` as a repetition made optional"));
+    assert!(!lines.iter().any(|l| l.contains("excludeCommands[5]")), "{lines:#?}");
+    assert!(lines.last().unwrap().ends_with("c.json is invalid: 4 problems"), "{lines:#?}");
+
+    let o = validate(dir.path(), r#"{"excludeCommands": ["(?i)claude"]}"#);
+    assert!(stdout_lines(&o)[0].contains("for (?i) write each letter as [Aa]"), "{o:?}");
+
+    for (state, outside) in [
+        ("/var/lib/guard/state.json", true),
+        ("~/../other/state.json", true),
+        ("~/s/state.json", false),
+        ("state.json", false),
+    ] {
+        let o = validate(dir.path(), &format!(r#"{{"stateFile": {state:?}}}"#));
+        let lines = stdout_lines(&o);
+        assert_eq!(o.status.code(), Some(if outside { 1 } else { 0 }), "{state}: {lines:?}");
+        assert_eq!(lines[0].starts_with("stateFile: ") && lines[0].contains("state_unwritable"), outside, "{lines:?}");
+    }
+}
+
+/// `match --pattern` speaks of the pattern it was given, not of a config list it never read.
+#[guard_test]
+fn match_names_its_own_pattern_and_what_bash_reads() {
+    let o = guard().args(["match", "--pattern", "(?i)claude", "--cmdline", "claude"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(err.starts_with("guard-user match: --pattern \"(?i)claude\" is not a valid bash extended regex"), "{err}");
+    assert!(!err.contains("excludeCommands"), "{err}");
+    let o = guard().args(["match", "--pattern", "((a{1,255}){1,255}){1,255}", "--cmdline", "a"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("excludeCommands"), "{o:?}");
+    // Valid but another dialect's: answered as bash reads it, with a note on stderr.
+    let o = guard().args(["match", "--pattern", "^\\d$", "--cmdline", "d", "--cmdline", "5"]).output().unwrap();
+    assert_eq!((o.status.code(), stdout_lines(&o)), (Some(0), vec!["match".to_string(), "other".into()]));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bash reads `\\d` as the letter d"), "{o:?}");
 }
 
 guard_test::main!();

@@ -395,4 +395,55 @@ fn every_verdict_through_the_bounded_matcher_equals_bash() {
     );
 }
 
+/// Every hint `validate` and `match` give about another dialect's syntax (`pattern::habits`) is
+/// true of bash: each example verdict, each pattern called invalid, each GNU operator called
+/// honoured; and each example's construct is found (or, for a fix, not found) by the scanner.
+#[guard_test]
+fn every_hint_about_another_dialect_is_true_of_bash() {
+    use guard::pattern::habits::{self, Kind};
+    let mut kinds: Vec<&Kind> = habits::LETTERS.iter().map(|(_, k)| k).collect();
+    kinds.extend([
+        &habits::OTHER_LETTER,
+        &habits::BRACKET_ESCAPE,
+        &habits::LAZY_OPTIONAL,
+        &habits::LAZY_SAME,
+        &habits::POSSESSIVE,
+        &habits::GROUP_SYNTAX,
+    ]);
+    let mut cases = Vec::new();
+    let mut expected = Vec::new();
+    for kind in &kinds {
+        for (pattern, text, matches) in kind.examples {
+            cases.push(Case { pattern: pattern.to_string(), text: text.as_bytes().to_vec() });
+            expected.push(if *matches { Verdict::Match } else { Verdict::Other });
+        }
+    }
+    for p in habits::INVALID_EXAMPLES {
+        assert!(!habits::habits(p).is_empty(), "{p}: no hint for a pattern bash refuses");
+        cases.push(Case { pattern: p.to_string(), text: b"abc".to_vec() });
+        expected.push(Verdict::Invalid);
+    }
+    for (p, text, matches) in habits::HONOURED {
+        assert!(habits::habits(p).is_empty(), "{p} is honoured by bash, yet hinted at");
+        cases.push(Case { pattern: p.to_string(), text: text.as_bytes().to_vec() });
+        expected.push(if *matches { Verdict::Match } else { Verdict::Other });
+    }
+    // Every letter bash does not honour reads as itself, as OTHER_LETTER says.
+    for c in ('a'..='z').chain('A'..='Z').filter(|c| !"wWsSbB".contains(*c)) {
+        assert!(!habits::habits(&format!("\\{c}")).is_empty(), "\\{c}: no hint");
+        cases.push(Case { pattern: format!("\\{c}"), text: c.to_string().into_bytes() });
+        expected.push(Verdict::Match);
+    }
+    let bash = bash_verdicts(&cases).expect("bash, the oracle");
+    let wrong: Vec<String> = cases
+        .iter()
+        .zip(bash.iter().zip(&expected))
+        .filter(|(_, (b, e))| b != e)
+        .map(|(c, (b, e))| {
+            format!("{:?} on {:?}: bash {b:?}, the hint says {e:?}", c.pattern, String::from_utf8_lossy(&c.text))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
 guard_test::main!();

@@ -49,11 +49,13 @@ fn heartbeat(user: &str, pid: u32) -> Heartbeat {
         flagged: vec!["sleep".into()],
         flagged_omitted: 0,
         kills: 3,
+        kills_by_reason: guard::status::KillsByReason { ghost_detected: 3, leftover: 0 },
         lost_events: 1,
         resyncs: 2,
         interval_secs: 60,
         config_error: None,
         sessions: None,
+        slots: None,
     }
 }
 

@@ -87,6 +87,7 @@ fn a_too_long_command_line_is_skipped_with_its_own_reason_and_counted_as_a_skip(
         now: Now::same(1000.0),
         verdicts: &verdicts,
         incidents: &Incidents::default(),
+        dry_run: false,
     });
     let bodies: Vec<String> = plan.lines.iter().map(|l| l.body()).collect();
     assert!(bodies.contains(&"SKIPPED pid=10 name=pile reason=cmdline_too_long".to_string()), "{bodies:#?}");
@@ -110,6 +111,7 @@ fn a_dropped_flag_clock_is_logged_with_how_long_it_had_run() {
         now: Now::same(59.0 * 60.0 + 30.0),
         verdicts: &HashMap::new(),
         incidents: &Incidents::default(),
+        dry_run: false,
     });
     let bodies: Vec<String> = plan.lines.iter().map(|l| l.body()).collect();
     assert_eq!(
@@ -131,6 +133,7 @@ fn a_dropped_flag_clock_is_logged_with_how_long_it_had_run() {
         now: Now::same(600.0),
         verdicts: &HashMap::new(),
         incidents: &Incidents::default(),
+        dry_run: false,
     });
     assert!(plan.lines.iter().all(|l| l.kind() != guard::log::Kind::Unflagged), "{:?}", plan.lines);
 }
@@ -149,6 +152,7 @@ fn a_pile_under_an_excluded_name_is_shown_in_status_as_excluded_not_hidden() {
         now: Now::same(1000.0),
         verdicts: &HashMap::new(),
         incidents: &Incidents::default(),
+        dry_run: false,
     });
     assert!(plan.lines.is_empty() && plan.targets.is_empty() && plan.flagged == 0, "{:?}", plan.lines);
     let rows: Vec<(&str, u32, bool, bool)> =

@@ -188,9 +188,10 @@ fn a_config_broken_mid_run_ends_nothing_until_it_is_fixed() {
         config_changes: vec![(Duration::from_secs(30), r#"{"threshold": "3"}"#), (Duration::from_secs(130), good)],
         ..Default::default()
     });
-    // The string "3" is shown as the JSON it is (never `value=3`, which reads as the number),
+    // The string "3" is shown quoted (`value="3"`; the number would be bare, `value=3`),
     // with validate's reason and fix.
-    let reason = r#"config_malformed threshold value="\"3\"" reason="\"3\" is a string" fix="write a whole number >= 1, e.g. 30""#;
+    let reason =
+        r#"config_malformed threshold value="3" reason="\"3\" is a string" fix="write a whole number >= 1, e.g. 30""#;
     assert_eq!(r.lines("ERROR"), vec![format!("ERROR {reason}"); 2], "{:#?}", r.log);
     // Due since t=60, but nothing is ended while the config is invalid. Fixed at t=130: the flag
     // clocks were kept in memory, so the tick at t=180 enforces, once.
@@ -209,7 +210,8 @@ fn a_broken_config_is_heard_in_the_heartbeat_the_status_the_metrics_and_once_on_
         config_changes: vec![(Duration::from_secs(30), r#"{"threshold": "3"}"#), (Duration::from_secs(190), good)],
         ..Default::default()
     });
-    let reason = r#"config_malformed threshold value="\"3\"" reason="\"3\" is a string" fix="write a whole number >= 1, e.g. 30""#;
+    let reason =
+        r#"config_malformed threshold value="3" reason="\"3\" is a string" fix="write a whole number >= 1, e.g. 30""#;
     assert_eq!(r.lines("ERROR").len(), 3, "{:#?}", r.log);
     // Every tick says it: the heartbeat and the status file carry the ERROR line's reason, the
     // metrics file its gauge.

@@ -48,6 +48,14 @@ pub enum Need {
     /// systemd's binary (`/lib/systemd/systemd`), whose own unit loader reads back what install
     /// wrote (`systemd --test`); no running systemd is needed.
     Systemd,
+    /// The cgroup v2 freezer heavy-command slots hold commands with: a cgroup2 hierarchy mounted
+    /// (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on a hybrid one) and
+    /// Linux 5.2 or later.
+    Freezer,
+    /// The kernel runs 32-bit programs' syscalls: x86_64's ia32 emulation (`int 0x80`), arm64's
+    /// AArch32 at EL0 (the CPU and `CONFIG_COMPAT`). The credential fallback must see their
+    /// `setresuid32`.
+    Compat32,
 }
 
 /// The smallest `kernel.pid_max` [`Need::PidSpace`] accepts.
@@ -69,6 +77,8 @@ impl Need {
         Need::Promtool,
         Need::Shells,
         Need::Systemd,
+        Need::Freezer,
+        Need::Compat32,
     ];
 
     /// Whether a host can have it: `GUARD_TESTS_REQUIRE=all` requires every need a host can have
@@ -93,6 +103,8 @@ impl Need {
             Need::Promtool => "promtool",
             Need::Shells => "shells",
             Need::Systemd => "systemd",
+            Need::Freezer => "freezer",
+            Need::Compat32 => "compat32",
         }
     }
 
@@ -148,6 +160,16 @@ impl Need {
             Need::Systemd if SYSTEMD.iter().all(|p| !Path::new(p).exists()) => {
                 Some("needs systemd's binary (its unit loader) — apt-get install systemd".into())
             }
+            Need::Freezer if !freezer() => Some(
+                "needs the cgroup v2 freezer — a cgroup2 mount (unified, or /sys/fs/cgroup/unified on a hybrid \
+                 host) and Linux 5.2 or later"
+                    .into(),
+            ),
+            Need::Compat32 if !compat32() => Some(format!(
+                "needs 32-bit syscalls — this kernel or CPU runs no 32-bit programs on {} (x86_64: \
+                 CONFIG_IA32_EMULATION and no ia32_emulation=0; arm64: CONFIG_COMPAT and AArch32 at EL0)",
+                std::env::consts::ARCH
+            )),
             _ => None,
         }
     }
@@ -233,6 +255,57 @@ pub fn prometheus_python() -> Option<&'static str> {
 fn memory_cgroup() -> bool {
     let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
     v2.split_whitespace().any(|c| c == "memory") || Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists()
+}
+
+/// A cgroup2 hierarchy's root is mounted (in this namespace) and the kernel has `cgroup.freeze`.
+fn freezer() -> bool {
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines().any(|l| {
+        let (pre, post) = l.split_once(" - ").unwrap_or_default();
+        post.starts_with("cgroup2 ") && pre.split(' ').nth(3) == Some("/")
+    });
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u32>().ok());
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    mounted && (major, minor) >= (5, 2)
+}
+
+/// Whether a 32-bit syscall runs here, tried in a forked child (it may die of it): `int 0x80`
+/// (ia32 `getuid32`) on x86_64, where a kernel without ia32 emulation answers SIGSEGV;
+/// `personality(PER_LINUX32)` on arm64, which the kernel refuses (EINVAL) where no CPU runs
+/// AArch32 at EL0 or it was built without `CONFIG_COMPAT`.
+fn compat32() -> bool {
+    if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        return false;
+    }
+    // SAFETY: the child only runs a syscall and _exit (async-signal-safe after fork).
+    match unsafe { libc::fork() } {
+        -1 => false,
+        0 => {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: ia32 getuid32 (199) takes no arguments and touches no memory; the 64-bit
+            // registers an `int 0x80` may clobber (r8–r11) are declared.
+            unsafe {
+                std::arch::asm!("int 0x80", inlateout("eax") 199u32 => _, out("r8") _, out("r9") _,
+                    out("r10") _, out("r11") _);
+            }
+            // linux/personality.h's PER_LINUX32 (not in the libc crate).
+            #[cfg(target_arch = "aarch64")]
+            const PER_LINUX32: libc::c_ulong = 0x0008;
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: personality only sets this (forked, about to exit) task's execution domain.
+            if unsafe { libc::personality(PER_LINUX32) } == -1 {
+                unsafe { libc::_exit(1) };
+            }
+            // SAFETY: _exit ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(0) }
+        }
+        pid => {
+            let mut status = 0;
+            // SAFETY: reaps the child forked above.
+            let reaped = unsafe { libc::waitpid(pid, &mut status, 0) } == pid;
+            reaped && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+        }
+    }
 }
 
 fn pid_max() -> u64 {

@@ -152,7 +152,10 @@ fn check_reports_every_drift_and_install_brings_it_in_sync() {
     let meta = fs::symlink_metadata(host.link()).unwrap();
     assert!(meta.file_type().is_symlink() && meta.uid() == host.uid, "the link belongs to the account");
     let unit = fs::read_to_string(host.p("units/guard-user@.service")).unwrap();
-    assert!(unit.contains(&format!("ExecStart={}/guard-user run --user %i\n", host.p("bin").display())), "{unit}");
+    assert!(
+        unit.contains(&format!("ExecStart={}/guard-user run --user %i $GUARD_ARGS\n", host.p("bin").display())),
+        "{unit}"
+    );
 
     host.write_status(now_secs(), 60.0);
     // A `guard-user run` another test binary starts for this account at the same moment would be
@@ -215,7 +218,7 @@ fn check_reports_an_invalid_config_a_link_elsewhere_and_an_edited_unit() {
     assert!(
         out.stdout.lines().any(|l| l
             == format!(
-                r#"{home}/guard-config.json is invalid: config_malformed threshold value="\"30\"" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#
+                r#"{home}/guard-config.json is invalid: config_malformed threshold value="30" reason="\"30\" is a string" fix="write a whole number >= 1, e.g. 30""#
             )),
         "{}",
         out.stdout
@@ -474,6 +477,54 @@ fn helper_main(mode: &str) {
     assert_eq!(mode, "idle", "unknown helper mode {mode}");
     say("ready");
     wait_for_eof();
+}
+
+/// `/etc/default/guard-user` (here under `GUARD_PACKAGED_ROOT`): `check` shows the flags it adds
+/// to `run` after its verdict, an instance's own file wins, and flags the service would not
+/// start with (an unknown flag, a bad duration, a second `--user`) are drift naming the file.
+#[guard_test(needs = [root])]
+fn check_shows_the_flags_of_the_defaults_file_and_refuses_those_run_would_not_start_with() {
+    let _g = setup();
+    let host = Host::new();
+    assert_eq!(host.run("install").code, 0);
+    let ok = format!("[OK] Host guard in sync with {}\n", host.source().display());
+    assert_eq!(host.run("check").stdout, ok, "no defaults file, no flags line");
+
+    let dir = host.p("no-package/etc/default");
+    fs::create_dir_all(&dir).unwrap();
+    let shared = dir.join("guard-user");
+    fs::write(
+        &shared,
+        "# flags for every instance\nGUARD_ARGS=\"--interval 30s --metrics-file /var/lib/prometheus/node-exporter/\"\n",
+    )
+    .unwrap();
+    let out = host.run("check");
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.stdout,
+        format!(
+            "{ok}flags: --interval 30s --metrics-file /var/lib/prometheus/node-exporter/ (GUARD_ARGS from {})\n",
+            shared.display()
+        )
+    );
+
+    let own = dir.join(format!("guard-user@{}", host.user));
+    for (args, why) in [
+        ("--interval soon", "(--interval: `soon` is not a duration"),
+        ("--colour", "(unexpected argument '--colour' found)"),
+        ("--user root", "(the argument '--user <NAME|UID>' cannot be used multiple times)"),
+        ("--metrics-file /srv/guard.txt", "(--metrics-file /srv/guard.txt: node_exporter's textfile collector"),
+    ] {
+        fs::write(&own, format!("GUARD_ARGS='{args}'\n")).unwrap();
+        let out = host.run("check");
+        assert_eq!(out.code, 1, "{args}: {}", out.stdout);
+        let want = format!("{}: GUARD_ARGS \"{args}\" is refused {why}", own.display());
+        assert!(out.stdout.lines().any(|l| l.starts_with(&want)), "{args}: want `{want}` in\n{}", out.stdout);
+    }
+    fs::write(&own, "GUARD_ARGS=--dry-run\n").unwrap();
+    let out = host.run("check");
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(out.stdout.ends_with(&format!("flags: --dry-run (GUARD_ARGS from {})\n", own.display())), "{}", out.stdout);
 }
 
 guard_test::main!(helpers = helper_main);

@@ -34,7 +34,7 @@ fn expected_dropin(host: &Host, bin: &Path, home: &Path, config: Option<&Path>) 
          # edit as drift; run `guard-user install` again to change it.\n\
          [Service]\n\
          ExecStart=\n\
-         ExecStart={bin} run --user {user} --home {home}{config}\n\
+         ExecStart={bin} run --user {user} --home {home}{config} $GUARD_ARGS\n\
          ReadWritePaths={rw}\n",
         user = host.user,
         bin = bin.display(),
@@ -121,8 +121,13 @@ fn no_account_controlled_byte_reaches_the_unit_directory() {
         assert_eq!(parsed.exec_kinds, ["ExecStart", "ExecReload"]);
         let home_s = home.to_str().unwrap();
         let bin = host.p("bin/guard-user").display().to_string();
-        assert_eq!(parsed.exec_start, [vec![bin.as_str(), "run", "--user", host.user, "--home", &stored(home_s)]]);
-        assert_eq!(parsed.read_write_paths.as_deref(), Some(home_s));
+        // `$GUARD_ARGS`, the flags of /etc/default/guard-user, expanded at each start.
+        let home_stored = stored(home_s);
+        let exec = vec![bin.as_str(), "run", "--user", host.user, "--home", &home_stored, "$GUARD_ARGS"];
+        assert_eq!(parsed.exec_start, [exec]);
+        // The template's textfile-collector directory (optional: `-`), then the home.
+        let rw = format!("-/var/lib/prometheus/node-exporter {home_s}");
+        assert_eq!(parsed.read_write_paths.as_deref(), Some(rw.as_str()));
     }
     let o = out({
         let mut c = host.command("check");
@@ -259,8 +264,9 @@ fn install_with_home_runs_the_daemon_with_that_home() {
     assert!(o.stderr.contains("it was installed with --home"), "{}", o.stderr);
 
     // The drop-in's command line, run as systemd would (after `$$` → `$`), guards that home.
-    let argv = match systemd_parse(&[&host.p("units")], &format!("guard-user@{}.service", host.user)) {
-        Some(p) => p.exec_start[0].iter().map(|a| a.replace("$$", "$")).collect(),
+    // `$GUARD_ARGS` unset (no /etc/default/guard-user) expands to no argument at all.
+    let argv: Vec<String> = match systemd_parse(&[&host.p("units")], &format!("guard-user@{}.service", host.user)) {
+        Some(p) => p.exec_start[0].iter().filter(|a| *a != "$GUARD_ARGS").map(|a| a.replace("$$", "$")).collect(),
         None => guard::install::DropIn::parse(&dropin).unwrap().argv(),
     };
     assert_eq!(argv[4..], ["--home", host.home.path().to_str().unwrap(), "--config", cfg.to_str().unwrap()]);

@@ -338,59 +338,6 @@ fn a_root_that_re_execs_itself_stays_one_session() {
     assert!(!alive(late), "the leftover forked after the re-exec survived\n{log}");
 }
 
-#[guard_test(needs = [root])]
-fn holders_lists_only_the_processes_inside_the_directory_and_stops_them_checked() {
-    let _g = setup();
-    let home = Home::new();
-    let exe = home.probe_named("holder");
-    let repo = home.path().join("repo");
-    let sibling = home.path().join("repo2");
-    for d in [&repo, &repo.join("src"), &sibling] {
-        fs::create_dir_all(d).unwrap();
-        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let spawn_in = |cwd: &Path, uid: u32| {
-        let mut c = Command::new(&exe)
-            .current_dir(cwd)
-            .uid(uid)
-            .gid(uid)
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        Probe { child: c }
-    };
-    let mut inside = [spawn_in(&repo, TEST_UID), spawn_in(&repo.join("src"), TEST_UID)];
-    let mut outside = [spawn_in(&sibling, TEST_UID), spawn_in(home.path(), TEST_UID), spawn_in(&repo, OTHER_UID)];
-    let run = |extra: &[&str]| {
-        Command::new(guard_bin())
-            .args(["holders", "--user", TEST_USER, "--json"])
-            .arg(&repo)
-            .args(extra)
-            .output()
-            .unwrap()
-    };
-    let listed = run(&[]);
-    assert_eq!(listed.status.code(), Some(1), "some hold it");
-    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
-    let pids: Vec<u64> = rows.as_array().unwrap().iter().map(|r| r["pid"].as_u64().unwrap()).collect();
-    assert_eq!(pids, inside.iter().map(|p| u64::from(p.pid())).collect::<Vec<_>>(), "{rows:#}");
-    assert_eq!(rows[0]["stop"], format!("kill {}", inside[0].pid()));
-    let stopped = run(&["--stop"]);
-    assert_eq!(stopped.status.code(), Some(0), "{}", String::from_utf8_lossy(&stopped.stdout));
-    for p in &mut inside {
-        assert!(p.wait_dead(Duration::from_secs(5)), "{} still holds the directory", p.pid());
-    }
-    for p in &mut outside {
-        assert!(p.is_alive(), "{} was outside the directory (or another account's) and was ended", p.pid());
-    }
-    let none = run(&[]);
-    assert_eq!((none.status.code(), String::from_utf8_lossy(&none.stdout).trim()), (Some(0), "[]"));
-}
-
 /// Pids reused between the root's exit and the grace, in a throwaway guest kernel only (it lowers
 /// `kernel.pid_max` and exhausts the pid space): the root exits, a leftover is killed during the
 /// grace, and a same-account churner outside the session takes every free pid at once, theirs

@@ -246,7 +246,7 @@ fn run_tests() -> bool {
         if Path::new("/bin/guard-probe").exists() {
             cmd.env("GUARD_PROBE_BIN", "/bin/guard-probe");
         }
-        let status = cmd.status();
+        let status = cmd.spawn().and_then(wait_reaping);
         let secs = started.elapsed().as_secs_f64();
         reap_orphans();
         match status {
@@ -269,6 +269,29 @@ fn run_tests() -> bool {
         if failed.is_empty() { String::new() } else { format!(": {}", failed.join(" ")) }
     ));
     failed.is_empty()
+}
+
+/// Waits for `child` while reaping every orphan that exits meanwhile: as PID 1 we inherit what a
+/// test's processes leave when they exit (a process that keeps forking to new pids leaves one per
+/// generation), and zombies left to pile up until the binary ends would count against the test
+/// accounts' process limit and make their next fork or exec fail.
+fn wait_reaping(child: std::process::Child) -> std::io::Result<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::pid_t;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on any child with a status we own.
+        let got = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if got == pid {
+            return Ok(std::process::ExitStatus::from_raw(status));
+        }
+        if got < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
 }
 
 /// As PID 1 we inherit every process a test left behind; collect the ones that have exited.

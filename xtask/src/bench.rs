@@ -14,6 +14,10 @@
 //!   per event, other accounts' storms under 0/1/8 daemons, the stall watch in a storm).
 //! - `scale`: 0, 10,000 and 50,000 processes of the account: start-up, tick, RSS and its profile.
 //! - `hostile`: the hostile-account integration test in its long form, its peak memory and ticks.
+//! - `holders`: `guard-user holders` against `lsof +D` and `fuser -m` on a checkout of 20,000
+//!   files held by 2,000 processes.
+//! - `slots`: eight heavy jobs at once, with and without a slot of two: wall time, peak memory,
+//!   exec-to-held latency.
 use std::{
     ffi::CString,
     fs,
@@ -28,11 +32,13 @@ use serde_json::{json, Value};
 
 mod bpfstats;
 mod cost;
+mod holders;
 mod hostile;
 mod matcher;
 mod procs;
 mod row;
 mod scale;
+mod slots;
 mod snapshot;
 
 use row::{median, ms, print_table, Row};
@@ -54,7 +60,7 @@ pub struct Options {
     #[arg(long, default_value = "guardtest1")]
     pub user: String,
     /// Run only these figures (comma-separated): tick, snapshot, storm, enforce, deadline, matcher, idle,
-    /// bpf, accounts, stall, scale, hostile. Default: all but idle and hostile (idle comes with --long).
+    /// bpf, accounts, stall, scale, hostile, holders, slots. Default: all but idle and hostile (idle comes with --long).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Measure this guard-user instead of building one (before/after runs against another
@@ -66,6 +72,11 @@ pub struct Options {
     /// classified): the lineage's cost, side by side with a run without it.
     #[arg(long)]
     pub sessions: bool,
+    /// Every measuring daemon runs with a heavy-command slot on (a pattern nothing matches, in
+    /// queue mode, so every exec of the account wakes the pump and is classified off it): what
+    /// slots cost at exec, side by side with a run without them.
+    #[arg(long, conflicts_with = "sessions")]
+    pub slots: bool,
 }
 
 impl Options {
@@ -84,11 +95,17 @@ const NEVER: &str = r#"{"threshold": 1000000, "timeout": "1h"}"#;
 const NEVER_WITH_SESSIONS: &str = r#"{"threshold": 1000000, "timeout": "1h",
     "sessions": {"roots": ["^gbench-root-that-never-runs( |$)"], "leftovers": "report"}}"#;
 
+/// [`NEVER`] with a slot on (`--slots`).
+const NEVER_WITH_SLOTS: &str = r#"{"threshold": 1000000, "timeout": "1h",
+    "slots": {"bench": {"commands": ["^gbench-heavy-that-never-runs( |$)"], "max": 1, "mode": "queue"}}}"#;
+
 impl Options {
     /// The measuring config.
     fn never(&self) -> &'static str {
         if self.sessions {
             NEVER_WITH_SESSIONS
+        } else if self.slots {
+            NEVER_WITH_SLOTS
         } else {
             NEVER
         }
@@ -120,7 +137,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         anyhow::ensure!(
             [
                 "tick", "snapshot", "storm", "enforce", "deadline", "matcher", "idle", "bpf", "accounts", "stall",
-                "scale", "hostile"
+                "scale", "hostile", "holders", "slots"
             ]
             .contains(&f.as_str()),
             "--only {f}: no such figure"
@@ -161,6 +178,12 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     if opts.wants("hostile") {
         b.hostile(&mut rows, &mut raw)?;
+    }
+    if opts.wants("holders") {
+        b.holders(&mut rows, &mut raw)?;
+    }
+    if opts.wants("slots") {
+        b.slots(&mut rows, &mut raw)?;
     }
 
     // The machine is shared while developing: each run says how busy it was.

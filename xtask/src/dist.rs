@@ -23,6 +23,7 @@
 //! | `/usr/share/{bash-completion/completions,zsh/vendor-completions,fish/vendor_completions.d}` | clap_complete over `guard-cli` ([`generate`]) |
 //! | `/usr/share/doc/guard-user/examples/` | the Grafana dashboard and Prometheus alert rules of `packaging/monitoring/` |
 //! | `/usr/share/guard-user/guard-config.json` | `config/guard-config.json` (install's default source on a packaged host) |
+//! | `/etc/default/guard-user` | `packaging/debian/default`, a conffile: the flags every instance's `run` gets (`GUARD_ARGS`) |
 //! | `/usr/share/doc/guard-user/` | README.md, `docs/*.md`, copyright (DEP-5), changelog.Debian.gz |
 use std::{
     env, fs,
@@ -34,6 +35,7 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::{
+    arch::Arch,
     build,
     build_ebpf::{self, run_checked, which},
     run::is_root,
@@ -42,6 +44,7 @@ use crate::{
 mod check;
 pub mod completion_check;
 mod crates;
+mod cross;
 mod debian;
 pub mod generate;
 mod monitoring;
@@ -58,6 +61,11 @@ pub struct Options {
     /// The Debian revision after the workspace version (0.1.0-<REVISION>).
     #[arg(long, value_name = "REVISION", default_value = "1")]
     pub revision: String,
+    /// The package's architecture: amd64 (the build machine's) or arm64 (cross-built; its
+    /// `Depends` computed against Debian's arm64 libraries, its unit printed by the arm64
+    /// binary under qemu-user).
+    #[arg(long, value_enum, default_value_t = Arch::host())]
+    pub arch: Arch,
 }
 
 pub const PACKAGE: &str = "guard-user";
@@ -74,13 +82,16 @@ const DOC_DIR: &str = "usr/share/doc/guard-user";
 /// The monitoring examples ([`monitoring::FILES`]), uncompressed so they can be used as they are.
 const EXAMPLES_DIR: &str = "usr/share/doc/guard-user/examples";
 pub const CONFIG: &str = "usr/share/guard-user/guard-config.json";
+/// The operator's settings the unit reads (`EnvironmentFile=-/etc/default/guard-user`): a
+/// conffile, so dpkg keeps an operator's edit across upgrades and asks before replacing it.
+pub const DEFAULTS: &str = "etc/default/guard-user";
 /// Docs over this size are gzipped, as dh_compress does (Debian policy 12.3).
 const COMPRESS_OVER: u64 = 4096;
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
     let deb = build(&opts)?;
     if opts.check {
-        check::run(&deb)?;
+        check::run(&deb, opts.arch)?;
     }
     println!("{}", deb.display());
     Ok(())
@@ -91,11 +102,11 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     let root_dir = build_ebpf::workspace_root();
     let epoch = source_date_epoch(&root_dir)?;
     let version = format!("{}-{}", env!("CARGO_PKG_VERSION"), opts.revision);
-    let arch = output(Command::new("dpkg").arg("--print-architecture"), "dpkg --print-architecture")?;
+    let arch = opts.arch.debian();
     let (maintainer, from) = maintainer(opts.maintainer.as_deref(), &root_dir)?;
     println!("dist: {PACKAGE} {version} {arch}, SOURCE_DATE_EPOCH={epoch}, Maintainer: {maintainer} (from {from})");
 
-    let binary = build::build(true)?;
+    let binary = build::build_for(true, opts.arch)?;
     let dist = build_ebpf::target_dir().join("dist");
     let root = dist.join("root");
     if root.exists() {
@@ -117,17 +128,18 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     ] {
         write_file(&generated.join(name), &generate::completion(shell), 0o644)?;
     }
-    let unit = output_bytes(Command::new(&binary).args(["__unit", "--bin-dir", "/usr/bin"]), "guard-user __unit")?;
+    let unit =
+        output_bytes(opts.arch.run_command(&binary)?.args(["__unit", "--bin-dir", "/usr/bin"]), "guard-user __unit")?;
     write_file(&generated.join("guard-user@.service"), &unit, 0o644)?;
 
     // The binary, stripped of its symbols and debug info (dh_strip's options for executables).
     let bin = root.join("usr/bin/guard-user");
     install_file(&binary, &bin, 0o755)?;
-    ensure_tool("strip", "binutils")?;
-    run_checked(
-        Command::new("strip").args(["--remove-section=.comment", "--remove-section=.note"]).arg(&bin),
-        "strip",
-    )?;
+    let strip = opts.arch.binutil("strip");
+    if opts.arch.is_host() {
+        ensure_tool("strip", "binutils")?;
+    }
+    run_checked(Command::new(&strip).args(["--remove-section=.comment", "--remove-section=.note"]).arg(&bin), &strip)?;
     for (name, dest) in GENERATED {
         install_file(&generated.join(name), &root.join(dest), 0o644)?;
     }
@@ -148,6 +160,7 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     install_file(&root_dir.join(generate::CONFIG_PAGE), &config_page, 0o644)?;
     gzip(&config_page)?;
     install_file(&root_dir.join("config/guard-config.json"), &root.join(CONFIG), 0o644)?;
+    install_file(&root_dir.join("packaging/debian/default"), &root.join(DEFAULTS), 0o644)?;
     docs(&root_dir, &root.join(DOC_DIR), &maintainer, &version, epoch)?;
     let overrides = root_dir.join("packaging/debian/lintian-overrides");
     if overrides.exists() {
@@ -159,18 +172,19 @@ pub fn build(opts: &Options) -> anyhow::Result<PathBuf> {
     for script in ["postinst", "prerm", "postrm"] {
         install_file(&root_dir.join("packaging/debian").join(script), &control_dir.join(script), 0o755)?;
     }
+    write_file(&control_dir.join("conffiles"), format!("/{DEFAULTS}\n").as_bytes(), 0o644)?;
     let (files, others) = walk(&root)?;
     let payload: Vec<&PathBuf> = files.iter().filter(|f| !f.starts_with("DEBIAN")).collect();
     write_file(&control_dir.join("md5sums"), md5sums(&root, &payload)?.as_bytes(), 0o644)?;
     let sizes = payload.iter().map(|f| fs::metadata(root.join(f)).map(|m| m.len())).collect::<Result<Vec<_>, _>>()?;
     let payload_dirs = others.iter().filter(|d| !d.starts_with("DEBIAN")).count() as u64;
-    let depends = shlib_depends(&dist, &bin)?;
+    let depends = shlib_depends(&dist, &bin, opts.arch)?;
     let template = fs::read_to_string(root_dir.join("packaging/debian/control.in"))?;
     let control = debian::control(
         &template,
         &debian::Control {
             version: &version,
-            arch: &arch,
+            arch,
             maintainer: &maintainer,
             installed_size_kib: debian::installed_size_kib(&sizes, payload_dirs),
             depends: &depends,
@@ -266,8 +280,9 @@ fn docs(root_dir: &Path, doc: &Path, maintainer: &str, version: &str, epoch: u64
 }
 
 /// `Depends:` from dpkg-shlibdeps, which maps each shared library the binary needs (and the
-/// newest symbol version it uses) to the package and minimum version providing it.
-fn shlib_depends(dist: &Path, bin: &Path) -> anyhow::Result<String> {
+/// newest symbol version it uses) to the package and minimum version providing it. For another
+/// architecture, against that architecture's own library packages ([`cross::Libraries`]).
+fn shlib_depends(dist: &Path, bin: &Path, arch: Arch) -> anyhow::Result<String> {
     ensure_tool("dpkg-shlibdeps", "dpkg-dev")?;
     // dpkg-shlibdeps wants to run in a source tree: a debian/control naming the package is enough.
     let tree = dist.join("shlibdeps");
@@ -276,10 +291,11 @@ fn shlib_depends(dist: &Path, bin: &Path) -> anyhow::Result<String> {
         format!("Source: guard\n\nPackage: {PACKAGE}\nArchitecture: any\n").as_bytes(),
         0o644,
     )?;
-    let out = output(
-        Command::new("dpkg-shlibdeps").arg("-O").arg(format!("-e{}", bin.display())).current_dir(&tree),
-        "dpkg-shlibdeps",
-    )?;
+    let mut shlibdeps = Command::new("dpkg-shlibdeps");
+    if !arch.is_host() {
+        cross::Libraries::prepare(arch, &dist.join(format!("libs-{}", arch.debian())))?.configure(&mut shlibdeps);
+    }
+    let out = output(shlibdeps.arg("-O").arg(format!("-e{}", bin.display())).current_dir(&tree), "dpkg-shlibdeps")?;
     let depends = out
         .lines()
         .find_map(|l| l.strip_prefix("shlibs:Depends="))

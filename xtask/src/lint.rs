@@ -74,8 +74,37 @@ pub fn stray_tests(root: &Path) -> anyhow::Result<Vec<String>> {
     Ok(stray)
 }
 
+/// The most lines a source file may have (test directories excepted): a longer one holds more
+/// than one thing and is split.
+pub const MAX_LINES: usize = 600;
+
+/// `path: N lines` of every tracked `.rs` file outside a `tests/` directory longer than
+/// [`MAX_LINES`].
+pub fn long_files(root: &Path) -> anyhow::Result<Vec<String>> {
+    let out = Command::new("git").args(["ls-files", "-z", "*.rs"]).current_dir(root).output()?;
+    anyhow::ensure!(out.status.success(), "git ls-files failed in {}", root.display());
+    let mut long = Vec::new();
+    for rel in out.stdout.split(|&b| b == 0).filter(|p| !p.is_empty()) {
+        let rel = String::from_utf8_lossy(rel);
+        if rel.starts_with("tests/") || rel.contains("/tests/") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join(&*rel)) else { continue };
+        let lines = text.lines().count();
+        if lines > MAX_LINES {
+            long.push(format!("{rel}: {lines} lines"));
+        }
+    }
+    Ok(long)
+}
+
 pub fn run(opts: Options) -> anyhow::Result<()> {
     let root = build_ebpf::workspace_root();
+    println!("lint: no source file over {MAX_LINES} lines");
+    let long = long_files(&root)?;
+    if !long.is_empty() {
+        bail!("split these files (at most {MAX_LINES} lines each, tests/ excepted):\n  {}", long.join("\n  "));
+    }
     println!("lint: no #[test] where guard-test's harness runs the tests");
     let stray = stray_tests(&root)?;
     if !stray.is_empty() {

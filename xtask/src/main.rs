@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod arch;
 mod bench;
 mod build;
 mod build_ebpf;

@@ -37,7 +37,9 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
 
     let mut cargo = build::host_cargo();
     cargo
-        .args(["test", "--workspace"])
+        // Every test binary runs even when one fails: a failure early in the list must not hide
+        // the rest from the run that found it (CI has one run).
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(&opts.cargo_args)
         .env("GUARD_EBPF_OBJ", &object)
         .env(REQUIRE_ENV, &requires)
@@ -46,7 +48,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         cargo.env("GUARD_LONG_TESTS", "1");
     }
     println!(
-        "test: cargo test --workspace{}{} (GUARD_EBPF_OBJ={}, {REQUIRE_ENV}={requires})",
+        "test: cargo test --workspace --no-fail-fast{}{} (GUARD_EBPF_OBJ={}, {REQUIRE_ENV}={requires})",
         opts.cargo_args.iter().map(|a| format!(" {}", a.to_string_lossy())).collect::<String>(),
         if opts.long { ", GUARD_LONG_TESTS=1" } else { "" },
         object.display()

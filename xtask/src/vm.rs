@@ -19,29 +19,42 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::build_ebpf;
+use crate::{arch::Arch, build_ebpf};
 
+pub(crate) mod apt;
 mod cpio;
 mod initramfs;
-mod kernels;
+pub(crate) mod kernels;
+mod package;
 mod payload;
 mod qemu;
 mod suite;
 mod systemd;
+mod userland;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Options {
     /// Boot only these kernels (repeatable or comma-separated): 5.10, 6.1, 6.12, 7.x, no-btf (6.1
-    /// with /sys/kernel/btf hidden). Default: all.
+    /// with /sys/kernel/btf hidden) of each `--arch`; `arm64-6.1` names one architecture's kernel
+    /// whatever `--arch` says, and `arm64` alone all of its kernels. Default: every kernel of
+    /// each `--arch`.
     #[arg(long, value_delimiter = ',')]
     pub kernel: Vec<String>,
+    /// The guests' architectures (repeatable or comma-separated): amd64 (the build machine's,
+    /// its own test build) and arm64 (cross-built, Debian's arm64 kernels and packages under
+    /// qemu-system-aarch64: 6.1 and 6.12). Every selected guest shares the `--jobs` pool.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "amd64")]
+    pub arch: Vec<Arch>,
     /// Instead of the test suite: boot a Debian rootfs with a real systemd (one kernel, default 6.12)
     /// and run guard-user install → check → drift → check there ([`systemd`]).
     #[arg(long)]
     pub systemd: bool,
     /// With --systemd: install the Debian package (`cargo xtask dist`) in the guest and run
     /// guard-user from it (apt install → install → a pile ended → check → reinstall, remove, purge).
-    #[arg(long, requires = "systemd")]
+    /// Without it, for arm64 guests: instead of the test binaries, the arm64 package (`cargo
+    /// xtask dist --arch arm64`) installed with dpkg in the plain guest, where its guard-user
+    /// ends a pile ([`package`]).
+    #[arg(long, conflicts_with = "all_tests")]
     pub package: bool,
     /// Resolve and download the kernels, print them, and stop.
     #[arg(long)]
@@ -81,6 +94,11 @@ pub struct Options {
     /// guests run only the binaries that depend on the kernel (`vm/suite.rs`).
     #[arg(long)]
     pub all_tests: bool,
+    /// Guests of another architecture than the build machine's (arm64) run only the binaries
+    /// whose outcome can depend on the architecture (`vm/suite.rs`, `ARCH_DEPENDENT`): CI's
+    /// arm64 guest, to fit CI's time.
+    #[arg(long, conflicts_with = "all_tests")]
+    pub arch_subset: bool,
     /// Arguments for `cargo test --no-run` instead of `--workspace` (after `--`, e.g.
     /// `-- -p guard-user --lib`).
     #[arg(last = true)]
@@ -95,15 +113,23 @@ struct Row {
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
     if opts.systemd && !opts.list_kernels {
+        anyhow::ensure!(
+            opts.arch == [Arch::Amd64],
+            "--systemd boots the build machine's architecture only (an arm64 guest's package scenario is \
+             `cargo xtask vm --arch arm64 --package`)"
+        );
         return systemd::run(&opts);
     }
-    let specs = kernels::select(&opts.kernel)?;
-    let kernels = kernels::prepare(&specs)?;
+    let mut kernels = Vec::new();
+    for (arch, names) in kernels::by_arch(&opts.kernel, &opts.arch)? {
+        kernels.extend(kernels::prepare(&kernels::select(&names, arch)?, arch)?);
+    }
     if opts.list_kernels {
         for k in &kernels {
             println!(
-                "{:5} linux-image-cloud-amd64 {} ({}) → {}; vmlinuz from {}: {}",
-                k.name,
+                "{:10} linux-image-cloud-{} {} ({}) → {}; vmlinuz from {}: {}",
+                k.label,
+                k.arch.debian(),
                 k.meta_version,
                 k.suite,
                 k.package,
@@ -114,11 +140,26 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         return Ok(());
     }
     for k in &kernels {
-        if let Some(missing) = k.config.as_deref().map(missing_config).transpose()?.filter(|m| !m.is_empty()) {
-            println!("vm: WARNING: kernel {} lacks {}", k.name, missing.join(", "));
+        if let Some(missing) =
+            k.config.as_deref().map(|c| missing_config(c, k.arch)).transpose()?.filter(|m| !m.is_empty())
+        {
+            println!("vm: WARNING: kernel {} lacks {}", k.label, missing.join(", "));
         }
     }
-    let qemu = qemu::ensure_installed()?;
+    let mut arches: Vec<Arch> = Vec::new();
+    for k in &kernels {
+        if !arches.contains(&k.arch) {
+            arches.push(k.arch);
+        }
+    }
+    anyhow::ensure!(
+        !opts.package || arches.iter().all(|a| !a.is_host()),
+        "--package without --systemd is the arm64 guests' package scenario; the build machine's is `--systemd --package`"
+    );
+    let mut qemus = Vec::new();
+    for &arch in &arches {
+        qemus.push((arch, qemu::ensure_installed(arch)?));
+    }
 
     let ebpf_object = if opts.skip_ebpf {
         let default = build_ebpf::workspace_root().join("guard-ebpf/target/bpfel-unknown-none/release/guard");
@@ -126,69 +167,49 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     } else {
         Some(build_ebpf::build(&build_ebpf::Options::default())?)
     };
-    let selection = payload::Selection {
-        cargo_args: &opts.cargo_args,
-        all_tests: opts.all_tests,
-        own_filters: !opts.test_args.is_empty(),
-    };
-    let built = payload::build(&selection, ebpf_object.as_deref())?;
-    if !built.host_only.is_empty() {
-        println!(
-            "vm: left to the host (`cargo xtask test`; --all-tests runs them here too): {}",
-            built.host_only.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", ")
-        );
-    }
-    let mut env = Vec::new();
-    if opts.long {
-        env.push(("GUARD_LONG_TESTS".to_string(), "1".to_string()));
-    }
     let vm_dir = build_ebpf::target_dir().join("vm");
-    let initrd = vm_dir.join("initramfs.cpio");
-    let size = initramfs::write(
-        &initrd,
-        &initramfs::Payload {
-            init: built.init,
-            tests: &built.tests,
-            bins: &built.bins,
-            test_args: opts.test_args.clone(),
-            env,
-        },
-    )?;
-    println!(
-        "vm: {} ({} MiB): {}",
-        initrd.display(),
-        size >> 20,
-        built
-            .tests
-            .iter()
-            .map(|t| if t.args.is_empty() { t.name.clone() } else { format!("{} ({})", t.name, t.args.join(" ")) })
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let mut initrds = Vec::new();
+    for &arch in &arches {
+        let started = Instant::now();
+        let built = image(&opts, arch, ebpf_object.as_deref(), &vm_dir)?;
+        println!("vm: {} image ready in {:.1}s", arch.debian(), started.elapsed().as_secs_f64());
+        initrds.push((arch, built));
+    }
+    let qemu_of =
+        |arch: Arch| qemus.iter().find(|(a, _)| *a == arch).map(|(_, q)| q.clone()).expect("qemu of every arch");
+    let image_of = |arch: Arch| initrds.iter().find(|(a, _)| *a == arch).map(|(_, i)| i).expect("image of every arch");
 
     let logs = vm_dir.join("logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     // Guests run `jobs` at a time: each runs one test at a time (`--test-threads=1`), so one
     // guest keeps about one host core busy under TCG and two side by side use the CI machine's
     // two cores (the VM step's time nearly halves). Their console lines carry the kernel's name.
-    let queue = std::sync::Mutex::new(kernels.into_iter().enumerate().rev().collect::<Vec<_>>());
+    // The pool starts another architecture's guests first: emulating arm64 under TCG is the
+    // slowest, and the longest job started first leaves no core idle at the end.
+    let mut order: Vec<(usize, kernels::Kernel)> = kernels.into_iter().enumerate().collect();
+    order.sort_by_key(|(i, k)| (k.arch.is_host(), *i));
+    order.reverse();
+    let queue = std::sync::Mutex::new(order);
     let done = std::sync::Mutex::new(Vec::new());
     let boot_one = |kernel: kernels::Kernel| -> anyhow::Result<Row> {
-        let log = logs.join(format!("{}.log", kernel.name));
+        let log = logs.join(format!("{}.log", kernel.label));
+        let (qemu, image) = (qemu_of(kernel.arch), image_of(kernel.arch));
         let started = Instant::now();
         // What this guest must run (vm-init exports it as GUARD_TESTS_REQUIRE): a test that
-        // needs it and finds it missing fails the guest instead of being ignored.
+        // needs it and finds it missing fails the guest instead of being ignored. Every
+        // architecture's guest declares the same way; redis is what its own image carries.
         let requires = suite::guest_requires(
             kernel.cmdline.split_whitespace().any(|w| w == "guard.hide_btf"),
             ebpf_object.is_some(),
-            build_ebpf::which("redis-server").is_some(),
+            image.redis,
         );
         let cmdline = format!("{} guard.require={requires} {}", kernel.cmdline, opts.cmdline);
         let boot = qemu::Boot {
-            name: &kernel.name,
+            name: &kernel.label,
+            arch: kernel.arch,
             qemu: &qemu,
             vmlinuz: &kernel.vmlinuz,
-            initrd: &initrd,
+            initrd: &image.path,
             memory: &opts.memory,
             cpus: opts.cpus,
             cmdline: cmdline.trim(),
@@ -202,10 +223,10 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         // nop in hrtimer code) that the next boot did not repeat. A failing or hanging test
         // suite is never retried.
         if let Ok(qemu::Outcome { verdict: qemu::Verdict::Broken(why), boot_time: None, .. }) = &outcome {
-            let first = logs.join(format!("{}.first-boot.log", kernel.name));
+            let first = logs.join(format!("{}.first-boot.log", kernel.label));
             println!(
                 "vm: kernel {} did not boot ({why}); booting it once more (first console log: {})",
-                kernel.name,
+                kernel.label,
                 first.display()
             );
             fs::rename(&log, &first).with_context(|| format!("keeping {}", log.display()))?;
@@ -213,7 +234,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         }
         println!(
             "vm: kernel {} done in {:.1}s (console log: {})",
-            kernel.name,
+            kernel.label,
             started.elapsed().as_secs_f64(),
             log.display()
         );
@@ -222,8 +243,22 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     // The systemd guest waits until no kernel is left to start: it runs beside the last one.
     let systemd_job = std::sync::Mutex::new(opts.with_systemd);
     let systemd_result = std::sync::Mutex::new(None);
+    // The systemd guest is the build machine's architecture: it boots the amd64 kernels named
+    // (`--kernel 6.1`, `amd64-6.1`), its default (6.12) when they are all or none.
+    let systemd_kernels: Vec<String> = kernels::by_arch(&opts.kernel, &opts.arch)?
+        .into_iter()
+        .find(|(arch, _)| *arch == Arch::Amd64)
+        .map(|(_, names)| names)
+        .unwrap_or_default();
     let run_systemd = || -> anyhow::Result<()> {
-        let source = Options { systemd: true, package: false, with_systemd: false, ..opts.clone() };
+        let source = Options {
+            systemd: true,
+            package: false,
+            with_systemd: false,
+            kernel: systemd_kernels.clone(),
+            arch: vec![Arch::Amd64],
+            ..opts.clone()
+        };
         systemd::run(&source)?;
         systemd::run(&Options { package: true, ..source })
     };
@@ -255,7 +290,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let failed: Vec<&str> = rows
         .iter()
         .filter(|r| !matches!(&r.outcome, Ok(o) if o.verdict == qemu::Verdict::Passed))
-        .map(|r| r.kernel.name.as_str())
+        .map(|r| r.kernel.label.as_str())
         .collect();
     let systemd = systemd_result.into_inner().unwrap().transpose();
     if !failed.is_empty() {
@@ -265,6 +300,78 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         bail!("the VM tests failed on kernel {}", failed.join(", "));
     }
     systemd.map(|_| ()).context("the systemd guest")
+}
+
+/// One architecture's image.
+struct Image {
+    /// `target/vm/initramfs.cpio`, `initramfs-arm64.cpio`.
+    path: std::path::PathBuf,
+    /// It carries redis-server (the host's, or the architecture's package): the guests require
+    /// `redis`.
+    redis: bool,
+}
+
+/// Builds the guests' payload for `arch` and writes its image.
+fn image(
+    opts: &Options,
+    arch: Arch,
+    ebpf_object: Option<&std::path::Path>,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<Image> {
+    arch.ensure_toolchain()?;
+    let userland = if arch.is_host() { None } else { Some(userland::Userland::prepare(arch)?) };
+    let redis = match &userland {
+        None => build_ebpf::which("redis-server").is_some(),
+        Some(userland) => userland.tool("redis-server").is_some(),
+    };
+    let selection = payload::Selection {
+        arch,
+        cargo_args: &opts.cargo_args,
+        all_tests: opts.all_tests,
+        own_filters: !opts.test_args.is_empty(),
+        arch_subset: opts.arch_subset,
+    };
+    let (built, extra) =
+        if opts.package { package::payload(arch)? } else { (payload::build(&selection, ebpf_object)?, Vec::new()) };
+    if !built.host_only.is_empty() {
+        println!(
+            "vm: left to the host (`cargo xtask test`; --all-tests runs them here too): {}",
+            built.host_only.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let mut env = Vec::new();
+    if opts.long {
+        env.push(("GUARD_LONG_TESTS".to_string(), "1".to_string()));
+    }
+    let initrd = vm_dir.join(if arch.is_host() {
+        "initramfs.cpio".to_string()
+    } else {
+        format!("initramfs-{}.cpio", arch.debian())
+    });
+    let size = initramfs::write(
+        &initrd,
+        &initramfs::Payload {
+            init: built.init,
+            tests: &built.tests,
+            bins: &built.bins,
+            test_args: opts.test_args.clone(),
+            env,
+            userland: userland.as_ref(),
+            extra,
+        },
+    )?;
+    println!(
+        "vm: {} ({} MiB): {}",
+        initrd.display(),
+        size >> 20,
+        built
+            .tests
+            .iter()
+            .map(|t| if t.args.is_empty() { t.name.clone() } else { format!("{} ({})", t.name, t.args.join(" ")) })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(Image { path: initrd, redis })
 }
 
 fn print_matrix(rows: &[Row]) {
@@ -280,12 +387,12 @@ fn print_matrix(rows: &[Row]) {
                     qemu::Verdict::Passed => "pass".to_string(),
                     qemu::Verdict::Failed => "FAIL".to_string(),
                     qemu::Verdict::Broken(why) => {
-                        notes.push(format!("{}: {why}", k.name));
+                        notes.push(format!("{}: {why}", k.label));
                         "BROKEN".to_string()
                     }
                 };
                 [
-                    k.name.clone(),
+                    k.label.clone(),
                     package,
                     o.release.clone().unwrap_or_else(|| "-".into()),
                     result,
@@ -294,8 +401,8 @@ fn print_matrix(rows: &[Row]) {
                 ]
             }
             Err(err) => {
-                notes.push(format!("{}: {err}", k.name));
-                [k.name.clone(), package, "-".into(), "ERROR".into(), "-".into(), "-".into()]
+                notes.push(format!("{}: {err}", k.label));
+                [k.label.clone(), package, "-".into(), "ERROR".into(), "-".into(), "-".into()]
             }
         };
         table.push(line);
@@ -314,8 +421,9 @@ fn print_matrix(rows: &[Row]) {
     }
 }
 
-/// Kernel options guard's tests rely on that a config lacks (`=y` required: the guest loads no modules).
-fn missing_config(config: &std::path::Path) -> anyhow::Result<Vec<&'static str>> {
+/// Kernel options guard's tests rely on that a config lacks (`=y` required: the guest loads no
+/// modules). The console is the 8250 UART on x86_64 and the virt board's PL011 on arm64.
+fn missing_config(config: &std::path::Path, arch: Arch) -> anyhow::Result<Vec<&'static str>> {
     const NEEDED: &[&str] = &[
         "CONFIG_BPF_SYSCALL",
         "CONFIG_DEBUG_INFO_BTF",
@@ -325,8 +433,16 @@ fn missing_config(config: &std::path::Path) -> anyhow::Result<Vec<&'static str>>
         "CONFIG_DEVTMPFS",
         "CONFIG_TMPFS",
         "CONFIG_BLK_DEV_INITRD",
-        "CONFIG_SERIAL_8250_CONSOLE",
     ];
+    let console = match arch {
+        Arch::Amd64 => "CONFIG_SERIAL_8250_CONSOLE",
+        Arch::Arm64 => "CONFIG_SERIAL_AMBA_PL011_CONSOLE",
+    };
     let text = fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
-    Ok(NEEDED.iter().copied().filter(|option| !text.lines().any(|l| l == format!("{option}=y"))).collect())
+    Ok(NEEDED
+        .iter()
+        .copied()
+        .chain([console])
+        .filter(|option| !text.lines().any(|l| l == format!("{option}=y")))
+        .collect())
 }

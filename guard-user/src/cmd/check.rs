@@ -2,10 +2,45 @@
 use std::{process::ExitCode, time::SystemTime};
 
 use super::InstallArgs;
-use crate::install::{self, Layout, Systemctl};
+use crate::{
+    account::Account,
+    install::{self, Layout, Systemctl},
+};
 
+/// `check` for the account the arguments name. As root with no account named (no `--user`, not
+/// through sudo), root's own instance is never what is meant: every instance installed in the
+/// unit directory is checked instead, each under a line naming it.
 pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
-    let l = Layout::for_check(&super::install::request(&args)?)?;
+    let resolved = Account::resolve(args.account.user.as_deref())?;
+    if !resolved.is_implicit_root() {
+        return check_one(&args, &resolved.account);
+    }
+    anyhow::ensure!(
+        args.account.home.is_none() && args.account.config.is_none(),
+        "--home and --config name one account's files: pass --user NAME with them"
+    );
+    let unit_dir = args.unit_dir.clone().unwrap_or_else(|| super::install::UNIT_DIR.into());
+    let accounts = install::installed_accounts(&unit_dir);
+    if accounts.is_empty() {
+        println!(
+            "no guard is installed in {} (no guard-user@ACCOUNT.service.d/home.conf): guard-user install --user NAME \
+             installs one",
+            install::shown(&unit_dir)
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let mut drift = false;
+    for name in &accounts {
+        // The first line names whom it read (no --user was given).
+        println!("{}:", install::instance_name(name));
+        let account = Account::by_name(name.as_str())?;
+        drift |= check_one(&args, &account)? != ExitCode::SUCCESS;
+    }
+    Ok(if drift { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn check_one(args: &InstallArgs, account: &Account) -> anyhow::Result<ExitCode> {
+    let l = Layout::for_check(&super::install::request(args, account)?)?;
     let mut report = install::check(&l, &Systemctl, SystemTime::now());
     // docs/operations.md: the fleet heartbeat at the current endpoint. A missing heartbeat is drift; an
     // unreachable Redis is said but is not drift (the guard never depends on Redis).
@@ -40,6 +75,10 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 && !report.skipped.is_empty() {
         println!("not root, so these checks were skipped:");
+    }
+    // After the verdict: what the service runs with beyond its drop-in.
+    if let Some(flags) = &report.flags {
+        println!("{flags}");
     }
     for s in &report.skipped {
         println!("  skipped: {s}");

@@ -50,6 +50,8 @@ struct Row {
     age: Duration,
     cmdline: Arc<ShownCmdline>,
     verdict: CmdVerdict,
+    /// The heavy-command slot it holds or waits for, as the running guard last said.
+    slot: Option<super::slots_view::Place>,
 }
 
 /// Seconds since boot (the clock /proc's start times count from).
@@ -135,6 +137,9 @@ struct ProcessJson<'a> {
     pattern_index: Option<usize>,
     pid: u32,
     skip_reason: Option<&'static str>,
+    /// Present when it heads a tree that holds or waits for a heavy-command slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slot: Option<super::slots_view::Place>,
     verdict: &'static str,
 }
 
@@ -151,6 +156,7 @@ impl<'a> ProcessJson<'a> {
             pattern_index: v.pattern_index,
             pid: r.pid,
             skip_reason: v.skip_reason,
+            slot: r.slot.clone(),
             verdict: v.verdict,
         }
     }
@@ -248,7 +254,8 @@ impl Snapshots for Scan {
 }
 
 pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) =
+        super::account(&args.account, "explain", crate::account::Purpose::ShowsCommandLines)?;
     let who = FsIdentity::from(&account);
     let config = match config::load(&config_path, &home, who) {
         Ok(c) => c,
@@ -302,13 +309,16 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let procs = gathered.snapshot.view.members.get(&name).cloned().unwrap_or_default();
     let was_flagged = memory.clocks().contains_key(&name);
     let now = Clock::now(&clock);
-    let input = Input { view: &gathered.snapshot.view, config: &config, now, verdicts };
+    let input = Input { view: &gathered.snapshot.view, config: &config, now, verdicts, dry_run: false };
     let plan = memory.begin(input);
     let plan = plan.decided();
     let excluded = config.is_excluded(&name);
     // An excluded name is not matched; its command lines are read here, one at a time into one
     // buffer, only to be shown.
     let shown_only = RefCell::new((Vec::new(), Budget::until(started + 2 * OVERALL)));
+    // Slots live in the daemon only: its last status says who holds or waits.
+    let status_path = crate::status::locate(&config_path, &home, who);
+    let slots = crate::status::read(&status_path, who).ok().and_then(|s| s.slots);
     let rows = procs.iter().map(|p| Row {
         pid: p.id.pid,
         age: age(p),
@@ -318,6 +328,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             Arc::new(if read { ShownCmdline::of(buf) } else { ShownCmdline::default() })
         }),
         verdict: verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone),
+        slot: slots.as_ref().and_then(|s| super::slots_view::place_of(s, p.id.pid, p.id.start_ticks)),
     });
     let count = procs.len() as u32;
     let flagged = plan.status.iter().find(|r| r.flagged_since.is_some() && r.name == name.to_string());
@@ -398,6 +409,9 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     for r in rows {
         writeln!(out, "{:>8} {:>8}  {}", r.pid, human(r.age), verdict_text(r.verdict, patterns, excluded))?;
         writeln!(out, "{:>19}{}", "", r.cmdline.line())?;
+        if let Some(place) = &r.slot {
+            writeln!(out, "{:>19}{}", "", super::slots_view::place_text(place, now.wall))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,7 +5,10 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::Context;
 
 use super::InstallArgs;
-use crate::install::{self, shown, Layout, Outcome, Request, Systemctl};
+use crate::{
+    account::{Account, Purpose},
+    install::{self, shown, Layout, Outcome, Request, Systemctl},
+};
 
 /// Default `--unit-dir` and `--bin-dir`.
 pub const UNIT_DIR: &str = "/etc/systemd/system";
@@ -14,11 +17,11 @@ pub const BIN_DIR: &str = "/usr/local/bin";
 /// The request `install`, `check` and `uninstall` validate. `GUARD_PACKAGED_ROOT` (tests) moves
 /// the packaged layout (`/usr/bin`, `/lib/systemd/system`, `/usr/share/guard-user`) under a
 /// directory.
-pub fn request(args: &InstallArgs) -> anyhow::Result<Request> {
+pub fn request(args: &InstallArgs, user: &Account) -> anyhow::Result<Request> {
     // Relative paths mean the caller's directory; the daemon runs in `/`.
     let absolute = |p: &PathBuf| std::path::absolute(p).with_context(|| format!("{}", p.display()));
     Ok(Request {
-        user: args.account.user.clone(),
+        account: user.clone(),
         home: args.account.home.as_ref().map(absolute).transpose()?,
         config: args.account.config.as_ref().map(absolute).transpose()?,
         config_source: args.config_source.clone(),
@@ -37,7 +40,8 @@ fn require_root(what: &str) -> anyhow::Result<()> {
 
 pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     require_root("install")?;
-    let l = Layout::for_install(&request(&args)?)?;
+    let (account, _, _) = super::account(&args.account, "install", Purpose::Acts)?;
+    let l = Layout::for_install(&request(&args, &account)?)?;
     let (outcome, changes) = install::install(&l, &Systemctl).context("install")?;
     let scheduled = outcome == Outcome::Scheduled;
     let code = match outcome {
@@ -90,9 +94,16 @@ fn shell_word(word: &str) -> String {
 
 pub fn uninstall(args: InstallArgs) -> anyhow::Result<ExitCode> {
     require_root("uninstall")?;
-    let l = Layout::for_uninstall(&request(&args)?)?;
+    let (account, _, _) = super::account(&args.account, "uninstall", Purpose::Acts)?;
+    let l = Layout::for_uninstall(&request(&args, &account)?)?;
     let (changes, others) = install::uninstall(&l, &Systemctl).context("uninstall")?;
+    // The daemon is stopped: nothing it held may stay frozen (its unit's ExecStopPost= did
+    // this already where systemd runs; this covers a daemon that ran without it).
+    let released = super::slots_release::release_all();
     println!("[OK] Host guard removed for {}; kept {} and the log", l.user, shown(&l.config_link));
+    if released > 0 {
+        println!("  released {released} commands a heavy-command slot held");
+    }
     if !others.is_empty() {
         println!("  kept {} and {}: still used by {}", shown(&l.unit_path()), shown(&l.bin_path()), others.join(", "));
     }

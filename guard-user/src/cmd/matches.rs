@@ -22,7 +22,7 @@ use crate::{
         effects::Procfs,
     },
     escape::ShownCmdline,
-    pattern::{Limits, MatchOutcome, Matcher},
+    pattern::{habits, match_all, Limits, MatchOutcome, Matcher, PatternSetError},
     procfs,
 };
 
@@ -41,10 +41,27 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     let limits = Limits::default();
     let mut matcher = Matcher::new(PathBuf::from("/proc/self/exe"), limits.clone());
     if let Err(e) = matcher.set_patterns(std::slice::from_ref(&args.pattern)) {
-        eprintln!("guard-user match: {e}");
+        eprintln!("guard-user match: {}", refused(&args.pattern, &e));
         return Ok(ExitCode::from(2));
     }
+    let habits = habits::habits(&args.pattern);
+    if !habits.is_empty() {
+        // Valid, and answered as bash reads it; said first, since it may not be what was meant.
+        eprintln!(
+            "guard-user match: note: --pattern is written in another regex dialect: {}",
+            habits::describe(&habits)
+        );
+    }
     let deadline = Instant::now() + OVERALL;
+    if args.roots {
+        let probes = matcher.classify(match_all::PROBES, deadline);
+        if match_all::too_broad_for_roots(&probes) {
+            // The daemon's and validate's words for it, about --pattern.
+            let p = crate::config::too_broad_root(Some(0), &args.pattern);
+            eprintln!("guard-user match: sessions.roots: --pattern {}; {}", p.what, p.fix);
+            return Ok(ExitCode::from(2));
+        }
+    }
     let mut out = std::io::stdout().lock();
     if !args.cmdline.is_empty() {
         let texts: Vec<&[u8]> = args.cmdline.iter().map(|t| t.as_bytes()).collect();
@@ -53,7 +70,7 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let (account, _, _) = super::run::resolve_account(&args.account)?;
+    let (account, _, _) = super::account(&args.account, "match", crate::account::Purpose::ShowsCommandLines)?;
     let mut procs: Vec<_> = procfs::snapshot()?.into_iter().filter(|p| p.euid == account.uid).collect();
     procs.retain(|p| p.id.pid != std::process::id());
     procs.sort_by_key(|p| p.id.pid);
@@ -132,6 +149,32 @@ impl Pending {
         self.texts.clear();
         self.by_hash.clear();
         Ok(())
+    }
+}
+
+/// Why `--pattern` was refused, about the pattern itself (the list the error type speaks of is
+/// the config's, which `match` does not read), with what bash has instead of another dialect's
+/// syntax.
+fn refused(pattern: &str, e: &PatternSetError) -> String {
+    let shown = crate::escape::text_capped(pattern.as_bytes(), 200);
+    let hint = || {
+        let h = habits::habits(pattern);
+        if h.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", habits::describe(&h))
+        }
+    };
+    match e {
+        PatternSetError::Invalid { reason, .. } => {
+            format!("--pattern \"{shown}\" is not a valid bash extended regex: {reason}{}", hint())
+        }
+        PatternSetError::TooCostly { why, .. } => format!("--pattern \"{shown}\" is too costly to match safely: {why}"),
+        PatternSetError::TooLong { len, max, .. } => {
+            format!("--pattern is {len} bytes long, more than {max}; match a distinctive part of the command line")
+        }
+        PatternSetError::Nul { .. } => "--pattern contains a NUL byte, which bash cannot hold".to_string(),
+        other => other.to_string(),
     }
 }
 

@@ -19,7 +19,7 @@ use crate::{
 };
 
 pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
-    let (account, _, _) = super::run::resolve_account(&args.account)?;
+    let (account, _, _) = super::account(&args.account, "record", crate::account::Purpose::Acts)?;
     let seconds = crate::duration::parse_duration(&args.seconds).context("--seconds")?;
     let mut src = EbpfSource::load(&EbpfOptions { ring_bytes: None, ..Default::default() })
         .context("loading the BPF programs")?;

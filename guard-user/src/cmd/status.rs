@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::StatusArgs;
 use crate::{
+    account::Purpose,
     duration::human,
     status::{self, escape_for_terminal, Freshness, Status},
 };
@@ -19,7 +20,7 @@ pub fn main(args: StatusArgs) -> anyhow::Result<ExitCode> {
     if args.fleet {
         return super::fleet::main(args.json);
     }
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) = super::account(&args.account, "status", Purpose::Reads)?;
     let who = crate::safefs::FsIdentity::from(&account);
     let path = status::locate(&config_path, &home, who);
     let copy = crate::daemon::instance::trusted_status(account.uid, &home);
@@ -92,7 +93,7 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         ("events", s.events.to_string()),
         ("lost events", s.lost_events.to_string()),
         ("resyncs", s.resyncs.to_string()),
-        ("kills", s.kills.to_string()),
+        ("kills", kills(s)),
         ("tracked", tracked(s)),
     ];
     if let Some(e) = &s.config_error {
@@ -119,10 +120,21 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
         rows.push((
             "sessions",
             format!(
-                "{} live, {} ended with {} leftovers pending; {} leftovers, {} reaped since start (guard-user tree lists them)",
-                x.live, x.ended, x.pending_leftovers, x.leftovers_total, x.reaped_total
+                "{} live, {} ended with {} leftovers pending, {} reported leftovers still running; {} leftovers, {} \
+                 reaped since start (guard-user tree lists them)",
+                x.live, x.ended, x.pending_leftovers, x.reported_leftovers, x.leftovers_total, x.reaped_total
             ),
         ));
+        let reached: Vec<String> =
+            x.caps.each().iter().filter(|(_, n)| *n > 0).map(|(what, n)| format!("{what} {n}")).collect();
+        if !reached.is_empty() {
+            // Each is also one `WARN sessions_cap` line: what was reached fails safe (untracked,
+            // unclassified or refused, never reaped), and is said here until the daemon restarts.
+            rows.push(("caps", format!("sessions caps reached (times): {}", reached.join(", "))));
+        }
+    }
+    if let Some(x) = &s.slots {
+        rows.push(("slots", super::slots_view::summary(x)));
     }
     if let Some(v) = s.vitals.as_ref().map(vitals).filter(|v| !v.is_empty()) {
         rows.push(("daemon", v));
@@ -145,6 +157,9 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
             let _ = writeln!(out, "{:<16} {:>8} {:>6.2} {:>10}", text(&p.name), p.pid, p.cpu, human(secs(p.for_secs)));
         }
     }
+    if let Some(x) = &s.slots {
+        super::slots_view::render(&mut out, x, now);
+    }
     out
 }
 
@@ -154,6 +169,15 @@ fn warning(n: &status::NameStatus) -> String {
     let due = crate::policy::incidents::minutes_up(n.time_left_secs.unwrap_or(0.0));
     let (end, skip) = (n.would_end.unwrap_or(0), n.would_skip.unwrap_or(0));
     format!("{}: enforcement due in {due}m: ends {end}, skips {skip}", text(&n.name))
+}
+
+/// Every process ended, and by which rule when any was (older status files: `KILLED` lines only).
+fn kills(s: &Status) -> String {
+    let by = s.kills_by_reason;
+    if by.total() == 0 {
+        return s.kills.to_string();
+    }
+    format!("{} ({} ghost_detected, {} leftover)", s.kills, by.ghost_detected, by.leftover)
 }
 
 /// The account's processes, and the machine's when the daemon reported them (older status files

@@ -1,11 +1,15 @@
 //! `guard-user tree [--json]` (docs/operations.md): the account's live sessions as the running
-//! guard's last tick saw them (the status file), each root with its command and age, each process
-//! of the session with its CPU seconds and age read from /proc now, and the leftovers of ended
-//! sessions waiting for their grace. Only the daemon knows the lineage (it comes from fork events
-//! /proc no longer shows), so without a running guard there is nothing to show.
+//! guard's last tick saw them (its status), each root with its command and age, each process of
+//! the session with its CPU seconds and age read from /proc now, the leftovers of ended sessions
+//! waiting for their grace or being stopped, and those reported (or left alive by the stop) that
+//! still run. Only the daemon knows the lineage (it comes from fork events /proc no longer shows),
+//! so without a running guard there is nothing to show.
 //!
-//! The status file is the account's to rewrite: every text is shown escaped, and a process is
-//! shown only while /proc says it is still itself (same start time) and the account's.
+//! Run as root, `tree` reads the daemon's own copy of the status (beside its instance lock, where
+//! the account cannot write), never the file in the account's home, which the account could make
+//! list anything (or nothing). Run as anyone else, it reads the file in the home, which is then
+//! the caller's own. Every text is shown escaped, and a process is shown only while /proc says it
+//! is still itself (same start time) and the account's.
 use std::{fmt::Write as _, process::ExitCode, time::Duration, time::SystemTime};
 
 use serde::Serialize;
@@ -34,7 +38,7 @@ struct Session {
     root_pid: u32,
     root_name: String,
     command: String,
-    /// `live`, `grace` or `stopping`.
+    /// `live`, `grace`, `stopping` or `reported`.
     stage: String,
     root_age_secs: Option<u64>,
     /// For an ended session: seconds until its next step (its leftovers are due, or the SIGKILL).
@@ -53,20 +57,33 @@ struct TreeJson<'a> {
     grace_secs: f64,
     live: u64,
     ended: u64,
+    reported: u64,
     sessions: &'a [Session],
     sessions_not_shown: u64,
+    /// Heavy-command slots, when any is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slots: Option<&'a crate::status::SlotsStatus>,
 }
 
 pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) = super::account(&args.account, "tree", crate::account::Purpose::Reads)?;
     let who = crate::safefs::FsIdentity::from(&account);
     let path = status::locate(&config_path, &home, who);
-    let s = match status::read(&path, who) {
+    let copy = crate::daemon::instance::trusted_status(account.uid, &home);
+    let read = match &copy {
+        Some(copy) => status::read_trusted_only(copy),
+        None => status::read(&path, who),
+    };
+    let s = match read {
         Ok(s) => s,
         Err(e) if e.is_missing() => {
+            let (what, shown) = match &copy {
+                Some(c) => ("no status from a guard running as root for this account", &c.status),
+                None => ("no status file yet", &path),
+            };
             eprintln!(
-                "guard-user tree: no status file yet ({}): sessions are known only to a running guard; is it running? (guard-user check tells)",
-                escape::text(path.as_os_str().as_encoded_bytes())
+                "guard-user tree: {what} ({}): sessions are known only to a running guard; is it running? (guard-user check tells)",
+                escape::text(shown.as_os_str().as_encoded_bytes())
             );
             return Ok(ExitCode::from(1));
         }
@@ -78,6 +95,18 @@ pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
     let now = SystemTime::now();
     let stale = s.freshness(now).stale;
     let Some(sessions) = s.sessions.as_ref() else {
+        if let Some(slots) = s.slots.as_ref() {
+            // Heavy-command slots are process trees too: their holders and their queue.
+            if args.json {
+                let out = serde_json::json!({ "stale": stale, "slots": slots });
+                println!("{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
+            } else {
+                let mut out = String::new();
+                super::slots_view::render(&mut out, slots, now);
+                print!("{}", out.trim_start_matches('\n'));
+            }
+            return Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS });
+        }
         eprintln!("guard-user tree: sessions are off (the config has no \"sessions\" with roots)");
         return Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS });
     };
@@ -90,12 +119,18 @@ pub fn main(args: TreeArgs) -> anyhow::Result<ExitCode> {
             grace_secs: sessions.grace_secs,
             live: sessions.live,
             ended: sessions.ended,
+            reported: sessions.reported,
             sessions: &shown,
             sessions_not_shown: sessions.sessions_omitted,
+            slots: s.slots.as_ref(),
         };
         println!("{}", crate::status::json_for_terminal(&serde_json::to_string_pretty(&out)?));
     } else {
-        print!("{}", render(sessions, &shown, stale));
+        let mut text = render(sessions, &shown, stale);
+        if let Some(slots) = s.slots.as_ref() {
+            super::slots_view::render(&mut text, slots, now);
+        }
+        print!("{text}");
     }
     Ok(if stale { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
@@ -138,10 +173,11 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
     }
     let _ = writeln!(
         out,
-        "{} live session{}, {} ended; leftovers are {} after {}",
+        "{} live session{}, {} ended, {} with reported leftovers still running; leftovers are {} after {}",
         all.live,
         if all.live == 1 { "" } else { "s" },
         all.ended,
+        all.reported,
         if all.leftovers == "stop" { "stopped" } else { "reported" },
         human(Duration::from_secs_f64(all.grace_secs.clamp(0.0, 1e9)))
     );
@@ -152,6 +188,7 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
             }
             ("grace", Some(d)) => format!("ended, leftovers due in {}", human(Duration::from_secs_f64(d.min(1e9)))),
             ("stopping", _) => "ended, its leftovers being stopped".to_string(),
+            ("reported", _) => "ended, these leftovers were reported (LEFTOVER) and still run".to_string(),
             (other, _) => format!("ended ({})", text(other)),
         };
         let _ = writeln!(out, "\nroot {} {}  {}  {}", s.root_pid, text(&s.root_name), state, text(&s.command));
@@ -171,11 +208,21 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
             );
         }
         if s.processes_not_shown > 0 {
-            let _ = writeln!(out, "  … and {} more (not listed, or gone since the last tick)", s.processes_not_shown);
+            let _ = writeln!(
+                out,
+                "  … and {} more (over the {} listed per session, or gone since the last tick; the log's LEFTOVER lines name each leftover)",
+                s.processes_not_shown,
+                crate::policy::sessions::MAX_STATUS_PROCESSES
+            );
         }
     }
     if all.sessions_omitted > 0 {
-        let _ = writeln!(out, "\n… and {} more sessions", all.sessions_omitted);
+        let _ = writeln!(
+            out,
+            "\n… and {} more sessions (over the {} listed; guard-user status --json counts them)",
+            all.sessions_omitted,
+            crate::policy::sessions::MAX_STATUS_SESSIONS
+        );
     }
     out
 }

@@ -7,14 +7,15 @@ use std::{os::unix::ffi::OsStrExt, process::ExitCode};
 
 use super::ValidateArgs;
 use crate::{
-    config::{self, Problem},
+    account::Purpose,
+    config::{self, PatternList, Problem},
     escape,
     pattern::{match_all, PatternSetError},
     safefs::FsIdentity,
 };
 
 pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
-    let (account, home, config_path) = super::run::resolve_account(&args.account)?;
+    let (account, home, config_path) = super::account(&args.account, "validate", Purpose::Reads)?;
     let path = args.file.clone().unwrap_or(config_path);
     // Read with the account's rights, as the daemon does: a file the guard could not read is
     // not valid for it, whoever runs validate.
@@ -22,18 +23,26 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
         Ok(bytes) => {
             let mut problems: Vec<Problem> =
                 config::problems(&bytes, &home).into_iter().map(unknown_key_is_an_error).collect();
-            // Compile the patterns whatever else is wrong, once they passed the static checks.
             let doc = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
-            let list = |v: Option<&serde_json::Value>| {
-                v.and_then(|v| serde_json::from_value::<Vec<String>>(v.clone()).ok()).unwrap_or_default()
-            };
-            if !problems.iter().any(|p| p.key.starts_with("excludeCommands")) {
-                let patterns = list(doc.as_ref().and_then(|v| v.get("excludeCommands")));
-                problems.extend(pattern_problems(&patterns, Problem::refused_pattern));
+            // Every pattern the static checks let through is compiled, whatever else is wrong:
+            // a costly or malformed pattern never hides an invalid one behind it.
+            let excludes = doc.as_ref().and_then(|v| v.get("excludeCommands"));
+            let roots = doc.as_ref().and_then(|v| v.get("sessions")?.get("roots"));
+            let mut found = Vec::new();
+            for (list, value) in [(PatternList::ExcludeCommands, excludes), (PatternList::SessionsRoots, roots)] {
+                found.extend(pattern_problems(list, &checkable(list, value, &problems)));
             }
-            if !problems.iter().any(|p| p.key.starts_with("sessions")) {
-                let roots = list(doc.as_ref().and_then(|v| v.get("sessions")?.get("roots")));
-                problems.extend(pattern_problems(&roots, Problem::refused_root));
+            problems.extend(found);
+            // Whatever else is wrong: the stateFile as the daemon would expand it.
+            if let Some(state_file) = doc.as_ref().and_then(|v| v.get("stateFile")?.as_str()) {
+                if !problems.iter().any(|p| p.key == "stateFile") {
+                    problems.extend(state_file_problem(&config::expand_tilde(state_file, &home), &home));
+                }
+            }
+            if !problems.iter().any(|p| p.key.starts_with("slots")) {
+                if let Ok(c) = config::parse(&bytes, &home) {
+                    problems.extend(slot_problems(&c.slots));
+                }
             }
             problems
         }
@@ -62,21 +71,54 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The patterns of `list` to compile, with their indices: the string elements without a
+/// problem of their own (`excludeCommands[2]` too long, too costly), none when the list itself
+/// is wrong (not an array, too many).
+fn checkable(list: PatternList, value: Option<&serde_json::Value>, problems: &[Problem]) -> Vec<(usize, String)> {
+    let key = list.key();
+    let Some(items) = value.and_then(|v| v.as_array()) else { return Vec::new() };
+    if problems.iter().any(|p| p.key == key) {
+        return Vec::new();
+    }
+    items
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !problems.iter().any(|p| p.key == format!("{key}[{i}]")))
+        .filter_map(|(i, v)| Some((i, v.as_str()?.to_string())))
+        .collect()
+}
+
 /// Patterns the sandboxed matcher refuses to compile (invalid, or too costly for its bounds),
-/// each compiled alone so every one is reported. A matcher that cannot run is one problem.
-fn pattern_problems(patterns: &[String], refused: fn(usize, &str, &PatternSetError) -> Problem) -> Vec<Problem> {
+/// each compiled alone so every one is reported; valid ones that match every command line, and
+/// valid ones written in another dialect's syntax ([`Problem::habits`]). A matcher that cannot
+/// run is one problem.
+fn pattern_problems(list: PatternList, patterns: &[(usize, String)]) -> Vec<Problem> {
+    // What makes a pattern (or the list) too broad for its list, and how that is said: a root
+    // pattern that matches the empty command line, or every other one, makes every process a
+    // session root (the daemon refuses it too: `ERROR config_malformed sessions.roots`).
+    type Broad = fn(&[crate::pattern::MatchOutcome]) -> bool;
+    type TooBroad = fn(PatternList, Option<usize>, &str) -> Problem;
+    let (broad, too_broad): (Broad, TooBroad) = match list {
+        // Slots' patterns are checked by slot_problems, named by their slot.
+        PatternList::ExcludeCommands | PatternList::SlotCommands => (match_all::covers_every_probe, matches_everything),
+        PatternList::SessionsRoots => (match_all::too_broad_for_roots, |_, i, p| config::too_broad_root(i, p)),
+    };
     let mut matcher = crate::daemon::effects::sandboxed_matcher();
     let mut out = Vec::new();
     let probes_until = || std::time::Instant::now() + std::time::Duration::from_secs(5);
-    for (i, p) in patterns.iter().enumerate() {
+    for (i, p) in patterns {
         match matcher.set_patterns(std::slice::from_ref(p)) {
             Ok(()) => {
-                if match_all::matches_every_probe(&matcher.classify(match_all::PROBES, probes_until())) {
-                    out.push(matches_everything(Some(i), p));
+                if broad(&matcher.classify(match_all::PROBES, probes_until())) {
+                    out.push(too_broad(list, Some(*i), p));
                 }
+                out.extend(Problem::habits(list, *i, p));
             }
             Err(e) => {
-                out.push(refused(i, p, &e));
+                out.push(match list {
+                    PatternList::ExcludeCommands | PatternList::SlotCommands => Problem::refused_pattern(*i, p, &e),
+                    PatternList::SessionsRoots => Problem::refused_root(*i, p, &e),
+                });
                 if let PatternSetError::Worker(_) = e {
                     break;
                 }
@@ -84,32 +126,119 @@ fn pattern_problems(patterns: &[String], refused: fn(usize, &str, &PatternSetErr
         }
     }
     // Together the list can match every command line with no pattern doing so alone (`^$`, `.`).
-    if out.is_empty()
-        && patterns.len() > 1
-        && matcher.set_patterns(patterns).is_ok()
-        && match_all::covers_every_probe(&matcher.classify(match_all::PROBES, probes_until()))
+    let all: Vec<String> = patterns.iter().map(|(_, p)| p.clone()).collect();
+    if !out.iter().any(|p| !p.warning)
+        && all.len() > 1
+        && matcher.set_patterns(&all).is_ok()
+        && broad(&matcher.classify(match_all::PROBES, probes_until()))
     {
-        out.push(matches_everything(None, &patterns.join(" ")));
+        out.push(too_broad(list, None, &all.join(" ")));
     }
     out
 }
 
-/// A pattern (or, with `index` `None`, the list) that matches every command line: valid, and
-/// honoured by the daemon, but it protects every process of every enforced name, so nothing is
-/// ever ended (docs/configuration.md).
-fn matches_everything(index: Option<usize>, pattern: &str) -> Problem {
-    let key = index.map_or_else(|| "excludeCommands".to_string(), |i| format!("excludeCommands[{i}]"));
-    let shown = escape::text_capped(pattern.as_bytes(), 60);
-    let what = match index {
-        Some(_) => {
-            format!("\"{shown}\" matches every command line, so it protects every process of every enforced name")
+/// The slots' patterns the sandboxed matcher refuses, and those that match every command line
+/// (every command of the account would take the slot): both errors for the daemon too.
+fn slot_problems(slots: &[config::Slot]) -> Vec<Problem> {
+    let mut matcher = crate::daemon::effects::sandboxed_matcher();
+    let mut out = Vec::new();
+    let until = || std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for slot in slots {
+        for (i, p) in slot.commands.iter().enumerate() {
+            let key = format!("slots.{}.commands[{i}]", slot.name);
+            let shown = escape::text_capped(p.as_bytes(), 60);
+            match matcher.set_patterns(std::slice::from_ref(p)) {
+                Ok(()) if match_all::matches_every_command(&matcher.classify(match_all::command_probes(), until())) => {
+                    out.push(Problem::validate_only(
+                        key,
+                        format!("\"{shown}\" matches every command line, so every command of the account would take the slot"),
+                        "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)"
+                            .into(),
+                    ));
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    let mut problem = Problem::refused_pattern(i, p, &e);
+                    problem.key = key;
+                    out.push(problem);
+                    if let PatternSetError::Worker(_) = e {
+                        return out;
+                    }
+                }
+            }
         }
-        None => "together these patterns match every command line, so they protect every process of every \
-                 enforced name"
-            .to_string(),
+    }
+    out
+}
+
+/// A `stateFile` outside the home: the shipped unit makes only the home writable
+/// (`ReadWritePaths=<home>`), so the daemon would log `ERROR state_unwritable` every tick there
+/// and keep its flag clocks only in memory. Judged on the path as written (`..` resolved, `~`
+/// being the home validate checks for) and, where the directory exists, on where it leads.
+fn state_file_problem(state_file: &std::path::Path, home: &std::path::Path) -> Option<Problem> {
+    use std::path::{Component, PathBuf};
+    let lexical = |p: &std::path::Path| {
+        let mut out = PathBuf::new();
+        for c in p.components() {
+            match c {
+                Component::ParentDir => {
+                    out.pop();
+                }
+                Component::CurDir => {}
+                other => out.push(other),
+            }
+        }
+        out
     };
-    let fix = "to spare a whole name, list it in excludes; otherwise match what sets its command lines apart \
-               (try it with guard-user match --pattern)";
+    let (file, home_l) = (lexical(state_file), lexical(home));
+    let canonical = |p: &std::path::Path| p.canonicalize().ok();
+    let inside = file.starts_with(&home_l)
+        && match (file.parent().and_then(canonical), canonical(home)) {
+            (Some(dir), Some(home)) => dir.starts_with(home),
+            _ => true,
+        };
+    if inside {
+        return None;
+    }
+    let what = format!(
+        "{} is outside the home {}: the systemd unit makes only the home writable, so the daemon could not save \
+         its flag clocks there (ERROR state_unwritable every tick)",
+        escape::text(state_file.as_os_str().as_bytes()),
+        escape::text(home.as_os_str().as_bytes())
+    );
+    let fix = "keep it in the home, e.g. \"~/guard-daemon-state.json\" (or leave stateFile out)".to_string();
+    Some(Problem::validate_only("stateFile".into(), what, fix))
+}
+
+/// A pattern (or, with `index` `None`, the list) that matches every command line. In
+/// `excludeCommands` it is valid and honoured by the daemon, but it protects every process of
+/// every enforced name, so nothing is ever ended; in `sessions.roots` the daemon refuses it
+/// (every orphan would be a leftover) and keeps sessions off (docs/configuration.md).
+fn matches_everything(list: PatternList, index: Option<usize>, pattern: &str) -> Problem {
+    let key = index.map_or_else(|| list.key().to_string(), |i| format!("{}[{i}]", list.key()));
+    let shown = escape::text_capped(pattern.as_bytes(), 60);
+    let (subject, verb, it) = match index {
+        Some(_) => (format!("\"{shown}\""), "matches", "it protects"),
+        None => ("together these patterns".to_string(), "match", "they protect"),
+    };
+    let (what, fix) = match list {
+        PatternList::SlotCommands => (
+            format!("{subject} {verb} every command line, so every command of the account would take the slot"),
+            "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)",
+        ),
+        PatternList::ExcludeCommands => (
+            format!("{subject} {verb} every command line, so {it} every process of every enforced name"),
+            "to spare a whole name, list it in excludes; otherwise match what sets its command lines apart \
+             (try it with guard-user match --pattern)",
+        ),
+        PatternList::SessionsRoots => (
+            format!(
+                "{subject} {verb} every command line, which would make every orphan a leftover: the daemon refuses \
+                 it and keeps sessions off"
+            ),
+            "match the command line of the session roots only (try it with guard-user match --pattern)",
+        ),
+    };
     Problem::validate_only(key, what, fix.to_string())
 }
 

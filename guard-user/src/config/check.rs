@@ -7,13 +7,26 @@ use serde_json::{Map, Value};
 
 use super::*;
 
+#[path = "pattern_problems.rs"]
+mod pattern_problems;
 #[path = "sessions.rs"]
 mod sessions;
+#[cfg(test)]
+pub(super) use pattern_problems::pattern_error;
+pub use pattern_problems::{refused_patterns, refused_patterns_of};
+pub use sessions::too_broad_root;
+#[path = "shown.rs"]
+mod shown;
+#[path = "slots.rs"]
+mod slots;
+#[path = "written.rs"]
+pub(super) mod written;
+pub use slots::{all_patterns as all_slot_patterns, slot_of_pattern};
 
-use crate::{
-    duration::{parse_duration_max, DurationError},
-    pattern::PatternSetError,
-};
+use shown::{kind, shown};
+use shown::{prefix, shown_value, takes_string};
+
+use crate::duration::{parse_duration_max, DurationError};
 
 const FIX_JSON: &str = "fix the JSON syntax at that position";
 const FIX_TOP: &str = r#"write one JSON object, e.g. {"threshold": 30}"#;
@@ -59,6 +72,11 @@ impl Problem {
         self.error.as_ref()
     }
 
+    /// The daemon's error for this problem (`None` for what only `validate` reports).
+    pub fn into_error(self) -> Option<ConfigError> {
+        self.error
+    }
+
     /// A problem that stopped the document from being read at all (missing, unreadable).
     pub fn from_error(error: ConfigError) -> Problem {
         let (key, what) = match &error {
@@ -70,71 +88,6 @@ impl Problem {
         };
         Problem { key, what, fix: error.fix().to_string(), warning: false, error: Some(error) }
     }
-}
-
-impl Problem {
-    /// A pattern the sandboxed matcher refused, logged as `config_malformed excludeCommands
-    /// pattern=<p> index=<i>` with the matcher's reason (`validate` compiles each one alone, so it says
-    /// which `index` that was).
-    pub fn refused_pattern(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
-        refused_problem(PatternList::ExcludeCommands, Some(index), pattern, e)
-    }
-
-    /// [`Problem::refused_pattern`] for a pattern of `sessions.roots`.
-    pub fn refused_root(index: usize, pattern: &str, e: &PatternSetError) -> Problem {
-        refused_problem(PatternList::SessionsRoots, Some(index), pattern, e)
-    }
-
-    /// A problem only `validate` reports: the daemon uses the document as it is (e.g. a pattern
-    /// that matches every command line, docs/configuration.md), so there is no `ERROR` line.
-    pub fn validate_only(key: String, what: String, fix: String) -> Problem {
-        Problem { key, what, fix, warning: false, error: None }
-    }
-}
-
-fn refused_problem(list: PatternList, index: Option<usize>, pattern: &str, e: &PatternSetError) -> Problem {
-    match e {
-        PatternSetError::Invalid { reason, .. } => pattern_problem(list, index, pattern, reason),
-        PatternSetError::TooCostly { why, .. } => {
-            pattern_problem(list, index, pattern, &format!("too costly to match safely ({why})"))
-        }
-        PatternSetError::Worker(_) => pattern_problem(list, index, pattern, &format!("could not be checked: {e}")),
-        other => pattern_problem(list, index, pattern, &other.to_string()),
-    }
-}
-
-/// `list` is the key the patterns are under: `excludeCommands` or `sessions.roots`.
-fn pattern_problem(list: PatternList, index: Option<usize>, pattern: &str, reason: &str) -> Problem {
-    let key = index.map_or_else(|| list.key().to_string(), |i| format!("{}[{i}]", list.key()));
-    let what = format!(
-        "\"{}\" is not a valid bash extended regex ({})",
-        escape::text_capped(pattern.as_bytes(), 60),
-        // The matcher's own fixed text: nothing of the account's to escape.
-        reason.chars().filter(|c| !c.is_control()).collect::<String>()
-    );
-    let fix = FIX_INVALID_PATTERN;
-    let error = ConfigError::Pattern { list, pattern: prefix(pattern), index, why: what.clone(), fix };
-    Problem { key, what, fix: fix.into(), warning: false, error: Some(error) }
-}
-
-/// The config error of an in-process compile of `excludeCommands` (tests compare with it).
-#[cfg(test)]
-pub(super) fn pattern_error(list: PatternList, index: Option<usize>, pattern: &str, reason: &str) -> ConfigError {
-    pattern_problem(list, index, pattern, reason).error.expect("a pattern problem is an error")
-}
-
-/// The config error of a pattern list the daemon's sandboxed matcher refused: the problem,
-/// reason and fix `validate` gives for that pattern, so the log, status, heartbeat and `check`
-/// never word it another way.
-pub fn refused_patterns(patterns: &[String], e: &PatternSetError) -> ConfigError {
-    refused_patterns_of(PatternList::ExcludeCommands, patterns, e)
-}
-
-/// [`refused_patterns`] for the list under `list` (`sessions.roots`).
-pub fn refused_patterns_of(list: PatternList, patterns: &[String], e: &PatternSetError) -> ConfigError {
-    let index = e.index();
-    let pattern = index.and_then(|i| patterns.get(i)).map(String::as_str).or(e.pattern()).unwrap_or_default();
-    refused_problem(list, index, pattern, e).error.expect("a pattern problem is an error")
 }
 
 /// `threshold: "30" is a string; write a whole number >= 1, e.g. 30`
@@ -163,6 +116,8 @@ pub(super) fn check(bytes: &[u8], home: &Path) -> Result<Config, ConfigError> {
 #[derive(Default)]
 struct Checker {
     problems: Vec<Problem>,
+    /// Where each key is written, and its value's text as written ([`written::scan`]).
+    written: written::Written,
 }
 
 impl Checker {
@@ -174,8 +129,42 @@ impl Checker {
     /// `config_malformed <log_key> value=<v> [index=<i>] reason=<what> fix=<fix>`.
     fn bad(&mut self, log_key: &'static str, index: Option<usize>, what: String, fix: &'static str, v: &Value) {
         let key = index.map_or_else(|| log_key.to_string(), |i| format!("{log_key}[{i}]"));
-        let value = shown_value(v, takes_string(log_key));
-        self.error(key, what.clone(), fix, ConfigError::Value { key: log_key, value, index, why: what, fix });
+        // A string where the key takes none: its text, quoted (`value="30"`, never the number 30).
+        let string = matches!(v, Value::String(_)) && !takes_string(log_key);
+        let value = match (v, self.written.raw(log_key)) {
+            // A number as the file writes it (`1e3`, 20 digits), not as a float prints it.
+            (Value::Number(_), Some(raw)) if index.is_none() => raw.as_bytes().to_vec(),
+            (Value::String(t), _) if string => t.as_bytes()[..t.len().min(MAX_SHOWN_VALUE + 1)].to_vec(),
+            _ => shown_value(v, takes_string(log_key)),
+        };
+        let error = ConfigError::Value { key: log_key, value, string, index, why: what.clone(), fix };
+        self.error(key, what, fix, error);
+    }
+
+    /// `v`, the value of `path`, as a problem quotes it: a number as written in the file.
+    fn shown_at(&self, path: &str, v: &Value) -> String {
+        match (v, self.written.raw(path)) {
+            (Value::Number(_), Some(raw)) => escape::text_capped(raw.as_bytes(), 60),
+            _ => shown(v),
+        }
+    }
+
+    /// A key written more than once: serde (and so the daemon) uses the last one, which a
+    /// reader of the file may not expect (`threshold` 5 on line 2, 50 on line 9). A warning the
+    /// daemon logs once (`WARN config_repeated_key`), an error for `validate`.
+    fn repeated(&mut self, config: &mut Config) {
+        let repeated: Vec<written::Occurrences> = self.written.repeated().cloned().collect();
+        for k in repeated {
+            let mut lines: Vec<String> = k.lines.iter().map(|l| l.to_string()).collect();
+            if k.count > lines.len() {
+                lines.push("…".into());
+            }
+            let last = lines.pop().unwrap_or_default();
+            let on = if lines.is_empty() { last } else { format!("{} and {last}", lines.join(", ")) };
+            let what = format!("is written {} times (lines {on}); the daemon uses the last one", k.count);
+            self.warn(escape::text(k.path.as_bytes()), what, "keep only the one you mean".into());
+            config.repeated_keys.push(RepeatedKey { key: k.path, lines: k.lines, count: k.count });
+        }
     }
 
     fn warn(&mut self, key: String, what: String, fix: String) {
@@ -200,6 +189,7 @@ impl Checker {
                 return None;
             }
         };
+        self.written = written::scan(bytes);
         let root = doc.root;
         let Value::Object(map) = root else {
             // Valid JSON, but not an object: point at where the value starts.
@@ -219,8 +209,10 @@ impl Checker {
             repeat_after: DEFAULT_REPEAT_AFTER,
             stall_watch: Some(DEFAULT_STALL_WATCH),
             sessions: None,
+            slots: Vec::new(),
             unknown_keys: Vec::new(),
             unknown_keys_unlisted: 0,
+            repeated_keys: Vec::new(),
         };
         // KNOWN_KEYS order: the first problem found is the one the ERROR line reports.
         for &key in KNOWN_KEYS {
@@ -231,11 +223,17 @@ impl Checker {
                 continue;
             }
             match key {
-                "threshold" => match whole(v, 1, MAX_THRESHOLD as u64, " (no account can have more processes)") {
+                "threshold" => match whole(
+                    v,
+                    self.written.raw(key),
+                    1,
+                    MAX_THRESHOLD as u64,
+                    " (no account can have more processes)",
+                ) {
                     Ok(n) => c.threshold = n as u32,
                     Err(what) => self.bad("threshold", None, what, FIX_THRESHOLD, v),
                 },
-                "timeout" => match duration(v, MAX_TIMEOUT) {
+                "timeout" => match duration(v, self.written.raw(key), MAX_TIMEOUT) {
                     Ok(d) => c.timeout = d,
                     Err(what) => self.bad("timeout", None, what, FIX_TIMEOUT, v),
                 },
@@ -249,23 +247,26 @@ impl Checker {
                         c.exclude_commands = list;
                     }
                 }
-                "logMaxSizeMB" => match v.as_f64() {
-                    Some(mb) if mb > 0.0 && mb <= MAX_LOG_MB => c.log_max_bytes = ((mb * 1048576.0) as u64).max(1),
-                    Some(mb) if mb > MAX_LOG_MB => {
-                        self.bad("logMaxSizeMB", None, format!("{} is more than {MAX_LOG_MB}", shown(v)), FIX_LOG, v)
+                "logMaxSizeMB" => {
+                    let shown = self.shown_at(key, v);
+                    match v.as_f64() {
+                        Some(mb) if mb > 0.0 && mb <= MAX_LOG_MB => c.log_max_bytes = ((mb * 1048576.0) as u64).max(1),
+                        Some(mb) if mb > MAX_LOG_MB => {
+                            self.bad("logMaxSizeMB", None, format!("{shown} is more than {MAX_LOG_MB}"), FIX_LOG, v)
+                        }
+                        Some(_) => self.bad("logMaxSizeMB", None, format!("{shown} is not above 0"), FIX_LOG, v),
+                        None => self.bad("logMaxSizeMB", None, format!("{shown} is {}", kind(v)), FIX_LOG, v),
                     }
-                    Some(_) => self.bad("logMaxSizeMB", None, format!("{} is not above 0", shown(v)), FIX_LOG, v),
-                    None => self.bad("logMaxSizeMB", None, format!("{} is {}", shown(v), kind(v)), FIX_LOG, v),
-                },
+                }
                 "stateFile" => match state_file(v) {
                     Ok(s) => c.state_file = expand_tilde(s, home),
                     Err(what) => self.bad("stateFile", None, what, FIX_STATE, v),
                 },
-                "warnBefore" => match duration(v, MAX_TIMEOUT) {
+                "warnBefore" => match duration(v, self.written.raw(key), MAX_TIMEOUT) {
                     Ok(d) => c.warn_before = d,
                     Err(what) => self.bad("warnBefore", None, what, FIX_WARN_BEFORE, v),
                 },
-                "repeatAfter" => match whole(v, 1, MAX_REPEAT_AFTER as u64, "") {
+                "repeatAfter" => match whole(v, self.written.raw(key), 1, MAX_REPEAT_AFTER as u64, "") {
                     Ok(n) => c.repeat_after = n as u32,
                     Err(what) => self.bad("repeatAfter", None, what, FIX_REPEAT, v),
                 },
@@ -279,9 +280,15 @@ impl Checker {
                         c.sessions = s;
                     }
                 }
+                "slots" => {
+                    if let Some(s) = self.slots(v) {
+                        c.slots = s;
+                    }
+                }
                 _ => unreachable!("every known key is checked"),
             }
         }
+        self.repeated(&mut c);
         for key in doc.unknown {
             let fix = match closest(&key, KNOWN_KEYS) {
                 Some(k) => format!("did you mean \"{k}\"? (an unknown key is ignored)"),
@@ -389,23 +396,24 @@ impl Checker {
         let before = self.problems.len();
         let mut s = DEFAULT_STALL_WATCH;
         if let Some(cpu) = map.get("peggedCpu") {
+            let shown = self.shown_at("stallWatch.peggedCpu", cpu);
             match cpu.as_f64() {
                 Some(x) if x > 0.0 && x <= MAX_PEGGED_CPU => s.pegged_cpu = x,
                 Some(_) => {
-                    let what = format!("{} is not above 0 and at most {MAX_PEGGED_CPU}", shown(cpu));
+                    let what = format!("{shown} is not above 0 and at most {MAX_PEGGED_CPU}");
                     self.bad("stallWatch.peggedCpu", None, what, FIX_PEGGED_CPU, cpu);
                 }
                 None => {
-                    let what = format!("{} is {}", shown(cpu), kind(cpu));
+                    let what = format!("{shown} is {}", kind(cpu));
                     self.bad("stallWatch.peggedCpu", None, what, FIX_PEGGED_CPU, cpu);
                 }
             }
         }
         if let Some(window) = map.get("peggedFor") {
-            match duration(window, MAX_PEGGED_FOR) {
+            match duration(window, self.written.raw("stallWatch.peggedFor"), MAX_PEGGED_FOR) {
                 Ok(d) if d >= MIN_PEGGED_FOR => s.pegged_for = d,
                 Ok(_) => {
-                    let what = format!("{} is shorter than 10s", shown(window));
+                    let what = format!("{} is shorter than 10s", self.shown_at("stallWatch.peggedFor", window));
                     self.bad("stallWatch.peggedFor", None, what, FIX_PEGGED_FOR, window);
                 }
                 Err(what) => self.bad("stallWatch.peggedFor", None, what, FIX_PEGGED_FOR, window),
@@ -426,39 +434,73 @@ impl Checker {
     }
 }
 
-/// A whole number in `min..=max`, or what is wrong with `v`.
-fn whole(v: &Value, min: u64, max: u64, why_max: &str) -> Result<u64, String> {
-    let Value::Number(n) = v else { return Err(format!("{} is {}", shown(v), kind(v))) };
+/// A whole number in `min..=max`, or what is wrong with `v`. `written` is the value's text in
+/// the file when the scanner found it: problems quote it (`1e3`, a 20-digit number as written),
+/// and it decides whether a number written with an exponent or a fraction (`1e3`, `30.0`) is
+/// whole, exactly (a float cannot tell `30.0000000000000001` from 30). Such a number is taken:
+/// JSON has one kind of number, and `1e3` is 1000.
+fn whole(v: &Value, written: Option<&str>, min: u64, max: u64, why_max: &str) -> Result<u64, String> {
+    let shown = match (v, written) {
+        (Value::Number(_), Some(raw)) => escape::text_capped(raw.as_bytes(), 60),
+        _ => shown(v),
+    };
+    let Value::Number(n) = v else { return Err(format!("{shown} is {}", kind(v))) };
     if let Some(u) = n.as_u64() {
         return if u < min {
-            Err(format!("{u} is below {min}"))
+            Err(format!("{shown} is below {min}"))
         } else if u > max {
-            Err(format!("{u} is more than {max}{why_max}"))
+            Err(format!("{shown} is more than {max}{why_max}"))
         } else {
             Ok(u)
         };
     }
-    // Not a u64: a negative integer, or a number JSON wrote with a fraction or an exponent.
+    // Not a u64: a negative number, one beyond u64, or one written with a fraction or an exponent.
     let f = n.as_f64().unwrap_or(f64::NAN);
+    let integral = written.and_then(is_whole_literal).unwrap_or(f.fract() == 0.0);
     if f < 0.0 {
-        Err(format!("{} is negative", shown(v)))
-    } else if f.fract() != 0.0 || f <= max as f64 {
-        Err(format!("{} is not a whole number", shown(v)))
+        Err(format!("{shown} is negative"))
+    } else if !integral {
+        Err(format!("{shown} is not a whole number"))
+    } else if f > max as f64 {
+        Err(format!("{shown} is more than {max}{why_max}"))
+    } else if f < min as f64 {
+        Err(format!("{shown} is below {min}"))
     } else {
-        Err(format!("{} is more than {max}{why_max}", shown(v)))
+        Ok(f as u64)
     }
 }
 
+/// Whether a JSON number literal (`-1.50e2`) is a whole number, decided on its digits: the
+/// digits left after the exponent moves the point are all zeros. `None` when it is not a
+/// number literal (the float's answer is used then).
+fn is_whole_literal(raw: &str) -> Option<bool> {
+    let raw = raw.strip_prefix('-').unwrap_or(raw);
+    let (mantissa, exp) = match raw.find(['e', 'E']) {
+        Some(i) => (&raw[..i], raw[i + 1..].parse::<i64>().ok()?),
+        None => (raw, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // The fraction's digits that stay after the point once the exponent moved it.
+    let kept = frac.len() as i64 - exp.max(0);
+    let lost_int = (-exp).max(0); // a negative exponent moves integer digits behind the point too
+    let after: Vec<u8> =
+        int.bytes().rev().take(lost_int as usize).chain(frac.bytes().rev().take(kept.max(0) as usize)).collect();
+    Some(after.iter().all(|&b| b == b'0'))
+}
+
 /// A duration as `timeout` takes it (a unit string, whole seconds, or a digit string), at
-/// most `max`, or what is wrong with `v`.
-fn duration(v: &Value, max: Duration) -> Result<Duration, String> {
+/// most `max`, or what is wrong with `v` (`written`: as for [`whole`]).
+fn duration(v: &Value, written: Option<&str>, max: Duration) -> Result<Duration, String> {
     let most = if max == MAX_TIMEOUT { "1 year".to_string() } else { crate::duration::human(max) };
     match v {
         Value::String(s) => parse_duration_max(s, max).map_err(|e| match e {
             DurationError::Malformed { .. } => format!("{} is not a duration", shown(v)),
             DurationError::TooLong { .. } => format!("{} is more than {most}", shown(v)),
         }),
-        Value::Number(_) => whole(v, 0, max.as_secs(), &format!(" seconds ({most})")).map(Duration::from_secs),
+        Value::Number(_) => whole(v, written, 0, max.as_secs(), &format!(" seconds ({most})")).map(Duration::from_secs),
         other => Err(format!("{} is {}", shown(other), kind(other))),
     }
 }
@@ -474,75 +516,6 @@ fn state_file(v: &Value) -> Result<&str, String> {
     } else {
         Ok(s)
     }
-}
-
-/// What kind of JSON value `v` is, for "… is a string".
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// `v` as a human reads it in a problem: JSON, escaped to one printable line, cut at 60 bytes.
-fn shown(v: &Value) -> String {
-    match v {
-        Value::String(s) => format!("\"{}\"", escape::text_capped(s.as_bytes(), 60)),
-        other => escape::text_capped(&json_prefix(other, 61), 60),
-    }
-}
-
-/// The keys whose value may be a string: theirs is shown as its text (`value=1d`).
-fn takes_string(log_key: &str) -> bool {
-    matches!(
-        log_key,
-        "timeout" | "warnBefore" | "stateFile" | "stallWatch.peggedFor" | "sessions.leftovers" | "sessions.grace"
-    )
-}
-
-/// A value as the log shows it (docs/log.md): a string where the key takes one as its text,
-/// anything else as its compact JSON, so a value of the wrong type never passes for one of the
-/// right type (`"30"` where a number belongs is `"30"`, not `30`). Only the first
-/// [`MAX_SHOWN_VALUE`] + 1 bytes: the display cuts at [`MAX_SHOWN_VALUE`] (escaped) and a
-/// megabyte value is never copied or serialized whole.
-fn shown_value(v: &Value, takes_string: bool) -> Vec<u8> {
-    match v {
-        Value::String(s) if takes_string => s.as_bytes()[..s.len().min(MAX_SHOWN_VALUE + 1)].to_vec(),
-        other => json_prefix(other, MAX_SHOWN_VALUE + 1),
-    }
-}
-
-/// The first `limit` bytes of `v`'s compact JSON; serializing stops there.
-fn json_prefix(v: &Value, limit: usize) -> Vec<u8> {
-    struct Prefix(Vec<u8>, usize);
-    impl std::io::Write for Prefix {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let n = buf.len().min(self.1 - self.0.len());
-            self.0.extend_from_slice(&buf[..n]);
-            Ok(n) // 0 once full: serde_json stops with a WriteZero error
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut out = Prefix(Vec::new(), limit);
-    let _ = serde_json::to_writer(&mut out, v);
-    out.0
-}
-
-/// `s`, or its first [`MAX_SHOWN_VALUE`] + 1 bytes (to the next character boundary) when longer:
-/// enough for the display to cut and mark the cut.
-fn prefix(s: &str) -> String {
-    let mut end = s.len().min(MAX_SHOWN_VALUE + 1);
-    while !s.is_char_boundary(end) {
-        end += 1;
-    }
-    s[..end].to_string()
 }
 
 /// The known key an unknown one was probably meant to be (same ignoring case, or at most two

@@ -5,7 +5,7 @@
 //! blocking). [`problems`] lists every problem of a document with its fix (`guard-user
 //! validate`); `parse` fails with the first of them, so the two can never disagree. A
 //! [`ConfigError`] carries that problem's reason and fix: [`ConfigError::log_reason`] is the
-//! `ERROR` line's text (`config_malformed threshold value="\"30\"" reason="\"30\" is a string"
+//! `ERROR` line's text (`config_malformed threshold value="30" reason="\"30\" is a string"
 //! fix="write a whole number >= 1, e.g. 30"`), which the status file, the Redis heartbeat, the
 //! stream and `check` show as it is.
 //!
@@ -30,7 +30,9 @@ mod doc;
 #[cfg(test)]
 mod tests;
 
-pub use check::{problems, refused_patterns, refused_patterns_of, Problem};
+pub use check::{
+    all_slot_patterns, problems, refused_patterns, refused_patterns_of, slot_of_pattern, too_broad_root, Problem,
+};
 
 /// Configs beyond this size are refused without being read (a config is a few hundred bytes).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -102,6 +104,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "repeatAfter",
     "stallWatch",
     "sessions",
+    "slots",
 ];
 
 /// The stall watch's settings (docs/configuration.md).
@@ -120,7 +123,7 @@ pub struct Config {
     pub threshold: u32,
     /// How long a flagged name stays at/over the threshold before it is enforced.
     pub timeout: Duration,
-    /// Names never counted, compared ignoring ASCII case.
+    /// Names never flagged or ended (they are counted and shown), compared ignoring ASCII case.
     pub excludes: Vec<String>,
     /// Command lines matching any of these are never ended. Validated as text only (count,
     /// length, no NUL); the matcher compiles them.
@@ -137,11 +140,29 @@ pub struct Config {
     pub stall_watch: Option<StallWatch>,
     /// Session roots and their leftovers (docs/configuration.md); `None` when off.
     pub sessions: Option<Sessions>,
+    /// Heavy-command slots (docs/configuration.md `slots`), in the order they are tried (by name);
+    /// empty when off.
+    pub slots: Vec<Slot>,
     /// Keys we do not know: a warning, not an error (a newer config on an older guard). At
     /// most [`MAX_UNKNOWN_KEYS`], sorted, each cut to 200 bytes (`…` marks a cut).
     pub unknown_keys: Vec<String>,
     /// Unknown keys past the [`MAX_UNKNOWN_KEYS`] kept: counted, not listed.
     pub unknown_keys_unlisted: usize,
+    /// Keys written more than once (the last one is used): a warning for the daemon
+    /// (`WARN config_repeated_key`), an error for `validate`. Only keys guard knows are
+    /// tracked, so at most one entry per known key and member.
+    pub repeated_keys: Vec<RepeatedKey>,
+}
+
+/// A key the file writes more than once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepeatedKey {
+    /// `threshold`, `stallWatch.peggedCpu`.
+    pub key: String,
+    /// The lines of its first few occurrences (1-based).
+    pub lines: Vec<usize>,
+    /// How many times it is written.
+    pub count: usize,
 }
 
 /// `sessions` (docs/configuration.md): which processes are session roots, and what happens to
@@ -172,6 +193,55 @@ impl Leftovers {
         }
     }
 }
+
+/// One heavy-command slot (docs/configuration.md `slots`): at most `max` process trees of a command
+/// matching `commands` run at once for the account; the rest wait their turn (`queue`) or are
+/// only reported (`report`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    /// 1 to [`MAX_SLOT_NAME`] bytes of `[A-Za-z0-9_.-]`: written raw in lines, labels and rows.
+    pub name: String,
+    /// Bash extended regexes on the command line, validated like `excludeCommands`.
+    pub commands: Vec<String>,
+    /// Trees that may hold the slot at once.
+    pub max: u32,
+    /// A waiting command is let go after this long, never starved.
+    pub max_wait: Duration,
+    pub mode: SlotMode,
+}
+
+/// What a slot does to a command that finds it full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotMode {
+    /// `SLOT_WAIT … mode=report` only; the command runs.
+    Report,
+    /// The command waits, frozen, for its turn.
+    Queue,
+}
+
+impl SlotMode {
+    pub fn token(self) -> &'static str {
+        match self {
+            SlotMode::Report => "report",
+            SlotMode::Queue => "queue",
+        }
+    }
+}
+
+/// Slots one config may name: each is a queue and a metric series; a host has a few kinds of
+/// heavy command.
+pub const MAX_SLOTS: usize = 16;
+/// A slot's name, in bytes.
+pub const MAX_SLOT_NAME: usize = 32;
+/// Patterns of all the slots together: they are compiled into one list beside `excludeCommands`
+/// (256), in a matcher of their own, so the list stays within the matcher's bounds.
+pub const MAX_SLOT_PATTERNS: usize = 64;
+/// `max` at most: more holders than that is no slot.
+pub const MAX_SLOT_HOLDERS: u32 = 1024;
+/// `maxWait` bounds and default.
+pub const MIN_MAX_WAIT: Duration = Duration::from_secs(1);
+pub const MAX_MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30 * 60);
 
 /// `sessions.grace` when the key is absent.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
@@ -209,6 +279,8 @@ impl Config {
 pub enum PatternList {
     ExcludeCommands,
     SessionsRoots,
+    /// Every slot's `commands`, as one list (an index counts across the slots in their order).
+    SlotCommands,
 }
 
 impl PatternList {
@@ -217,6 +289,16 @@ impl PatternList {
         match self {
             PatternList::ExcludeCommands => "excludeCommands",
             PatternList::SessionsRoots => "sessions.roots",
+            PatternList::SlotCommands => "slots.commands",
+        }
+    }
+
+    /// How the matcher's errors name a pattern of this list.
+    pub fn source(self) -> crate::pattern::Source {
+        match self {
+            PatternList::ExcludeCommands => crate::pattern::Source::EXCLUDE_COMMANDS,
+            PatternList::SessionsRoots => crate::pattern::Source::SESSIONS_ROOTS,
+            PatternList::SlotCommands => crate::pattern::Source::SLOT_COMMANDS,
         }
     }
 }
@@ -277,13 +359,16 @@ pub enum ConfigError {
         fix: &'static str,
     },
     /// A key's value is of the wrong type or out of bounds.
-    #[error("config_malformed {key} value={}", escape::log_value_capped(value, MAX_SHOWN_VALUE))]
+    #[error("config_malformed {key} value={}", shown_value(value, *string))]
     Value {
         key: &'static str,
-        /// What the file holds, as the log shows it: the text of a string where the key takes
-        /// one, else the value's JSON (so the string "30" is `"30"`, never `30`). At most
-        /// [`MAX_SHOWN_VALUE`] + 1 bytes, so the display knows whether to cut.
+        /// What the file holds: the text of a string, else the value's JSON (a number as the
+        /// file writes it). At most [`MAX_SHOWN_VALUE`] + 1 bytes, so the display knows whether
+        /// to cut.
         value: Vec<u8>,
+        /// `value` is the text of a string where the key takes none: shown quoted whatever it
+        /// holds (`value="30"` for the string "30"; the number 30 is `value=30`).
+        string: bool,
         /// The element of a list (`excludes[3]`) the problem is about.
         index: Option<usize>,
         /// validate's reason (`"30" is a string`).
@@ -300,6 +385,15 @@ pub enum ConfigError {
         why: String,
         fix: &'static str,
     },
+}
+
+/// `value=` of a `config_malformed` line: a log value, always quoted when it is a string's text.
+fn shown_value(value: &[u8], string: bool) -> String {
+    if string {
+        escape::log_string_capped(value, MAX_SHOWN_VALUE)
+    } else {
+        escape::log_value_capped(value, MAX_SHOWN_VALUE)
+    }
 }
 
 impl ConfigError {

@@ -3,14 +3,20 @@
 //! `excludeCommands` (the same static bounds here, the same sandboxed matcher in the daemon).
 use serde_json::{Map, Value};
 
-use super::{duration, kind, shown, Checker};
-use crate::config::{Leftovers, PatternList, Sessions, DEFAULT_GRACE, MAX_GRACE};
+use super::{duration, kind, prefix, shown, Checker, ConfigError, Problem};
+use crate::{
+    config::{Leftovers, PatternList, Sessions, DEFAULT_GRACE, MAX_GRACE},
+    escape,
+};
 
 const FIX_SESSIONS: &str = r#"write false to turn it off, or an object like {"roots": ["(^|/)agent-wrapper( |$)"], "leftovers": "report", "grace": "10s"}"#;
 const FIX_ROOTS: &str = r#"name the session roots' command lines, e.g. "roots": ["(^|/)agent-wrapper( |$)"]"#;
 const FIX_LEFTOVERS: &str = r#"write "report" (LEFTOVER lines only) or "stop" (end them: SIGTERM, 10 s, SIGKILL)"#;
 const FIX_GRACE: &str = r#"write a duration from 0s to 24h, e.g. "10s""#;
 const KEYS: &[&str] = &["roots", "leftovers", "grace"];
+const FIX_BROAD_ROOT: &str = "match only the command lines of the programs that start sessions, e.g. \
+                              (^|/)agent-wrapper( |$) (try it with guard-user match --pattern); sessions stay off \
+                              until it is fixed";
 
 impl Checker {
     /// `Some(setting)` when valid (`Some(None)` = off), `None` after reporting a problem.
@@ -47,7 +53,7 @@ impl Checker {
             }
         }
         if let Some(grace) = map.get("grace") {
-            match duration(grace, MAX_GRACE) {
+            match duration(grace, self.written.raw("sessions.grace"), MAX_GRACE) {
                 Ok(d) => s.grace = d,
                 Err(what) => self.bad("sessions.grace", None, what, FIX_GRACE, grace),
             }
@@ -65,6 +71,26 @@ impl Checker {
         }
         (self.problems.len() == before).then_some(Some(s))
     }
+}
+
+/// A `sessions.roots` pattern (or, with `index` `None`, the whole list) that matches the empty
+/// command line or every other one (`pattern::match_all::too_broad_for_roots`): every process
+/// would be a root, and every orphan a leftover, so the config is refused (docs/configuration.md).
+pub fn too_broad_root(index: Option<usize>, pattern: &str) -> Problem {
+    let list = PatternList::SessionsRoots;
+    let key = index.map_or_else(|| list.key().to_string(), |i| format!("{}[{i}]", list.key()));
+    let what = match index {
+        Some(_) => format!(
+            "\"{}\" matches every command line (or the empty one), so every process would be a session root and \
+             every orphan a leftover",
+            escape::text_capped(pattern.as_bytes(), 60)
+        ),
+        None => "together these patterns match every command line, so every process would be a session root and \
+                 every orphan a leftover"
+            .to_string(),
+    };
+    let error = ConfigError::Pattern { list, pattern: prefix(pattern), index, why: what.clone(), fix: FIX_BROAD_ROOT };
+    Problem { key, what, fix: FIX_BROAD_ROOT.into(), warning: false, error: Some(error) }
 }
 
 #[cfg(test)]

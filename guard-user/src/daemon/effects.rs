@@ -53,6 +53,20 @@ pub trait Signaller: Send {
     fn term_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
     /// A session's leftovers, 10 s later: SIGKILL to those still themselves.
     fn kill_all(&mut self, targets: &[ProcState]) -> Vec<Outcome>;
+
+    /// What a plan says to send (`crate::policy::Signal`), nothing when there is no target.
+    fn send(&mut self, signal: crate::policy::Signal, targets: &[ProcState]) -> Vec<Outcome> {
+        use crate::policy::Signal;
+        if targets.is_empty() {
+            return Vec::new();
+        }
+        match signal {
+            Signal::End => self.end_all(targets),
+            Signal::Term => self.term_all(targets),
+            Signal::Kill => self.kill_all(targets),
+            Signal::Verify => self.verify_all(targets),
+        }
+    }
 }
 
 /// The Prometheus text file (`--metrics-file`, docs/metrics.md).

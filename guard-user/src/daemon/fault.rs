@@ -2,6 +2,8 @@
 //! release builds — and so the package — have none of this): `GUARD_FAULT=hang_tick:N` makes
 //! the N-th tick hang forever, `GUARD_FAULT=hang_pump:N` makes the pump hang on its N-th
 //! snapshot request. The supervision tests use them to prove a hang ends in exit 70.
+//! `GUARD_FAULT=holders_read:PID` makes `holders` hang reading process PID (its progress watch
+//! must leave it behind and say so).
 
 /// Whether `GUARD_FAULT` asks for `what` at occurrence `n`.
 #[cfg(debug_assertions)]
@@ -24,3 +26,16 @@ pub fn hang_if(what: &str, n: u64) {
 #[cfg(not(debug_assertions))]
 #[inline(always)]
 pub fn hang_if(_what: &str, _n: u64) {}
+
+/// The number `GUARD_FAULT=<what>:N` sets, in debug builds (`holders_budget:N` shrinks the
+/// holders read budget, so the tests see a run that runs out of it).
+#[cfg(debug_assertions)]
+pub fn number(what: &str) -> Option<u64> {
+    std::env::var("GUARD_FAULT").ok()?.strip_prefix(what)?.strip_prefix(':')?.parse().ok()
+}
+
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub fn number(_what: &str) -> Option<u64> {
+    None
+}

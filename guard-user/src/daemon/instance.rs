@@ -78,7 +78,13 @@ fn ensure_dir(dir: &Path) -> Result<(), InstanceError> {
 
 /// The lock file of (`uid`, `home`) in `dir`.
 fn lock_path(dir: &Path, uid: u32, home: &Path) -> PathBuf {
-    dir.join(format!("{uid}-{:016x}.lock", fnv1a(home.as_os_str().as_encoded_bytes())))
+    dir.join(format!("{}.lock", instance_name(uid, home)))
+}
+
+/// The daemon instance of (`uid`, `home`): its lock's name, also its slots' cgroup's and
+/// journal's (`<uid>-<hash of the home>`). `home` as `run` canonicalized it.
+pub fn instance_name(uid: u32, home: &Path) -> String {
+    format!("{uid}-{:016x}", fnv1a(home.as_os_str().as_encoded_bytes()))
 }
 
 /// Where a root daemon keeps its own copy of the status file, beside its lock, and the lock

@@ -146,9 +146,7 @@ impl LineageKeeper {
 
     pub fn command(&mut self, cmds: &[LineageCmd]) {
         if let Some(l) = self.lineage.as_mut() {
-            for c in cmds {
-                l.command(*c);
-            }
+            l.commands(cmds);
         }
         self.tell_news();
     }

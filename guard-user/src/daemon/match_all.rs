@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::effects::Classifier;
 use crate::pattern::{
-    match_all::{list_verdict, matches_every_probe, ListVerdict, PROBES},
+    match_all::{list_verdict, matches_every_probe, roots_verdict, too_broad_for_roots, ListVerdict, PROBES},
     MatchOutcome, Progress, Resume,
 };
 
@@ -40,6 +40,55 @@ impl MatchAllWatch {
                     && matches_every_probe(&probe(classifier, deadline))
             }),
         }
+    }
+}
+
+/// `sessions.roots`, checked once per list: a pattern (or the list together) that matches the
+/// empty command line or every other one is refused (`ERROR config_malformed sessions.roots`),
+/// and the answer is kept, so a refused list stays refused without asking the matcher again.
+#[derive(Default)]
+pub struct RootsWatch {
+    checked: Option<(Vec<String>, Option<Option<usize>>)>,
+}
+
+impl RootsWatch {
+    /// `Some(Some(i))`: pattern `i` is too broad; `Some(None)`: the list together is; `None`: the
+    /// list names roots (or the matcher refuses it, which the tick reports itself, or could not
+    /// decide by `deadline`, which is asked again next tick). Leaves the classifier holding
+    /// whichever list it compiled last, as [`MatchAllWatch::check`] does.
+    pub fn check(
+        &mut self,
+        classifier: &mut dyn Classifier,
+        patterns: &[String],
+        deadline: Instant,
+    ) -> Option<Option<usize>> {
+        if let Some((list, verdict)) = &self.checked {
+            if list == patterns {
+                return *verdict;
+            }
+        }
+        classifier.set_patterns(patterns).ok()?;
+        let verdict = match roots_verdict(&probe(classifier, deadline)) {
+            ListVerdict::Found(index) => Some(Some(index)),
+            ListVerdict::None => None,
+            ListVerdict::From(first) => {
+                let mut alone = None;
+                for (i, pattern) in patterns.iter().enumerate().skip(first) {
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                    if classifier.set_patterns(std::slice::from_ref(pattern)).is_ok()
+                        && too_broad_for_roots(&probe(classifier, deadline))
+                    {
+                        alone = Some(i);
+                        break;
+                    }
+                }
+                Some(alone)
+            }
+        };
+        self.checked = Some((patterns.to_vec(), verdict));
+        verdict
     }
 }
 
@@ -80,5 +129,17 @@ mod tests {
         // A list the matcher refuses is not checked (the tick reports the error) nor remembered.
         assert_eq!(watch.check(&mut classifier, &list(&["(unclosed"]), deadline), None);
         assert!(watch.checked.as_deref() == Some(&list(&["^$", "."])[..]));
+    }
+
+    #[test]
+    fn a_roots_list_that_makes_every_process_a_root_is_named_and_stays_refused() {
+        let mut watch = RootsWatch::default();
+        let mut classifier = InProcessClassifier::default();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert_eq!(watch.check(&mut classifier, &list(&["(^|/)agent-wrapper( |$)"]), deadline), None);
+        assert_eq!(watch.check(&mut classifier, &list(&["(^|/)agent-wrapper( |$)", "^"]), deadline), Some(Some(1)));
+        assert_eq!(watch.check(&mut classifier, &list(&["(^|/)agent-wrapper( |$)", "^"]), deadline), Some(Some(1)));
+        assert_eq!(watch.check(&mut classifier, &list(&["x", "^[^a-z]", "^[a-z]"]), deadline), Some(None));
+        assert_eq!(watch.check(&mut classifier, &list(&["x", "^[^a-z]", "y", "."]), deadline), Some(Some(3)));
     }
 }

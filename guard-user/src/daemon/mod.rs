@@ -34,6 +34,7 @@ use crate::{
 pub mod cmdlines;
 pub mod effects;
 pub mod fault;
+pub mod flags;
 pub mod gather;
 pub mod instance;
 pub mod keeper;
@@ -43,6 +44,9 @@ pub mod rebuild;
 pub mod recording;
 pub mod report;
 pub mod sessions;
+pub mod slots;
+pub mod slots_io;
+mod slots_releaser;
 pub mod source;
 pub mod supervise;
 pub mod tick;
@@ -96,16 +100,6 @@ pub enum DaemonError {
     Ebpf { reason: &'static str, detail: String },
 }
 
-/// Whether this process holds the capabilities BPF loading and tp_btf attachment need
-/// (`CapEff` in /proc/self/status): CAP_BPF (39) and CAP_PERFMON (38), or CAP_SYS_ADMIN (21).
-fn may_load_bpf() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return true };
-    let Some(hex) = status.lines().find_map(|l| l.strip_prefix("CapEff:")) else { return true };
-    let Ok(caps) = u64::from_str_radix(hex.trim(), 16) else { return true };
-    let has = |bit: u32| caps & (1u64 << bit) != 0;
-    has(21) || (has(38) && has(39))
-}
-
 /// `WARN setuid_untracked reason=<why the hook failed> fallback=<what tracks instead>` (one
 /// line, docs/log.md) and the details on stderr, when the credential hook did not attach.
 fn cred_warning(creds: &crate::ebpf::CredTracking) -> Option<Line> {
@@ -113,12 +107,12 @@ fn cred_warning(creds: &crate::ebpf::CredTracking) -> Option<Line> {
     let (fallback, hook) = creds.fallback()?;
     match creds {
         CredTracking::Audit { syscalls, .. } => tracing::warn!(
-            "uid changes without exec reach the table through the audit only: the commit_creds hook did not \
-             attach ({hook}), nor did the setuid tracepoints ({syscalls})"
+            "uid changes without exec reach the table through the audit only (--audit-interval): the \
+             commit_creds hook did not load ({hook}), nor did the setuid tracepoints ({syscalls})"
         ),
-        _ => tracing::warn!(
-            "the commit_creds hook did not attach ({hook}); the setuid tracepoints report uid changes, and an exec \
-             of a set-user-ID binary by a process whose real uid is not the account's reaches the table through \
+        _ => tracing::info!(
+            "uid changes without exec are reported by the setuid tracepoints, as the commit_creds hook did not \
+             load ({hook}); only a set-user-ID exec by a process whose real uid is not the account's waits for \
              the audit"
         ),
     }
@@ -166,7 +160,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
     let logger = Logger::new(opts.home.join("guard-daemon.log"), who, log_bytes, true);
     let loaded = match opts.backend {
         Backend::Procfs => None,
-        Backend::Ebpf | Backend::Auto if !may_load_bpf() => Some(Err((
+        Backend::Ebpf | Backend::Auto if !crate::ebpf::holds_bpf_capabilities() => Some(Err((
             "permission_denied",
             "loading BPF programs needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run guard-user as root".to_string(),
         ))),
@@ -204,6 +198,9 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
             logger.write(&line);
         }
     }
+    // What a daemon that died left frozen goes back before anything else (this instance's,
+    // and any other whose daemon is gone).
+    slots::release_leftovers(opts.account.uid, &opts.home, &logger);
     let warn_log = logger.clone();
     let mirror = Mirror::spawn(
         Endpoint::from_env(),
@@ -265,11 +262,26 @@ pub async fn run_with<S: EventSource>(
         dry_run: opts.dry_run,
         pid: std::process::id(),
     });
-    let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval, opts.account.uid);
+    let slots = Some(slots::SlotsSetup {
+        uid: opts.account.uid,
+        instance: instance::instance_name(opts.account.uid, &opts.home),
+        dry_run: opts.dry_run,
+        // Slots move processes between cgroups: root only.
+        // SAFETY: geteuid cannot fail.
+        privileged: unsafe { libc::geteuid() } == 0,
+        log: fx.log.clone(),
+        mirror: fx.mirror.clone(),
+        clock: fx.clock.clone(),
+    });
+    let (pump, pump_task) = pump::spawn(source, log.clone(), opts.audit_interval, opts.account.uid, slots);
     let settings = supervise::LoopSettings { interval: opts.interval, deadline: tick::tick_deadline(opts.interval) };
     let ticker = tick::Ticker::new(opts, backend, fx, pump.clone());
+    let stopping = pump.clone();
     let stopped =
         supervise::tick_loop(ticker, settings, pump, log.clone(), notifier, control, move || clock.now_mono()).await;
+    // Nothing waits after the daemon: every held command goes back before STOPPED (its
+    // releaser process does the same should this not finish, or not run at all).
+    stopping.slots_stop(std::time::Duration::from_secs(2)).await;
     pump_task.abort();
     log.write(&Line::Stopped(stopped.reason()));
     stopped

@@ -13,6 +13,7 @@ use super::{
     effects::LogSink,
     keeper::{LineageKeeper, LineageMode},
     rebuild::{Rebuilder, Step},
+    slots::{SlotKeeper, SlotsConfig, SlotsReport, SlotsSetup},
     source::{EventSource, Scanner},
 };
 use crate::{
@@ -54,6 +55,10 @@ pub enum Request {
     Ping { reply: oneshot::Sender<PumpStats> },
     /// Answered once the start-up table is complete.
     WhenReady { reply: oneshot::Sender<()> },
+    /// The tick's slots config (`None`: invalid, keep); the reply is the slots for the status.
+    Slots { config: Option<SlotsConfig>, reply: oneshot::Sender<Option<SlotsReport>> },
+    /// The daemon stops: every waiting command goes back to running first.
+    SlotsStop { reply: oneshot::Sender<()> },
 }
 
 /// How the tick and the watchdog talk to the pump.
@@ -80,6 +85,23 @@ impl PumpHandle {
         let (reply, rx) = oneshot::channel();
         self.tx.blocking_send(Request::Lineage { cmds, reply }).ok()?;
         rx.blocking_recv().ok().flatten()
+    }
+
+    /// From a blocking thread (the tick): the slots' config; returns the slots for the status.
+    pub fn slots_blocking(&self, config: Option<SlotsConfig>) -> Option<SlotsReport> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.blocking_send(Request::Slots { config, reply }).ok()?;
+        rx.blocking_recv().ok().flatten()
+    }
+
+    /// The daemon stops: waits (at most `within`) until nothing of the account is held.
+    pub async fn slots_stop(&self, within: Duration) {
+        let (reply, rx) = oneshot::channel();
+        let _ = tokio::time::timeout(within, async {
+            self.tx.send(Request::SlotsStop { reply }).await.ok()?;
+            rx.await.ok()
+        })
+        .await;
     }
 
     /// Resolves when a root session ended (see [`super::keeper`]).
@@ -128,6 +150,10 @@ struct Pump<S: EventSource> {
     keeper: LineageKeeper,
     /// Snapshot requests waiting for the lineage's parent read.
     held: Vec<Request>,
+    /// Heavy-command slots beside the table.
+    slots: SlotKeeper,
+    /// Which events the kernel wakes the pump for now.
+    wake: crate::event::Wake,
     /// The start-up table's phase was traced.
     announced: bool,
     /// Snapshot requests answered (for the test-only fault hook).
@@ -141,6 +167,7 @@ pub fn spawn<S: EventSource>(
     log: Arc<dyn LogSink>,
     audit_every: Duration,
     account: u32,
+    slots: Option<SlotsSetup>,
 ) -> (PumpHandle, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(16);
     let scope = Scope { account, ignore_pid: Some(std::process::id()) };
@@ -149,6 +176,8 @@ pub fn spawn<S: EventSource>(
     let pump = Pump {
         keeper: LineageKeeper::new(src.parents(), scope.ignore_pid, wake.clone()),
         held: Vec::new(),
+        slots: SlotKeeper::new(slots, src.rescans_every_tick(), scope.ignore_pid),
+        wake: crate::event::Wake::Timer,
         scanner: src.scanner(),
         src,
         log,
@@ -196,8 +225,20 @@ impl<S: EventSource> Pump<S> {
                             }
                         }
                         Request::Lineage { cmds, reply } => {
+                            // What happened up to now counts: a stop's chase looks at forks
+                            // made since its signals.
+                            if !rescans {
+                                self.drain_all();
+                            }
                             self.keeper.command(&cmds);
                             let _ = reply.send(self.keeper.view(&self.table));
+                        }
+                        Request::Slots { config, reply } => {
+                            let _ = reply.send(self.configure_slots(config));
+                        }
+                        Request::SlotsStop { reply } => {
+                            self.slots.stop(Duration::from_secs(2));
+                            let _ = reply.send(());
                         }
                         req if !self.rebuild.ready() => waiting.push(req),
                         req @ Request::Snapshot { .. } => {
@@ -223,6 +264,7 @@ impl<S: EventSource> Pump<S> {
                                 let fresh = ProcessTable::from_snapshot(procs, self.scope);
                                 let before = std::mem::replace(&mut self.table, fresh);
                                 self.keeper.on_table(Some(&before), &self.table);
+                                self.slots.on_table(&self.table);
                             }
                             Err(e) => tracing::warn!("cannot read /proc: {e}"),
                         }
@@ -245,9 +287,20 @@ impl<S: EventSource> Pump<S> {
                                     self.keeper.command(&cmds);
                                     let _ = reply.send(self.keeper.view(&self.table));
                                 }
+                                Request::Slots { config, reply } => {
+                                    let _ = reply.send(self.configure_slots(config));
+                                }
+                                Request::SlotsStop { reply } => {
+                                    self.slots.stop(Duration::from_secs(2));
+                                    let _ = reply.send(());
+                                }
                             }
                         }
                     }
+                }
+                answer = self.slots.next() => {
+                    self.slots.handle(answer);
+                    self.wake_for_slots();
                 }
                 read = self.keeper.read_done() => {
                     self.keeper.finish_read(read);
@@ -262,6 +315,22 @@ impl<S: EventSource> Pump<S> {
                     if self.rebuild.on_audit() == Step::Scan { self.start_scan(); }
                 }
             }
+        }
+    }
+
+    /// The tick's slots config.
+    fn configure_slots(&mut self, config: Option<SlotsConfig>) -> Option<SlotsReport> {
+        self.slots.configure(config);
+        self.wake_for_slots();
+        self.slots.report()
+    }
+
+    /// The kernel wakes the pump as soon as an event comes while a slot is on.
+    fn wake_for_slots(&mut self) {
+        let wake = self.slots.wake();
+        if wake != self.wake {
+            self.wake = wake;
+            self.src.wake_for(wake);
         }
     }
 
@@ -294,6 +363,8 @@ impl<S: EventSource> Pump<S> {
             self.table.apply(e);
         }
         self.keeper.on_events(&self.batch);
+        self.slots.on_events(&self.batch);
+        self.wake_for_slots();
         self.stats.events += self.batch.len() as u64;
         let mut step = self.rebuild.on_events(&self.batch);
         let lost = self.src.lost();
@@ -337,6 +408,7 @@ impl<S: EventSource> Pump<S> {
             }
             let before = std::mem::replace(&mut self.table, t);
             self.keeper.on_table(Some(&before), &self.table);
+            self.slots.on_table(&self.table);
             // The scan's and the replay's buffers are freed; give their pages back.
             super::trim::heap();
         }

@@ -18,7 +18,8 @@ use crate::{
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Totals {
     pub ticks: u64,
-    pub kills: u64,
+    /// Processes ended, by reason.
+    pub kills: crate::status::KillsByReason,
     pub dry_runs: u64,
     pub skipped: u64,
     pub config_errors: u64,
@@ -53,6 +54,8 @@ pub struct TickFigures<'a> {
     pub mirror_dropped: u64,
     /// Sessions, while they are on.
     pub sessions: Option<crate::status::SessionsStatus>,
+    /// Slots, while any is configured.
+    pub slots: Option<crate::status::SlotsStatus>,
     /// Command lines this tick could not read in time.
     pub cmdlines_unread: u64,
 }
@@ -83,7 +86,8 @@ impl TickFigures<'_> {
             events: self.stats.events,
             lost_events: self.stats.lost,
             resyncs: self.stats.resyncs,
-            kills: self.totals.kills,
+            kills: self.totals.kills.total(),
+            kills_by_reason: self.totals.kills,
             tracked_processes: self.view.tracked_account(),
             machine_processes: self.machine,
             config_error: self.config_error,
@@ -92,6 +96,7 @@ impl TickFigures<'_> {
             repeat_offenders: self.offenders,
             vitals: Some(self.vitals),
             sessions: self.sessions,
+            slots: self.slots,
             cmdlines_unread: self.cmdlines_unread,
             cmdlines_unread_total: self.totals.cmdlines_unread,
         };
@@ -115,6 +120,7 @@ pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
         flagged: flagged.iter().take(HEARTBEAT_FLAGGED).map(|n| n.name.clone()).collect(),
         flagged_omitted: flagged.len().saturating_sub(HEARTBEAT_FLAGGED) as u64,
         kills: s.kills,
+        kills_by_reason: s.kills_by_reason,
         lost_events: s.lost_events,
         resyncs: s.resyncs,
         // Whole seconds, at least one, as before the status carried it.
@@ -127,6 +133,13 @@ pub fn heartbeat(s: &Status, host: String, home: String) -> Heartbeat {
             leftovers: s.leftovers_total,
             reaped: s.reaped_total,
             stopped: s.stopped_total,
+        }),
+        slots: s.slots.as_ref().map(|s| crate::mirror::SlotCounts {
+            holding: s.slots.iter().map(|x| x.holders_count).sum(),
+            waiting: s.slots.iter().map(|x| x.waiting_count).sum(),
+            waits: s.waits_total,
+            timeouts: s.timeouts_total,
+            unavailable: s.unavailable.clone(),
         }),
     }
 }

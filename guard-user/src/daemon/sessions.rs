@@ -1,36 +1,42 @@
 //! The tick's side of sessions (docs/configuration.md `sessions`): gather (the command lines of
-//! pending execs, matched against `sessions.roots` in their own sandboxed matcher), decide
-//! ([`decide_sessions`], pure), apply (the lineage's answers to the pump, the lines, SIGTERM or
-//! SIGKILL through the enforcer's pidfd and identity check, never a wait).
+//! pending execs, read through the tick's command-line reader, within its reading time and the
+//! pool of bytes it holds for matchers, and matched against `sessions.roots` in their own
+//! sandboxed matcher), decide ([`decide_sessions`] and the rules of `policy::roots`, pure), apply
+//! (the lineage's answers to the pump, the lines, the signals the plan names through the
+//! enforcer's pidfd and identity check, never a wait, then the chase of what the signalled
+//! members forked meanwhile).
 //!
 //! Roots are matched here, off the pump: reading `/proc/PID/cmdline` can block on a hostile
 //! process, and the pump must keep draining. So a root is recognised by the command line a tick
 //! reads after its exec (within one interval of it), and the lineage keeps what the process
 //! forks meanwhile in a pending session until the tick says whether it is a root.
 use std::{
-    collections::HashMap,
+    collections::BTreeSet,
     time::{Duration, Instant},
 };
 
 use super::{
     cmdlines::{CmdlineReader, Read},
     effects::Effects,
-    keeper::LineageMode,
+    keeper::{LineageMode, MAX_CANDIDATES_PER_TICK},
+    match_all::RootsWatch,
     pump::PumpHandle,
 };
 use crate::{
-    budget::{Held, Pool},
+    budget::{Held, Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
     event::{clock_ticks_per_sec, ProcId, ProcState},
-    lineage::{SessionId, SessionsView},
-    log::{Kind, Line, Notice},
-    pattern::{MatchOutcome, Progress, Resume},
+    lineage::{Caps, LineageCmd, SessionsView},
+    log::Kind,
+    pattern::Resume,
     policy::{
+        outage::Outage,
+        roots,
         sessions::{
-            after_reap, decide_sessions, due_members, status, Ages, RootVerdict, SessionBook, SessionsInput,
-            MAX_ROOT_COMMAND,
+            after_reap, chase, decide_sessions, due_members, record, status, Ages, ReapTarget, RootsRead, SessionBook,
+            SessionLimits, SessionsInput,
         },
-        CmdVerdict, Now,
+        CmdVerdict, Now, Signal,
     },
     status::SessionsStatus,
 };
@@ -48,14 +54,20 @@ fn round_budget(deadline: Duration) -> Duration {
     (deadline / 4).min(Duration::from_secs(2))
 }
 
+/// The chase after a stop's signals: at most this long, and this many looks.
+const CHASE_FOR: Duration = Duration::from_millis(500);
+const CHASE_LOOKS: usize = 64;
+
 /// What the tick holds about sessions between ticks.
 #[derive(Default)]
 pub struct SessionsTick {
     pub book: SessionBook,
-    /// The roots matcher could not run at the last tick (warned once per outage).
-    roots_down: bool,
+    /// The roots matcher's outage (warned once per outage).
+    roots_down: Outage,
     /// Whether the roots list compiled at this tick.
     roots_ok: bool,
+    /// Roots lists that would make every process a root, checked once per list.
+    broad: RootsWatch,
 }
 
 /// What one tick's sessions work left for the report.
@@ -66,34 +78,38 @@ pub struct Done {
     /// `SKIPPED` and `DRY_RUN` lines logged, for the totals.
     pub skipped: u64,
     pub dry_runs: u64,
+    /// Leftovers ended (their sessions' `REAPED` lines at this tick say so).
+    pub ended: u64,
 }
 
 impl SessionsTick {
-    /// Compiles `sessions.roots` in the roots matcher (once per change). A list it refuses is a
-    /// config error, as for `excludeCommands`; a matcher that cannot run leaves the pending
-    /// execs unclassified until it can (no root is recognised meanwhile: nothing is reaped).
-    pub fn set_roots(&mut self, fx: &mut Effects, config: &Config) -> Result<(), ConfigError> {
+    /// Compiles `sessions.roots` in the roots matcher (once per change). A list it refuses, or
+    /// one that would make every process a root, is a config error, as for `excludeCommands`; a
+    /// matcher that cannot run leaves the pending execs unclassified until it can (no root is
+    /// recognised meanwhile: nothing is reaped).
+    pub fn set_roots(&mut self, fx: &mut Effects, config: &Config, deadline: Instant) -> Result<(), ConfigError> {
         self.roots_ok = false;
         let Some(s) = config.sessions.as_ref().filter(|s| !s.roots.is_empty()) else {
             self.book = SessionBook { totals: self.book.totals, ..Default::default() };
             return Ok(());
         };
-        match fx.roots.set_patterns(&s.roots) {
-            Ok(()) => {
-                self.roots_down = false;
-                self.roots_ok = true;
+        if let Some(index) = self.broad.check(&mut *fx.roots, &s.roots, deadline) {
+            let pattern = index.map_or_else(|| s.roots.join(" "), |i| s.roots[i].clone());
+            return Err(config::too_broad_root(index, &pattern).into_error().expect("a refused root is an error"));
+        }
+        let result = fx.roots.set_patterns(&s.roots);
+        if let Err(e) = &result {
+            if e.is_config_error() {
+                tracing::warn!("sessions.roots refused: {}", e.in_list(config::PatternList::SessionsRoots.source()));
+                return Err(config::refused_patterns_of(config::PatternList::SessionsRoots, &s.roots, e));
             }
-            Err(e) if e.is_config_error() => {
-                tracing::warn!("sessions.roots refused: {e}");
-                return Err(config::refused_patterns_of(config::PatternList::SessionsRoots, &s.roots, &e));
+        }
+        self.roots_ok = result.is_ok();
+        if let Some(line) = self.roots_down.observe(self.roots_ok, "roots_worker") {
+            if let Err(e) = &result {
+                tracing::error!("{e}");
             }
-            Err(e) => {
-                if !self.roots_down {
-                    self.roots_down = true;
-                    tracing::error!("{e}");
-                    fx.log.write(&Line::Warn(Notice::new("pattern_matcher_down").with("reason", "roots_worker")));
-                }
-            }
+            fx.log.write(&line);
         }
         Ok(())
     }
@@ -107,33 +123,49 @@ impl SessionsTick {
         }
     }
 
-    /// Classifies, decides and applies (see the module doc).
+    /// Reads, decides and applies (see the module doc).
     pub fn run(&mut self, ctx: Ctx) -> Done {
         let Ctx { fx, pump, view, config, verdicts, now, dry_run, deadline, pool } = ctx;
         let (Some(view), Some(sessions)) = (view, config.sessions.as_ref()) else { return Done::default() };
-        let roots = if self.roots_ok { classify(fx, pool, view, deadline) } else { HashMap::new() };
+        let roots = if self.roots_ok { read_roots(fx, pool, view, deadline) } else { RootsRead::default() };
         let ages = Ages { boot_unix: fx.procs.boot_unix(), ticks_per_sec: clock_ticks_per_sec() };
-        let input =
-            SessionsInput { view, config, sessions, now, dry_run, ages, roots: &roots, verdicts, book: &self.book };
+        let limits = SessionLimits {
+            caps: Caps::DAEMON,
+            candidates: MAX_CANDIDATES_PER_TICK,
+            command_bytes: HELD_CMDLINE_BYTES,
+        };
+        let input = SessionsInput {
+            view,
+            config,
+            sessions,
+            now,
+            dry_run,
+            ages,
+            roots: &roots,
+            verdicts,
+            book: &self.book,
+            limits,
+        };
         let mut plan = decide_sessions(&input);
         // The status shows the lineage after this tick's answers (a root recognised now is listed
         // now, not a tick later).
-        let after = if plan.commands.is_empty() { None } else { pump.lineage_blocking(plan.commands.clone()) };
+        let mut after = if plan.commands.is_empty() { None } else { pump.lineage_blocking(plan.commands.clone()) };
         for line in &plan.lines {
             fx.emit(line, now.wall);
         }
-        let procs = |t: &[crate::policy::sessions::ReapTarget]| t.iter().map(|t| t.proc).collect::<Vec<_>>();
-        let term = match (plan.term.is_empty(), dry_run) {
-            (true, _) => Vec::new(),
-            (false, true) => fx.signals.verify_all(&procs(&plan.term)),
-            (false, false) => fx.signals.term_all(&procs(&plan.term)),
-        };
-        let kill = if plan.kill.is_empty() { Vec::new() } else { fx.signals.kill_all(&procs(&plan.kill)) };
-        let after_lines = after_reap(&mut plan, &term, &kill, dry_run);
+        let procs = |t: &[ReapTarget]| t.iter().map(|t| t.proc).collect::<Vec<_>>();
+        let term = fx.signals.send(plan.term_signal, &procs(&plan.term));
+        let kill = fx.signals.send(Signal::Kill, &procs(&plan.kill));
+        let after_lines = after_reap(&mut plan, &term, &kill);
         for line in &after_lines {
             fx.emit(line, now.wall);
         }
         self.book = plan.book;
+        if plan.term_signal != Signal::Verify && (!plan.term.is_empty() || !plan.kill.is_empty()) {
+            if let Some(v) = self.chase(fx, pump, config) {
+                after = Some(v);
+            }
+        }
         let status = status(after.as_ref().unwrap_or(view), &self.book, sessions, ages, now);
         let count = |kind| plan.lines.iter().chain(&after_lines).filter(|l| l.kind() == kind).count() as u64;
         Done {
@@ -141,7 +173,36 @@ impl SessionsTick {
             status: Some(status),
             skipped: count(Kind::Skipped),
             dry_runs: count(Kind::DryRun),
+            ended: plan.ended,
         }
+    }
+
+    /// The chase (`policy::sessions::chase`): looks at the lineage again, events drained, and
+    /// signals what the members just signalled forked meanwhile, until nothing new is doomed or
+    /// its time is up. Returns the last look.
+    fn chase(&mut self, fx: &mut Effects, pump: &PumpHandle, config: &Config) -> Option<SessionsView> {
+        let until = Instant::now() + CHASE_FOR;
+        let mut last = None;
+        let mut doom: Vec<LineageCmd> = Vec::new();
+        let mut tried: BTreeSet<ProcId> = BTreeSet::new();
+        for _ in 0..CHASE_LOOKS {
+            let view = pump.lineage_blocking(std::mem::take(&mut doom))?;
+            let targets: Vec<(ReapTarget, Signal)> =
+                chase(&view, &self.book, config).into_iter().filter(|(t, _)| tried.insert(t.proc.id)).collect();
+            last = Some(view);
+            if targets.is_empty() || Instant::now() >= until {
+                break;
+            }
+            for signal in [Signal::Term, Signal::Kill] {
+                let these: Vec<ReapTarget> =
+                    targets.iter().filter(|(_, s)| *s == signal).map(|(t, _)| t.clone()).collect();
+                let procs: Vec<ProcState> = these.iter().map(|t| t.proc).collect();
+                let outcomes = fx.signals.send(signal, &procs);
+                record(&mut self.book, &these, &outcomes);
+                doom.extend(these.iter().map(|t| LineageCmd::Doom(t.proc.id)));
+            }
+        }
+        last
     }
 }
 
@@ -152,7 +213,7 @@ pub struct Ctx<'a> {
     pub view: Option<&'a SessionsView>,
     pub config: &'a Config,
     /// `excludeCommands` verdicts, including those of [`SessionsTick::due`]'s members.
-    pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
+    pub verdicts: &'a std::collections::HashMap<ProcId, CmdVerdict>,
     /// Both clocks: the steps are timed on the monotonic one, the status shows wall times.
     pub now: Now,
     pub dry_run: bool,
@@ -162,58 +223,50 @@ pub struct Ctx<'a> {
     pub pool: &'a Pool,
 }
 
-/// The verdict on each candidate's command line: read through the tick's [`CmdlineReader`]
-/// (its deadline, and the pool every command line waiting for a matcher is held in), then
-/// matched against the roots in one bounded round. Gone, too long or undecided within the
-/// matcher's bounds is not a root; one not read in time, or that did not fit the pool, or that
-/// the round had no time for, is asked again next tick.
-fn classify(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration) -> HashMap<SessionId, RootVerdict> {
+/// [`roots::CandidateReader`] over the tick's [`CmdlineReader`]: a text waiting for the roots'
+/// round is held in the tick's pool; one the pool has no room for, or that is not read in time,
+/// waits for the next tick.
+struct Candidates<'r, 'p> {
+    reader: &'r mut CmdlineReader<'p>,
+    max: usize,
+}
+
+impl roots::CandidateReader for Candidates<'_, '_> {
+    type Held = Held;
+
+    fn read(&mut self, pid: u32) -> roots::Got<Held> {
+        match self.reader.read(pid, self.max) {
+            Read::Text if self.reader.text().len() > self.max => roots::Got::TooLong,
+            Read::Text => match self.reader.hold(self.reader.text()) {
+                Some(held) => roots::Got::Text(held),
+                None => roots::Got::Later,
+            },
+            Read::Gone => roots::Got::Gone,
+            Read::Deferred(_) => roots::Got::Later,
+        }
+    }
+
+    fn reads_as(&mut self, pid: u32, text: &[u8]) -> bool {
+        self.reader.read(pid, self.max) == Read::Text && self.reader.text() == text
+    }
+}
+
+/// The candidates' command lines, read round-robin through the tick's reader and judged by
+/// `policy::roots`; the texts it asks about are matched in one bounded round and dropped after it.
+fn read_roots(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration) -> RootsRead {
     let max = fx.roots.max_text_bytes();
-    let mut out = HashMap::new();
-    let mut asked: Vec<(SessionId, Held)> = Vec::new();
     let now = Instant::now();
     let ends = now + round_budget(deadline);
     let mut reader = CmdlineReader::for_phase(&mut *fx.procs, pool.clone(), now, ends);
-    for c in &view.candidates {
-        let cmd = match reader.read(c.process.id.pid, max) {
-            // Right after an exec the new image's arguments may not be set up yet: next tick.
-            Read::Text if reader.text().is_empty() => continue,
-            // Not read in time, or no room to hold it now: next tick.
-            Read::Text if reader.text().len() <= max => match reader.hold(reader.text()) {
-                Some(held) => held,
-                None => continue,
-            },
-            Read::Deferred(_) => continue,
-            Read::Text | Read::Gone => {
-                out.insert(c.session, RootVerdict::Other);
-                continue;
-            }
-        };
-        // Adopted with its parent's command line: a fork that never exec'd, not a root (a
-        // root is recognised at its exec; its forks are its session).
-        if c.parent.is_some_and(|pp| reader.read(pp, max) == Read::Text && reader.text() == &*cmd) {
-            out.insert(c.session, RootVerdict::Other);
-            continue;
-        }
-        asked.push((c.session, cmd));
-    }
+    let reading = roots::read_candidates(&view.candidates, &mut Candidates { reader: &mut reader, max });
     drop(reader);
-    if !asked.is_empty() {
-        let texts: Vec<&[u8]> = asked.iter().map(|(_, t)| &**t).collect();
+    let (read_after, capped) = (reading.read_after, reading.capped);
+    let progress = if reading.asked.is_empty() {
+        Vec::new()
+    } else {
+        let texts: Vec<&[u8]> = reading.asked.iter().map(|(_, t)| &**t).collect();
         let from = vec![Resume::default(); texts.len()];
-        let outcomes = fx.roots.classify_from(&texts, &from, ends);
-        drop(texts);
-        for ((session, command), o) in asked.into_iter().zip(outcomes) {
-            let verdict = match o {
-                // What the status keeps of it, not the whole text.
-                Progress::Settled(MatchOutcome::Matched(_)) => {
-                    RootVerdict::Root { command: command[..command.len().min(MAX_ROOT_COMMAND)].to_vec() }
-                }
-                Progress::Settled(MatchOutcome::NoMatch | MatchOutcome::Budget) => RootVerdict::Other,
-                Progress::Unsettled(_) => continue,
-            };
-            out.insert(session, verdict);
-        }
-    }
-    out
+        fx.roots.classify_from(&texts, &from, ends)
+    };
+    RootsRead { verdicts: roots::verdicts(reading, &progress).into_iter().collect(), read_after, capped }
 }

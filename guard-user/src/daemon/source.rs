@@ -39,6 +39,10 @@ pub trait EventSource: Send + 'static {
         false
     }
 
+    /// Which events wake the pump at once (heavy-command slots); a source without wake-ups
+    /// ignores it.
+    fn wake_for(&mut self, _wake: crate::event::Wake) {}
+
     /// Parent links of live processes (`/proc/PID/stat`; a trace answers from its records).
     fn parents(&self) -> ParentReader {
         Arc::new(crate::lineage::parents::read_parents)
@@ -52,9 +56,16 @@ impl EventSource for EbpfSource {
 
     async fn wait(&mut self) -> io::Result<()> {
         tokio::select! {
-            r = self.readable() => r,
-            () = tokio::time::sleep(crate::ebpf::DRAIN_PERIOD) => Ok(()),
+            r = self.readable() => r?,
+            () = tokio::time::sleep(crate::ebpf::DRAIN_PERIOD) => return Ok(()),
         }
+        // Woken by the first record after a quiet spell (slots on: the ring's adaptive
+        // notification): what follows within a millisecond is drained with it, so a storm costs
+        // a wake-up per millisecond, not one per event.
+        if self.wake() == crate::event::Wake::Adaptive {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        Ok(())
     }
 
     fn drain(&mut self, max: usize, out: &mut Vec<Event>) -> usize {
@@ -66,6 +77,10 @@ impl EventSource for EbpfSource {
 
     fn lost(&self) -> u64 {
         EbpfSource::lost(self)
+    }
+
+    fn wake_for(&mut self, wake: crate::event::Wake) {
+        EbpfSource::wake_for(self, wake)
     }
 
     /// The BPF task iterator (one pass, ~1 µs per task), else the /proc scan: a read that is not

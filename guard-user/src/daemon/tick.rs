@@ -131,11 +131,23 @@ impl Ticker {
             }
             self.fx.log.write(&line);
         }
-        if let Err(e) = self.sessions.set_roots(&mut self.fx, &config) {
+        if let Err(e) = self.sessions.set_roots(&mut self.fx, &config, began + self.deadline / 4) {
             return self.config_error(&e, began);
         }
+        // The slots live in the pump (a matching exec is held at its event, not at a tick):
+        // the config goes there, the slots come back for the status.
+        let slots = self.pump.slots_blocking(Some(super::slots::SlotsConfig::of(&config)));
+        // A slot's pattern the slots' matcher refused (invalid, too costly, or matching every
+        // command line) makes the config invalid, as one of `excludeCommands` does; the slots
+        // hold nothing until the list changes.
+        if let Some(reason) = slots.as_ref().and_then(|r| r.refused.clone()) {
+            return self.config_error_reason(reason, began);
+        }
         self.fx.log.set_max_bytes(config.log_max_bytes);
-        for line in self.memory.unknown_keys(&config, self.opts.config_path.as_os_str().as_encoded_bytes()) {
+        let path = self.opts.config_path.as_os_str().as_encoded_bytes();
+        let mut notes = self.memory.unknown_keys(&config, path);
+        notes.extend(self.memory.repeated_keys(&config, path));
+        for line in notes {
             self.fx.log.write(&line);
         }
         let fx = &mut self.fx;
@@ -175,24 +187,21 @@ impl Ticker {
         let snap = &gathered.snapshot;
         let now = self.fx.clock.now();
         // Decide.
-        let plan = self.memory.begin(Input { view: &snap.view, config: &config, now, verdicts: &gathered.verdicts });
+        let input =
+            Input { view: &snap.view, config: &config, now, verdicts: &gathered.verdicts, dry_run: self.opts.dry_run };
+        let plan = self.memory.begin(input);
         // Apply.
         for line in &plan.decided().lines {
             self.fx.emit(line, now.wall);
         }
         self.totals.skipped += count(&plan.decided().lines, Kind::Skipped);
-        let procs = plan.targets();
-        let outcomes = match (procs.is_empty(), self.opts.dry_run) {
-            (true, _) => Vec::new(),
-            (false, true) => self.fx.signals.verify_all(&procs),
-            (false, false) => self.fx.signals.end_all(&procs),
-        };
+        let outcomes = self.fx.signals.send(plan.signal(), &plan.targets());
         let done = plan.finish(&outcomes);
         let lines = &done.lines;
         for line in lines {
             self.fx.emit(line, now.wall);
         }
-        self.totals.kills += done.counts.kills;
+        self.totals.kills.ghost_detected += done.counts.kills;
         self.totals.dry_runs += count(lines, Kind::DryRun);
         self.totals.skipped += count(lines, Kind::Skipped);
         if let Some(save) = &done.save {
@@ -218,8 +227,11 @@ impl Ticker {
         });
         self.totals.skipped += sessions.skipped;
         self.totals.dry_runs += sessions.dry_runs;
+        self.totals.kills.leftover += sessions.ended;
         self.watch_stalls(&config, now);
-        let complete = self.memory.complete(done.counts);
+        // Every process ended at this tick counts: KILLED lines and leftovers REAPED counted.
+        let counts = crate::policy::memory::Counts { kills: done.counts.kills + sessions.ended, ..done.counts };
+        let complete = self.memory.complete(counts);
         self.fx.log.write(&complete);
         let took = began.elapsed().as_secs_f64();
         self.report(Done {
@@ -234,6 +246,7 @@ impl Ticker {
             tick_secs: took,
             pump_lag: Some(gathered.pump_lag),
             sessions: sessions.status,
+            slots: slots.map(|r| super::slots::status_of(&r, now)),
             cmdlines_unread: unread as u64,
         });
         let next_deadline = match (done.next_deadline, sessions.next_deadline) {
@@ -264,13 +277,20 @@ impl Ticker {
     }
 
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
+        self.config_error_reason(e.log_reason(), began)
+    }
+
+    /// [`Ticker::config_error`] from the `ERROR` line's reason.
+    fn config_error_reason(&mut self, reason: String, began: Instant) -> TickReport {
         let now = self.fx.clock.now_unix();
-        let reason = e.log_reason();
         for line in self.memory.config_error(reason.clone()) {
             self.fx.log.write(&line);
         }
-        // The lineage is kept as it is: a broken config must not forget the sessions.
+        // The lineage is kept as it is: a broken config must not forget the sessions (nor the
+        // slots: what waits keeps its place, and maxWait still runs).
         let snap = self.pump.snapshot_blocking(u32::MAX, LineageMode::Keep);
+        let slots = self.pump.slots_blocking(None);
+        let both = self.fx.clock.now();
         self.totals.config_errors += 1;
         let (view, stats) = snap.map(|s| (s.view, s.stats)).unwrap_or_default();
         let took = began.elapsed().as_secs_f64();
@@ -286,6 +306,7 @@ impl Ticker {
             tick_secs: took,
             pump_lag: None,
             sessions: None,
+            slots: slots.map(|r| super::slots::status_of(&r, both)),
             cmdlines_unread: 0,
         });
         TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
@@ -305,6 +326,7 @@ impl Ticker {
             tick_secs,
             pump_lag,
             sessions,
+            slots,
             cmdlines_unread,
         } = done;
         if let Some(ev) = self.config_outage.observe(config_error.as_deref(), now) {
@@ -331,6 +353,7 @@ impl Ticker {
             vitals,
             mirror_dropped: self.fx.mirror.dropped(),
             sessions,
+            slots,
             cmdlines_unread,
         };
         let (status, metrics) = figures.into_report();
@@ -362,6 +385,8 @@ struct Done<'a> {
     pump_lag: Option<f64>,
     /// Sessions, while they are on.
     sessions: Option<crate::status::SessionsStatus>,
+    /// Slots, while any is configured.
+    slots: Option<crate::status::SlotsStatus>,
     /// Command lines this tick could not read in time.
     cmdlines_unread: u64,
 }

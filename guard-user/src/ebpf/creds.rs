@@ -1,25 +1,30 @@
 //! How a process entering or leaving the account through a credential change reaches the ring:
-//! the fentry hook on `commit_creds` where it attaches, else the setuid-family syscall
-//! tracepoints (which need tracefs), else nothing (the audit catches up).
+//! the fentry hook on `commit_creds` where it attaches, else the raw syscall tracepoints
+//! filtered to the setuid family of both ABIs ([`super::syscalls`]), else nothing (the audit
+//! catches up).
+//!
+//! The fallback once used the per-syscall tracepoints (`syscalls/sys_exit_setresuid`, …). Those
+//! never fire for a 32-bit compat syscall, so `setresuid32` (`int 0x80`) re-entered the account
+//! unseen, and they attach through perf_event_open, which Debian's `perf_event_paranoid=3`
+//! refuses to the unit's CAP_BPF and CAP_PERFMON. The raw tracepoints (tp_btf `sys_enter`,
+//! `sys_exit`) have neither gap and need no tracefs; they run for every syscall of the machine,
+//! which the programs answer with a few compares (only while the hook is missing).
 use aya::{
-    programs::{FEntry, TracePoint},
+    programs::{BtfTracePoint, FEntry},
     Ebpf,
 };
 
-use super::{error::program_error, tracefs::ensure_tracefs, EbpfError};
+use super::{error::program_error, EbpfError};
 
 /// The kernel function every credential change goes through (kernel/cred.c): the setuid
 /// family, exec's install of the new credentials, and a few that never change the euid
 /// (setfsuid, capset, keyrings). The only writer of `task->real_cred` after fork.
 pub(super) const CRED_HOOK: &str = "commit_creds";
 
-/// Uid-changing syscalls whose exit we watch where the credential hook cannot attach. setfsuid
-/// does not change the euid; the `*32` variants exist only for 32-bit ABIs, which raise no
-/// syscall tracepoints on x86_64.
-const SETUID_SYSCALLS: [&str; 3] = ["setuid", "setreuid", "setresuid"];
+/// The raw syscall tracepoints the fallback attaches to (tp_btf: `btf_trace_sys_enter`, …).
+pub(super) const SYSCALL_TRACEPOINTS: [&str; 2] = ["sys_enter", "sys_exit"];
 
-/// One program on the three syscall-exit tracepoints of the setuid family (it reports), and one
-/// on their enter tracepoints (it notes who may leave).
+/// One program on the syscall exit (it reports) and one on the entry (it notes who may leave).
 const SETUID_PROGRAM: &str = "sys_exit_setuid";
 const SETUID_ENTER_PROGRAM: &str = "sys_enter_setuid";
 
@@ -29,9 +34,10 @@ const SETUID_ENTER_PROGRAM: &str = "sys_enter_setuid";
 pub enum CredTracking {
     /// The fentry hook on `commit_creds`: every change, at once.
     Hook,
-    /// The hook could not attach (why); the setuid-family syscall tracepoints did. An exec of
-    /// a set-user-ID binary that takes a process out of the account is still reported by the
-    /// exec program when the process's real uid is the account's; otherwise the audit sees it.
+    /// The hook could not attach (why); the raw syscall tracepoints did, filtered to the setuid
+    /// family (native and 32-bit compat). An exec of a set-user-ID binary that takes a process
+    /// out of the account is still reported by the exec program when the process's real uid is
+    /// the account's; otherwise the audit sees it.
     Syscalls { hook: EbpfError },
     /// Neither attached: uid changes without exec reach the table through the audit only.
     Audit { hook: EbpfError, syscalls: EbpfError },
@@ -49,9 +55,15 @@ impl CredTracking {
 }
 
 /// The credential hook on `commit_creds` (its typed variant, else the one for kernels before
-/// 5.11), else the setuid-family tracepoints, else nothing (the audit). Returns the tracking
-/// and the program that reports, for the lost-event count.
-pub(super) fn attach_creds(ebpf: &mut Ebpf, btf: &aya::Btf, skip_hook: bool) -> (CredTracking, Option<&'static str>) {
+/// 5.11), else the raw syscall tracepoints (`syscalls` says whether the programs got their
+/// numbers and offsets), else nothing (the audit). Returns the tracking and the program that
+/// reports, for the lost-event count.
+pub(super) fn attach_creds(
+    ebpf: &mut Ebpf,
+    btf: &aya::Btf,
+    skip_hook: bool,
+    syscalls: Result<(), EbpfError>,
+) -> (CredTracking, Option<&'static str>) {
     let mut hook_error = skip_hook.then(|| EbpfError::Attach {
         program: "commit_creds".into(),
         tracepoint: CRED_HOOK.into(),
@@ -68,7 +80,7 @@ pub(super) fn attach_creds(ebpf: &mut Ebpf, btf: &aya::Btf, skip_hook: bool) -> 
         }
     }
     let hook = hook_error.expect("two attempts");
-    match ensure_tracefs().and_then(|()| attach_setuid(ebpf)) {
+    match syscalls.and_then(|()| attach_setuid(ebpf, btf)) {
         Ok(()) => (CredTracking::Syscalls { hook }, Some(SETUID_PROGRAM)),
         Err(syscalls) => (CredTracking::Audit { hook, syscalls }, None),
     }
@@ -89,36 +101,20 @@ fn attach_fentry(ebpf: &mut Ebpf, btf: &aya::Btf, prog: &str) -> Result<(), Ebpf
     Ok(())
 }
 
-/// The enter program on the three enter tracepoints first (so no exit misses its enter), then
-/// the exit program on the three exit tracepoints.
-fn attach_setuid(ebpf: &mut Ebpf) -> Result<(), EbpfError> {
-    for (prog, side) in [(SETUID_ENTER_PROGRAM, "enter"), (SETUID_PROGRAM, "exit")] {
-        let p: &mut TracePoint = ebpf
+/// The enter program first (so no exit misses its enter), then the exit program.
+fn attach_setuid(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<(), EbpfError> {
+    for (prog, tp) in [SETUID_ENTER_PROGRAM, SETUID_PROGRAM].into_iter().zip(SYSCALL_TRACEPOINTS) {
+        let p: &mut BtfTracePoint = ebpf
             .program_mut(prog)
             .ok_or_else(|| EbpfError::Attach {
                 program: prog.into(),
-                tracepoint: "syscalls".into(),
+                tracepoint: tp.into(),
                 detail: "not in the object".into(),
             })?
             .try_into()
-            .map_err(|e| program_error(prog, "syscalls", e))?;
-        p.load().map_err(|e| program_error(prog, "syscalls", e))?;
-        for sc in SETUID_SYSCALLS {
-            let tp = format!("sys_{side}_{sc}");
-            p.attach("syscalls", &tp).map_err(|e| match program_error(prog, &format!("syscalls/{tp}"), e) {
-                // Debian's default level 3 (a distribution patch) restricts perf_event_open, which
-                // classic tracepoints attach through, to CAP_SYS_ADMIN whatever CAP_PERFMON says.
-                EbpfError::Permission { what, detail } => match perf_event_paranoid() {
-                    Some(level) if level > 2 => EbpfError::PerfParanoid { what, level, detail },
-                    _ => EbpfError::Permission { what, detail },
-                },
-                other => other,
-            })?;
-        }
+            .map_err(|e| program_error(prog, tp, e))?;
+        p.load(tp, btf).map_err(|e| program_error(prog, tp, e))?;
+        p.attach().map_err(|e| program_error(prog, tp, e))?;
     }
     Ok(())
-}
-
-fn perf_event_paranoid() -> Option<i32> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
 }

@@ -1,7 +1,5 @@
 //! Why loading or attaching the programs failed, as a typed error with the token of its
 //! `WARN backend_fallback` line, and the aya error chain turned into a readable detail.
-use std::path::PathBuf;
-
 use aya::programs::ProgramError;
 
 use crate::btf::BtfError;
@@ -12,18 +10,13 @@ pub enum EbpfError {
     NoObject,
     #[error("ring buffer of {bytes} bytes: must be a power of two of at least the page size ({page})")]
     RingSize { bytes: u32, page: u32 },
-    #[error("no tracefs at {}: {detail}", path.display())]
-    Tracefs { path: PathBuf, detail: String },
     #[error(transparent)]
     Btf(#[from] BtfError),
-    #[error("{what} needs root (CAP_BPF and CAP_PERFMON): {detail}")]
+    /// EPERM or EACCES from the kernel. What it means depends on who asked: without the
+    /// capabilities it is advice to get them; with them, the kernel refuses this kind of program
+    /// whatever the privileges (said so, never "needs root" to root).
+    #[error("{}", permission_text(what, detail))]
     Permission { what: String, detail: String },
-    #[error(
-        "{what} is refused by kernel.perf_event_paranoid={level}: attaching a classic tracepoint \
-         then needs CAP_SYS_ADMIN, which the unit does not grant (CAP_BPF and CAP_PERFMON are not \
-         enough); set the sysctl to 2 to track uid changes at once ({detail})"
-    )]
-    PerfParanoid { what: String, level: i32, detail: String },
     #[error("cannot load the BPF object: {detail}")]
     Load { detail: String },
     #[error("cannot load or attach `{program}` to `{tracepoint}`: {detail}")]
@@ -40,13 +33,35 @@ impl EbpfError {
         match self {
             EbpfError::NoObject => "no_bpf_object",
             EbpfError::RingSize { .. } => "bad_ring_size",
-            EbpfError::Tracefs { .. } => "tracefs_unavailable",
             EbpfError::Btf(_) => "no_btf",
             EbpfError::Permission { .. } => "permission_denied",
-            EbpfError::PerfParanoid { .. } => "perf_event_paranoid",
             EbpfError::Load { .. } | EbpfError::Map { .. } | EbpfError::Account(_) => "load_failed",
             EbpfError::Attach { .. } => "attach_failed",
         }
+    }
+}
+
+/// Whether this process holds what loading BPF programs and attaching the tp_btf ones need
+/// (`CapEff` in /proc/self/status): CAP_BPF (39) and CAP_PERFMON (38), or CAP_SYS_ADMIN (21).
+/// Unknown (no /proc) counts as held: the kernel's answer then speaks for itself.
+pub fn holds_bpf_capabilities() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return true };
+    let Some(hex) = status.lines().find_map(|l| l.strip_prefix("CapEff:")) else { return true };
+    let Ok(caps) = u64::from_str_radix(hex.trim(), 16) else { return true };
+    let has = |bit: u32| caps & (1u64 << bit) != 0;
+    has(21) || (has(38) && has(39))
+}
+
+/// [`EbpfError::Permission`]'s text, one line: advice to the process that lacks the
+/// capabilities, and to one that holds them, what the refusal means.
+fn permission_text(what: &str, detail: &str) -> String {
+    if holds_bpf_capabilities() {
+        format!(
+            "the kernel refused {what} although this process holds CAP_BPF and CAP_PERFMON: it does not allow \
+             this kind of program here (no BPF trampolines for fentry, lockdown, or a security module) ({detail})"
+        )
+    } else {
+        format!("{what} needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): run guard-user as root or under the shipped unit ({detail})")
     }
 }
 
@@ -66,19 +81,33 @@ pub(super) fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
 
 /// An error's text with its sources and, for a verifier rejection, the end of the verifier's
 /// log (the part that says which instruction it refused).
+///
+/// One line unless the verifier said something: aya's chain repeats a source's text in its
+/// parent's (`…returned Operation not permitted (os error 1). Verifier output: : Operation not
+/// permitted (os error 1)`), and an EPERM before the verifier ran leaves an empty log, which
+/// used to add two stderr lines (two journal entries) saying nothing.
 pub(super) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(err) = cur {
-        s.push_str(": ");
-        s.push_str(&err.to_string());
+        let text = err.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         cur = err.source();
     }
     if let Some(ProgramError::LoadError { verifier_log, .. }) = e.downcast_ref::<ProgramError>() {
         let log = verifier_log.to_string();
-        let lines: Vec<&str> = log.lines().collect();
-        s.push_str("\nverifier log (end):\n");
-        s.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
+        let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+        // aya writes "Verifier output: <log>" into the error's text; an empty log leaves a dangling colon.
+        if let Some(head) = s.strip_suffix("Verifier output: ").or_else(|| s.strip_suffix(". Verifier output:")) {
+            s = head.trim_end_matches([' ', '.']).to_string();
+        }
+        if !lines.is_empty() {
+            s.push_str("\nverifier log (end):\n");
+            s.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
+        }
     }
     s
 }
@@ -101,7 +130,6 @@ mod tests {
         let errors = [
             EbpfError::NoObject,
             EbpfError::RingSize { bytes: 1, page: 4096 },
-            EbpfError::Tracefs { path: super::super::tracefs::TRACEFS.into(), detail: String::new() },
             EbpfError::Permission { what: String::new(), detail: String::new() },
             EbpfError::Load { detail: String::new() },
             EbpfError::Attach { program: String::new(), tracepoint: String::new(), detail: String::new() },

@@ -48,7 +48,12 @@ pub enum TaskIterError {
     NoProgram,
     #[error("the kernel has no BPF task iterator (`bpf_iter_task` needs Linux 5.8 or later): {detail}")]
     Unsupported { detail: String },
-    #[error("loading the task iterator needs root (CAP_BPF and CAP_PERFMON): {detail}")]
+    /// EPERM: advice only where this process lacks the capabilities (never "needs root" to root).
+    #[error("{}", if crate::ebpf::holds_bpf_capabilities() {
+        format!("the kernel refused the task iterator although this process holds CAP_BPF and CAP_PERFMON ({detail})")
+    } else {
+        format!("loading the task iterator needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): {detail}")
+    })]
     Permission { detail: String },
     #[error("the kernel refused the task iterator: {detail}")]
     Refused { detail: String },
@@ -177,7 +182,7 @@ pub fn snapshot_states(iter: Option<&TaskIter>) -> io::Result<Vec<ProcState>> {
     if let Some(it) = iter {
         match it.proc_states() {
             Ok(v) => return Ok(v),
-            Err(e) => eprintln!("guard-user: task iterator snapshot failed, reading /proc instead: {e}"),
+            Err(e) => tracing::warn!("task iterator snapshot failed, reading /proc instead: {e}"),
         }
     }
     procfs::snapshot()

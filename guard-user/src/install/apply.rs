@@ -154,7 +154,7 @@ pub fn install(layout: &Layout, sc: &Systemctl) -> Result<(Outcome, Changes), In
     let dropin = layout.dropin()?;
     let source = layout.source.as_deref().expect("Layout::for_install sets the source");
     read_config(source, &layout.home, (&layout.account).into())
-        .map_err(|reason| InstallError::InvalidSource { path: source.to_path_buf(), reason })?;
+        .map_err(|reason| InstallError::InvalidSource { path: source.to_path_buf(), reason: Box::new(reason) })?;
     let mut changes = Changes::new();
     // The record first: should the link fail, check still names the source asked for (and
     // suggests linking it), never the one this install was replacing.

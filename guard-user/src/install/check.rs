@@ -25,6 +25,9 @@ pub struct Report {
     /// The source the config link was compared against: `--config-source`, else the one install
     /// recorded. `None` when neither is known (then the record is drift).
     pub source: Option<PathBuf>,
+    /// The flags `/etc/default/guard-user` adds to `run` (or the running daemon got), shown
+    /// after the verdict: `flags: --interval 30s (GUARD_ARGS from /etc/default/guard-user)`.
+    pub flags: Option<String>,
 }
 
 fn denied(e: &io::Error) -> bool {
@@ -50,6 +53,7 @@ pub fn check(layout: &Layout, sc: &Systemctl, now: SystemTime) -> Report {
         }
     }
     units(layout, &mut r);
+    super::defaults::check(layout, sc, &mut r);
     if let Provider::Source { .. } = layout.provider {
         // A packaged binary is the running one (that is how the host was recognised).
         let same_binary = match (fs::read(layout.bin_path()), fs::read(&layout.exe)) {

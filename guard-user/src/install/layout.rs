@@ -30,7 +30,9 @@ pub const PACKAGED_CONFIG: &str = "usr/share/guard-user/guard-config.json";
 /// What the operator asked for, before validation (cmd/ fills it from the arguments).
 #[derive(Clone, Debug)]
 pub struct Request {
-    pub user: Option<String>,
+    /// The account, resolved by the one rule ([`Account::resolve`]) before install, check or
+    /// uninstall look at anything.
+    pub account: Account,
     pub home: Option<PathBuf>,
     pub config: Option<PathBuf>,
     pub config_source: Option<PathBuf>,
@@ -97,13 +99,16 @@ pub struct Layout {
     pub provider: Provider,
     /// The running binary (what a source install copies).
     pub exe: PathBuf,
+    /// Where `/etc/default/guard-user` is looked for: `/` on a host (`GUARD_PACKAGED_ROOT` in
+    /// tests; the file is a conffile of the package).
+    pub defaults_root: PathBuf,
 }
 
 impl Layout {
     /// For `install`: every value is checked now, so a bad one stops install before it writes
     /// anything.
     pub fn for_install(req: &Request) -> Result<Layout, InstallError> {
-        let account = Account::resolve(req.user.as_deref())?;
+        let account = req.account.clone();
         let user = AccountName::new(&account.name)?;
         let home = req.home.clone().unwrap_or_else(|| account.home.clone());
         validate_home(&account, &home)?;
@@ -145,7 +150,7 @@ impl Layout {
     }
 
     fn learned(req: &Request, source: Option<PathBuf>) -> Result<Layout, InstallError> {
-        let account = Account::resolve(req.user.as_deref())?;
+        let account = req.account.clone();
         let user = AccountName::new(&account.name)?;
         let dropin = fs::read_to_string(dropin_path(&req.unit_dir, &user)).ok();
         let installed = dropin.as_deref().and_then(|t| DropIn::parse(t).ok());
@@ -178,6 +183,7 @@ impl Layout {
             unit_dir: req.unit_dir.clone(),
             provider: Provider::detect(req),
             exe: req.exe.clone(),
+            defaults_root: req.packaged_root.clone(),
         }
     }
 
@@ -255,6 +261,24 @@ impl Layout {
         v.extend(LEGACY_UNITS.iter().map(|u| self.home.join(LEGACY_UNIT_DIR).join(u)));
         v
     }
+}
+
+/// The accounts with an instance installed in `unit_dir`: a `guard-user@<account>.service.d/`
+/// holding install's drop-in, the account a valid name. Sorted. What `check` checks as root when
+/// no account is named (it never checks root's own, absent, instance then).
+pub fn installed_accounts(unit_dir: &Path) -> Vec<AccountName> {
+    let Ok(entries) = fs::read_dir(unit_dir) else { return Vec::new() };
+    let mut found: Vec<AccountName> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let account = name.strip_prefix("guard-user@")?.strip_suffix(".service.d")?;
+            let account = AccountName::new(account).ok()?;
+            e.path().join(DROPIN_NAME).is_file().then_some(account)
+        })
+        .collect();
+    found.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    found
 }
 
 fn dropin_dir(unit_dir: &Path, user: &AccountName) -> PathBuf {

@@ -11,6 +11,7 @@
 //!   the default config source.
 //! - [`apply`]: `install` and `uninstall` (the only writers).
 //! - [`check`]: `check` (reads only).
+//! - [`defaults`]: `/etc/default/guard-user`, the flags the unit adds to `run` (`GUARD_ARGS`).
 //! - [`leaked`]: `guard-user run` processes outside the unit.
 //! - [`systemctl`]: talking to systemd.
 //!
@@ -74,6 +75,7 @@ use std::{
 
 pub mod apply;
 pub mod check;
+pub mod defaults;
 pub mod escape;
 pub mod hidden;
 pub mod home;
@@ -88,7 +90,7 @@ mod tests;
 
 pub use apply::{install, links_to, relink, retire_legacy, uninstall, Changes, Outcome};
 pub use check::{check, Report};
-pub use layout::{default_source, Layout, Provider, Request};
+pub use layout::{default_source, installed_accounts, Layout, Provider, Request};
 pub use systemctl::{systemd_running, Systemctl};
 pub use unit::{instance_name, unit_text, DropIn, UNIT_NAME};
 
@@ -110,7 +112,7 @@ pub enum InstallError {
     #[error("{}: {source}", shown(path))]
     Io { path: PathBuf, source: io::Error },
     #[error("the config source {} is invalid: {}; fix it or pass --config-source FILE", quoted(path), reason.log_reason())]
-    InvalidSource { path: PathBuf, reason: ConfigError },
+    InvalidSource { path: PathBuf, reason: Box<ConfigError> },
     #[error("the config source {} does not exist ({source}); pass --config-source FILE", quoted(path))]
     NoSource { path: PathBuf, source: io::Error },
     #[error(transparent)]

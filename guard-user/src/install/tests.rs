@@ -88,11 +88,13 @@ fn the_dropin_resets_execstart_and_runs_what_install_was_told() {
          [Service]\n\
          ExecStart=\n\
          ExecStart=/usr/local/bin/guard-user run --user alice --home \"/srv/alice home %%i\" \
-         --config \"/srv/cfg $$x.json\"\n\
+         --config \"/srv/cfg $$x.json\" $GUARD_ARGS\n\
          ReadWritePaths=\"/srv/alice home %%i\"\n"
     );
     let d = dropin("/home/alice", None);
-    assert!(d.text().contains("ExecStart=/usr/local/bin/guard-user run --user alice --home \"/home/alice\"\n"));
+    assert!(d
+        .text()
+        .contains("ExecStart=/usr/local/bin/guard-user run --user alice --home \"/home/alice\" $GUARD_ARGS\n"));
     assert_eq!(d.argv(), ["/usr/local/bin/guard-user", "run", "--user", "alice", "--home", "/home/alice"]);
 }
 
@@ -107,6 +109,19 @@ fn a_dropin_parses_back_to_the_values_it_was_written_from() {
         assert_eq!(DropIn::parse(&d.text()), Ok(d.clone()), "{home}");
         assert_eq!(split_exec_line(&d.home.exec_arg()), Some(vec![home.to_string()]));
     }
+    // A home that is literally `$GUARD_ARGS` is quoted with its `$` doubled: never the variable.
+    let d = dropin("/srv/$GUARD_ARGS", None);
+    assert!(d.text().contains(r#"--home "/srv/$$GUARD_ARGS" $GUARD_ARGS"#), "{}", d.text());
+    assert_eq!(DropIn::parse(&d.text()), Ok(d.clone()));
+}
+
+#[test]
+fn a_dropin_an_older_guard_user_wrote_is_named_as_such() {
+    let d = dropin("/home/alice", None);
+    let older = d.text().replace(" $GUARD_ARGS\n", "\n");
+    assert_eq!(DropIn::parse(&older), Err(DropInError::Older));
+    let e = DropInError::Older.to_string();
+    assert!(e.contains("$GUARD_ARGS") && e.contains("install again"), "{e}");
 }
 
 #[test]
@@ -153,7 +168,11 @@ fn the_template_pins_its_directives() {
             "Type=notify",
             "NotifyAccess=main",
             "WatchdogSec=60s",
-            "ExecStart=/opt/bin/guard-user run --user %i",
+            "EnvironmentFile=-/etc/default/guard-user",
+            "EnvironmentFile=-/etc/default/guard-user@%i",
+            "ExecStart=/opt/bin/guard-user run --user %i $GUARD_ARGS",
+            "ExecStartPre=+/opt/bin/guard-user __slots-release",
+            "ExecStopPost=+/opt/bin/guard-user __slots-release",
             "ExecReload=/bin/kill -HUP $MAINPID",
             "Restart=always",
             "RestartSec=5s",
@@ -166,19 +185,23 @@ fn the_template_pins_its_directives() {
             "NoNewPrivileges=yes",
             "LimitMEMLOCK=infinity",
             "ProtectSystem=strict",
+            "ReadWritePaths=-/var/lib/prometheus/node-exporter",
             "ProtectHome=read-only",
             "PrivateTmp=yes",
             "PrivateDevices=yes",
             "ProtectKernelTunables=yes",
             "ProtectKernelModules=yes",
-            "ProtectControlGroups=yes",
+            "ProtectKernelLogs=yes",
             "ProtectClock=yes",
             "ProtectHostname=yes",
             "RestrictNamespaces=yes",
             "RestrictRealtime=yes",
             "RestrictSUIDSGID=yes",
             "LockPersonality=yes",
+            "MemoryDenyWriteExecute=yes",
             "SystemCallArchitectures=native",
+            "SystemCallFilter=@system-service bpf perf_event_open",
+            "SystemCallErrorNumber=EPERM",
             "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
             "MemoryMax=64M",
             "TasksMax=32",
@@ -425,6 +448,7 @@ fn the_suggested_install_keeps_the_home_and_config_and_quotes_what_needs_it() {
         unit_dir: PathBuf::from("/etc/systemd/system"),
         provider: Provider::Source { bin_dir: PathBuf::from("/usr/local/bin") },
         exe: PathBuf::from("/usr/local/bin/guard-user"),
+        defaults_root: PathBuf::from("/"),
     };
     assert_eq!(
         layout("/home/alice", None).install_command(Path::new("/srv/cfg.json")),

@@ -12,6 +12,15 @@ pub const DROPIN_NAME: &str = "home.conf";
 /// files (e.g. a source install's unit shadowing the packaged one).
 pub const HEADER: &str = "# Written by guard-user";
 
+/// The operator's settings the unit reads (Debian's `/etc/default/<package>` convention): the
+/// file for every instance, then the instance's own, whose variables win. Both optional (`-`).
+pub const DEFAULTS_FILE: &str = "/etc/default/guard-user";
+/// The variable of [`DEFAULTS_FILE`] whose words are added to every instance's `run`.
+pub const ARGS_VAR: &str = "GUARD_ARGS";
+/// How the drop-in's `ExecStart=` ends: `$GUARD_ARGS` unbraced, which systemd splits at white
+/// space into zero or more arguments (nothing when unset).
+const ARGS_WORD: &str = " $GUARD_ARGS";
+
 /// `guard-user@<account>.service`.
 pub fn instance_name(user: &AccountName) -> String {
     format!("guard-user@{user}.service")
@@ -36,9 +45,8 @@ pub fn unit_text(bin: &Executable) -> String {
 [Unit]
 Description=guard: ends process names that pile up for %i
 Documentation={docs}
-# Classic tracepoints (the setuid family) resolve their ids in tracefs. systemd mounts it here;
-# the unit does not get CAP_SYS_ADMIN to mount it itself. Without it the guard still runs and
-# logs a WARN (uid changes without exec are then caught by the periodic audit).
+# tracefs: guard's programs no longer need it (every one attaches through BTF, the credential
+# hook's fallback on the raw syscall tracepoints included); ordering after it is harmless.
 Wants=sys-kernel-tracing.mount
 After=sys-kernel-tracing.mount network.target
 # No start-rate limit: a guard that gives up is worse than one that keeps retrying. (A [Unit]
@@ -53,7 +61,20 @@ StartLimitIntervalSec=0
 Type=notify
 NotifyAccess=main
 WatchdogSec=60s
-ExecStart={bin} run --user %i
+# Flags for every instance's `run` (GUARD_ARGS="--interval 30s --metrics-file DIR"), then an
+# instance's own file, whose GUARD_ARGS wins: root's files, read at each start (systemctl
+# restart applies an edit); `guard-user check` shows the flags in force. Optional.
+EnvironmentFile=-{DEFAULTS_FILE}
+EnvironmentFile=-{DEFAULTS_FILE}@%i
+ExecStart={bin} run --user %i $GUARD_ARGS
+# Heavy-command slots (guard-config.json `slots`) freeze waiting commands in cgroups of guard's
+# own at the top of the cgroup v2 hierarchy. Before the daemon starts and after it stops, however
+# it stopped (SIGKILL, a crash, a watchdog abort, uninstall), every command a daemon that is gone
+# left waiting is put back where it was and thawed. `+`: with full privileges, because the top
+# of the hierarchy is root's 0555 directory, which the daemon's capabilities cannot write; the
+# command line is this fixed one, nothing from the account.
+ExecStartPre=+{bin} __slots-release
+ExecStopPost=+{bin} __slots-release
 # SIGHUP: reopen the log (logrotate), re-read the config, tick at once (RELOAD reason=sighup).
 ExecReload=/bin/kill -HUP $MAINPID
 Restart=always
@@ -70,15 +91,13 @@ RuntimeDirectoryPreserve=yes
 
 # Least privilege: root's uid, but only these capabilities.
 #   CAP_BPF             load the BPF programs and create their maps
-#   CAP_PERFMON         attach the tp_btf programs and read the kernel's BTF. The classic
-#                       setuid-family tracepoints go through perf_event_open, which Debian and
-#                       Ubuntu kernels at their default kernel.perf_event_paranoid=3 allow only
-#                       with CAP_SYS_ADMIN: there the guard logs WARN setuid_untracked and the
-#                       periodic audit catches uid changes without exec.
+#   CAP_PERFMON         attach the tp_btf and fentry programs and read the kernel's BTF. None
+#                       goes through perf_event_open, so Debian's and Ubuntu's default
+#                       kernel.perf_event_paranoid=3 refuses the guard nothing.
 #   CAP_KILL            signal processes of another uid (the guarded account's)
 #   CAP_SETUID/SETGID   setfsuid/setfsgid: files in the home are written as the account (safefs)
 #   CAP_DAC_READ_SEARCH traverse a 0700 home and read /proc entries of other uids
-# Not CAP_SYS_ADMIN: tracefs comes from sys-kernel-tracing.mount (see [Unit]).
+# Not CAP_SYS_ADMIN: nothing is mounted (see [Unit]).
 # Not CAP_DAC_OVERRIDE/CAP_FOWNER/CAP_CHOWN: writes happen as the account, never as root.
 CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_KILL CAP_SETUID CAP_SETGID CAP_DAC_READ_SEARCH
 AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_KILL CAP_SETUID CAP_SETGID CAP_DAC_READ_SEARCH
@@ -86,25 +105,39 @@ NoNewPrivileges=yes
 # BPF maps are charged to memlock on kernels before 5.11; systemd raises it before exec.
 LimitMEMLOCK=infinity
 
-# The file system is read-only except the account's home (the drop-in's ReadWritePaths=).
+# The file system is read-only except the account's home (the drop-in's ReadWritePaths=) and
+# Debian's textfile-collector directory of prometheus-node-exporter, for --metrics-file (the
+# `-` ignores it where that package is not installed).
 # Trade-off: the whole home is writable (as the account's fsuid), because the log, state and
 # status files live in it by default. Nothing from the account's config reaches a unit file:
 # a stateFile outside the home stays read-only here and the daemon reports it as
 # `ERROR state_unwritable` while its in-memory clocks keep enforcing.
 ProtectSystem=strict
+ReadWritePaths=-/var/lib/prometheus/node-exporter
 ProtectHome=read-only
 PrivateTmp=yes
 PrivateDevices=yes
 ProtectKernelTunables=yes
 ProtectKernelModules=yes
-ProtectControlGroups=yes
+ProtectKernelLogs=yes
+# Not ProtectControlGroups=: slots move the account's waiting commands into guard's frozen cgroup
+# and back to the cgroup each came from, wherever that is. /sys/fs/cgroup stays writable (to
+# root's uid, for the cgroups root owns; never a cgroup delegated to the account: no
+# CAP_DAC_OVERRIDE), which a service with CAP_KILL over every process gains little from.
 ProtectClock=yes
 ProtectHostname=yes
 RestrictNamespaces=yes
 RestrictRealtime=yes
 RestrictSUIDSGID=yes
 LockPersonality=yes
+# Nothing is mapped writable and executable (no JIT: glibc's regex and the BPF loader need none).
+MemoryDenyWriteExecute=yes
 SystemCallArchitectures=native
+# What a system service uses, plus bpf (loading the programs) and perf_event_open (the setuid
+# tracepoints where the credential hook cannot load). Anything else fails with EPERM rather than
+# killing the guard (the default action): a new glibc or kernel path degrades, never disarms.
+SystemCallFilter=@system-service bpf perf_event_open
+SystemCallErrorNumber=EPERM
 # Unix sockets for the journal, INET for the optional swarm Redis.
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 
@@ -137,6 +170,8 @@ pub enum DropInError {
     Foreign,
     #[error("it was edited after guard-user install wrote it")]
     Edited,
+    #[error("an older guard-user wrote it (its ExecStart= has no $GUARD_ARGS); run guard-user install again")]
+    Older,
     #[error("it names a value install would refuse today: {0}")]
     Invalid(#[from] UnitValueError),
 }
@@ -158,11 +193,20 @@ impl DropIn {
         v
     }
 
-    /// The drop-in's bytes. `ExecStart=` is reset first (a service other than `Type=oneshot` takes one).
+    /// The drop-in's bytes. `ExecStart=` is reset first (a service other than `Type=oneshot` takes
+    /// one); it ends with `$GUARD_ARGS`, the operator's flags from [`DEFAULTS_FILE`].
     pub fn text(&self) -> String {
+        self.render(true)
+    }
+
+    /// The text, with or without `$GUARD_ARGS` (a drop-in written before it existed has none).
+    fn render(&self, with_args: bool) -> String {
         let mut exec = format!("{} run --user {} --home {}", self.bin, self.user, self.home.exec_arg());
         if let Some(c) = &self.config {
             exec.push_str(&format!(" --config {}", c.exec_arg()));
+        }
+        if with_args {
+            exec.push_str(ARGS_WORD);
         }
         format!(
             "{HEADER} install for {user}, from the values root gave it\n\
@@ -186,6 +230,12 @@ impl DropIn {
             .filter_map(|l| l.strip_prefix("ExecStart="))
             .find(|v| !v.is_empty())
             .ok_or(DropInError::Foreign)?;
+        // Every value install writes is quoted with `$` doubled, so a bare ` $GUARD_ARGS` at the
+        // end is ours.
+        let (exec, with_args) = match exec.strip_suffix(ARGS_WORD) {
+            Some(head) => (head, true),
+            None => (exec, false),
+        };
         let words = split_exec_line(exec).ok_or(DropInError::Foreign)?;
         let w: Vec<&str> = words.iter().map(String::as_str).collect();
         let (bin, user, home, config) = match w.as_slice() {
@@ -200,8 +250,11 @@ impl DropIn {
             home: UnitPath::new("the home", std::path::Path::new(home), fix)?,
             config: config.map(|c| UnitPath::new("the config", std::path::Path::new(c), fix)).transpose()?,
         };
-        if dropin.text() != text {
+        if dropin.render(with_args) != text {
             return Err(DropInError::Edited);
+        }
+        if !with_args {
+            return Err(DropInError::Older);
         }
         Ok(dropin)
     }

@@ -1,8 +1,8 @@
 //! Session lineage (docs/configuration.md `sessions`, docs/architecture.md): for each process of
 //! the account, the session it was forked into, kept from the kernel's fork events so that
 //! nothing the process does afterwards (`setsid`, a double fork, reparenting to init or a
-//! subreaper, exec, a rename) takes it out. Pure: the pump feeds it events and scans, the tick
-//! reads a [`SessionsView`] and answers with [`LineageCmd`]s.
+//! subreaper, exec, a rename, a visit outside the account) takes it out. Pure: the pump feeds it
+//! events and scans, the tick reads a [`SessionsView`] and answers with [`LineageCmd`]s.
 //!
 //! # How membership is kept
 //! Membership is stamped at fork: a child joins the session its parent opened, or else the one
@@ -16,10 +16,23 @@
 //! tick reads the command line, and [`LineageCmd::Classified`] either makes the session a root's
 //! or dissolves it: its members go back to the session the process itself is in. A pending
 //! session whose process exits or execs again before the tick is dissolved the same way (its
-//! command line is gone, so it is not a root: fail safe). The root of a session stays its root
-//! whatever it execs afterwards; a root that exits ends its session, which the tick settles
-//! ([`LineageCmd::Settle`]) once it has dealt with the leftovers: what survives goes back to the
-//! session the root was in (a nested root's leftovers belong to the outer session again).
+//! command line is gone, so it is not a root: fail safe). The tick is handed the pending sessions
+//! round-robin from where its last reading stopped ([`LineageCmd::ReadAfter`]), so execs it
+//! cannot settle never keep the others waiting.
+//!
+//! The root of a session stays its root whatever it execs afterwards; a root that exits, or
+//! leaves the account, ends its session, which the tick settles ([`LineageCmd::Settle`]) once it
+//! has dealt with the leftovers: they go back to the session the root was in (a nested root's
+//! leftovers belong to the outer session again), and those still alive stay listed under the
+//! ended root (*reported*) until they exit, so the log is never the only list.
+//!
+//! # Leaving the account and coming back
+//! A member whose effective uid stops being the account's (`sg`, `newgrp`, any set-user-ID
+//! program) keeps its node, marked *away*: it is not the account's process meanwhile (never
+//! listed, never signalled), what it forks joins its session, and when it (or what it forked)
+//! comes back to the account's uid, it is a member as before. The kernel reports forks and exits
+//! of processes whose real uid is the account's even while their effective uid is another, which
+//! is what a set-user-ID program run by the account keeps.
 //!
 //! # Processes older than the lineage
 //! When lineage starts (the first tick with `sessions`), after a rebuild and on every scan of the
@@ -31,17 +44,17 @@
 //! # Bounds
 //! Everything here is filled by the account's forks and execs, so every structure has a cap
 //! ([`Caps`]). At a cap the lineage fails safe: a process that cannot be given a node has no
-//! session, and a process whose lineage is unknown is never reaped. Each cap reached is counted.
+//! session, and a process whose lineage is unknown is never reaped. Each cap reached is counted
+//! ([`CapHits`]), and the tick says so once (`WARN sessions_cap`).
 use std::collections::{HashMap, HashSet};
 
-use crate::{
-    event::{Event, ProcId, ProcState, StateKind},
-    table::ProcessTable,
-};
+use crate::event::{Event, ProcId, ProcState, StateKind};
 
+mod commands;
 pub mod parents;
 #[cfg(test)]
 mod tests;
+mod view;
 
 /// A session's number, unique for the life of the daemon (never reused, so a command about a
 /// session that is gone cannot hit a newer one).
@@ -58,6 +71,8 @@ pub struct Caps {
     pub sessions: usize,
     /// Members of one session.
     pub members: usize,
+    /// Settled sessions whose reported leftovers are still alive (listed until they exit).
+    pub reported: usize,
 }
 
 impl Caps {
@@ -65,7 +80,7 @@ impl Caps {
     /// `examples/lineage_cost.rs`) hold six times the bench's 10,000 tracked processes in
     /// ~6.5 MiB at most; 16,384 pending execs (~240 bytes each) ~4 MiB; one session's members are
     /// capped at a quarter of the nodes so one fork bomb leaves room for the other sessions.
-    pub const DAEMON: Caps = Caps { nodes: 65_536, pending: 16_384, sessions: 1_024, members: 16_384 };
+    pub const DAEMON: Caps = Caps { nodes: 65_536, pending: 16_384, sessions: 1_024, members: 16_384, reported: 1_024 };
 }
 
 /// What the tick tells the lineage.
@@ -73,9 +88,32 @@ impl Caps {
 pub enum LineageCmd {
     /// The pending session's process matched `sessions.roots` (`true`) or not.
     Classified { session: SessionId, root: bool },
+    /// The pending session's command line was empty when the tick read it: the next time it is
+    /// still empty, it is not a root (an exec's arguments are in place long before a tick).
+    WaitedEmpty(SessionId),
+    /// The tick read pending sessions up to this one: the next view starts after it.
+    ReadAfter(SessionId),
+    /// The tick signalled this member while stopping its session: what it forks from now on
+    /// (until it execs) is stopped too, without waiting for the next round.
+    Doom(ProcId),
     /// The ended session was dealt with: its surviving members go back to the session its root
-    /// was in.
+    /// was in, and stay listed under it until they exit.
     Settle(SessionId),
+}
+
+/// How often each cap was reached, since the lineage started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CapHits {
+    /// Processes matching `sessions.roots` refused at the cap on sessions.
+    pub sessions: u64,
+    /// Forks left without lineage at the cap on one session's members.
+    pub members: u64,
+    /// Forks and execs left without lineage at the cap on nodes.
+    pub nodes: u64,
+    /// Execs left unclassified at the cap on pending ones.
+    pub pending_execs: u64,
+    /// Settled sessions whose leftovers could not be listed at the cap on reported sessions.
+    pub reported: u64,
 }
 
 /// Counts for status and metrics.
@@ -89,12 +127,16 @@ pub struct LineageCounts {
     pub live: u64,
     /// Root sessions whose root ended, not yet settled.
     pub ended: u64,
+    /// Settled sessions whose reported leftovers are still alive.
+    pub reported: u64,
     /// Processes left without lineage because a cap was reached (never reaped), since start.
     pub untracked_total: u64,
     /// Execs not classified because the pending cap was reached, since start.
     pub unclassified_total: u64,
     /// Processes matching `sessions.roots` refused because the session cap was reached.
     pub roots_refused_total: u64,
+    /// Each cap reached, since start.
+    pub caps: CapHits,
 }
 
 /// A pending session for the tick to classify.
@@ -107,6 +149,8 @@ pub struct Candidate {
     /// forked (no exec) carries its parent's command line, so the tick takes a command line equal
     /// to the parent's for a fork, not an exec: not a root.
     pub parent: Option<u32>,
+    /// A tick already read its command line empty ([`LineageCmd::WaitedEmpty`]).
+    pub waited_empty: bool,
 }
 
 /// One root session as the tick sees it.
@@ -114,20 +158,26 @@ pub struct Candidate {
 pub struct SessionRow {
     pub id: SessionId,
     pub root: ProcId,
-    /// The root's state while it lives (`None` once it ended).
+    /// The root's state while it lives in the account (`None` once it ended).
     pub root_state: Option<ProcState>,
-    /// The root exited; the session waits for the tick to settle it.
+    /// The root exited or left the account; the session waits for the tick to settle it.
     pub ended: bool,
-    /// Its live members, sorted by pid (a nested root is a member of the outer session).
+    /// Settled: `members` are the leftovers reported (or left alive by the stop) that still run.
+    pub reported: bool,
+    /// Its live members in the account, sorted by pid (a nested root is a member of the outer
+    /// session).
     pub members: Vec<ProcState>,
+    /// The members the tick doomed and those forked from them since (see [`LineageCmd::Doom`]).
+    pub doomed: Vec<ProcId>,
 }
 
 /// The lineage as one tick sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionsView {
-    /// Pending sessions, oldest first, at most the number the tick asked for.
+    /// Pending sessions, round-robin from the last [`LineageCmd::ReadAfter`], at most the number
+    /// the tick asked for.
     pub candidates: Vec<Candidate>,
-    /// Root sessions, live and ended, in the order they were opened.
+    /// Root sessions (live, ended and reported), in the order they were opened.
     pub sessions: Vec<SessionRow>,
     pub counts: LineageCounts,
 }
@@ -141,16 +191,47 @@ struct Node {
     opens: Option<SessionId>,
     /// Adopted from a scan: its parent link is still to come.
     awaiting_parent: bool,
+    /// Its effective uid is not the account's now (see the module doc).
+    away: bool,
+    /// See [`LineageCmd::Doom`].
+    doomed: bool,
+    /// The process it was forked from, while it has not exec'd since (a fork runs its parent's
+    /// program: a doom of the parent reaches it, even when the parent is gone by then).
+    forked_from: Option<ProcId>,
+    /// The reported session that lists it.
+    reported: Option<SessionId>,
+}
+
+impl Node {
+    fn new(start: u64) -> Node {
+        Node {
+            start,
+            session: None,
+            opens: None,
+            awaiting_parent: false,
+            away: false,
+            doomed: false,
+            forked_from: None,
+            reported: None,
+        }
+    }
+
+    /// Whether nothing needs it any more.
+    fn idle(&self) -> bool {
+        self.session.is_none() && self.opens.is_none() && !self.awaiting_parent && self.reported.is_none()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Pending,
     Rooted,
-    /// The root exited; `enclosing` is the session it was in then.
+    /// The root exited or left; `enclosing` is the session it was in then.
     Ended {
         enclosing: Option<SessionId>,
     },
+    /// Settled; its members are the leftovers still listed (a watch, not a membership).
+    Reported,
 }
 
 #[derive(Clone, Debug)]
@@ -161,6 +242,8 @@ struct Session {
     state: State,
     /// Pids of the members (each one's node holds its start time).
     members: HashSet<u32>,
+    /// See [`Candidate::waited_empty`].
+    waited_empty: bool,
 }
 
 /// See the module doc.
@@ -173,7 +256,11 @@ pub struct Lineage {
     sessions: HashMap<SessionId, Session>,
     next_id: SessionId,
     pending: usize,
+    /// Rooted and ended sessions.
     rooted: usize,
+    reported: usize,
+    /// The last pending session the tick read ([`LineageCmd::ReadAfter`]).
+    cursor: SessionId,
     counts: LineageCounts,
     /// A root session ended since the last [`Lineage::take_news`].
     news: bool,
@@ -191,6 +278,8 @@ impl Lineage {
             next_id: 1,
             pending: 0,
             rooted: 0,
+            reported: 0,
+            cursor: 0,
             counts: LineageCounts::default(),
             news: false,
         }
@@ -214,20 +303,27 @@ impl Lineage {
         self.nodes.get(&id.pid).filter(|n| n.start == id.start_ticks)
     }
 
+    fn node_mut(&mut self, id: ProcId) -> Option<&mut Node> {
+        self.nodes.get_mut(&id.pid).filter(|n| n.start == id.start_ticks)
+    }
+
     /// One kernel event (after the table applied it).
     pub fn apply(&mut self, event: &Event) {
         match *event {
             Event::Fork { child, parent_pid } => self.fork(child, parent_pid),
             Event::State { kind: StateKind::Exec, state } => self.exec(state),
-            // A state of another account: the process left this one (setuid, or a rename seen
-            // after a setuid the audit has not caught up with); it is no longer ours to reap.
+            // The effective uid as it is now: left the account, or back in it.
             Event::State { kind: StateKind::Setuid | StateKind::Rename, state: s } => {
                 self.drop_stale(s.id);
-                if !self.mine(&s) {
-                    self.gone(s.id, false);
+                if self.mine(&s) {
+                    if let Some(n) = self.node_mut(s.id) {
+                        n.away = false;
+                    }
+                } else {
+                    self.leave(s.id);
                 }
             }
-            Event::Exit(id) => self.gone(id, true),
+            Event::Exit(id) => self.gone(id),
         }
     }
 
@@ -236,18 +332,24 @@ impl Lineage {
     fn drop_stale(&mut self, id: ProcId) {
         if let Some(old) = self.nodes.get(&id.pid).filter(|n| n.start != id.start_ticks) {
             let old = ProcId { pid: id.pid, start_ticks: old.start };
-            self.gone(old, true);
+            self.gone(old);
         }
     }
 
     fn fork(&mut self, child: ProcState, parent_pid: u32) {
         self.drop_stale(child.id);
-        if !self.mine(&child) {
+        if Some(child.id.pid) == self.ignore_pid {
             return;
         }
-        let Some(parent) = self.nodes.get(&parent_pid) else { return };
+        // A parent starts before its child: a node that does not is a pid reused since.
+        let Some(parent) = self.nodes.get(&parent_pid).filter(|p| p.start <= child.id.start_ticks) else { return };
         if let Some(sid) = parent.opens.or(parent.session) {
-            let node = Node { start: child.id.start_ticks, session: None, opens: None, awaiting_parent: false };
+            let node = Node {
+                away: child.euid != self.uid,
+                doomed: parent.doomed,
+                forked_from: Some(ProcId { pid: parent_pid, start_ticks: parent.start }),
+                ..Node::new(child.id.start_ticks)
+            };
             self.insert_member(child.id.pid, node, sid);
         }
     }
@@ -255,35 +357,66 @@ impl Lineage {
     /// Inserts `node` for `pid` as a member of `sid`; at a cap the process stays without lineage.
     fn insert_member(&mut self, pid: u32, mut node: Node, sid: SessionId) -> bool {
         let room = self.nodes.len() < self.caps.nodes || self.nodes.contains_key(&pid);
-        match self.sessions.get_mut(&sid) {
-            Some(s) if room && s.members.len() < self.caps.members => {
-                s.members.insert(pid);
-                node.session = Some(sid);
-                self.nodes.insert(pid, node);
-                true
-            }
-            _ => {
-                self.counts.untracked_total += 1;
-                false
-            }
+        let Some(s) = self.sessions.get_mut(&sid) else { return false };
+        if !room {
+            self.counts.caps.nodes += 1;
+        } else if s.members.len() >= self.caps.members {
+            self.counts.caps.members += 1;
+        } else {
+            s.members.insert(pid);
+            node.session = Some(sid);
+            self.nodes.insert(pid, node);
+            return true;
         }
+        self.counts.untracked_total += 1;
+        false
     }
 
     fn exec(&mut self, s: ProcState) {
         self.drop_stale(s.id);
-        if !self.mine(&s) {
-            // An exec into another account (a set-user-ID program): it left this one.
-            self.gone(s.id, false);
+        if Some(s.id.pid) == self.ignore_pid {
             return;
         }
-        let opened = self.nodes.get(&s.id.pid).and_then(|n| n.opens);
+        if !self.mine(&s) {
+            // An exec into another account (a set-user-ID program): it left this one.
+            self.leave(s.id);
+            return;
+        }
+        if let Some(n) = self.node_mut(s.id) {
+            n.away = false;
+            // A new program: it and what it forks are judged by its own command line.
+            n.doomed = false;
+            n.forked_from = None;
+        }
+        let opened = self.node(s.id).and_then(|n| n.opens);
         match opened.map(|sid| self.sessions[&sid].state) {
             // A root stays the root of its session whatever it runs next.
             Some(State::Rooted) => return,
             Some(State::Pending) => self.dissolve(opened.expect("matched Some"), None),
-            Some(State::Ended { .. }) | None => {}
+            Some(State::Ended { .. } | State::Reported) | None => {}
         }
         self.open_pending(s.id, false);
+    }
+
+    /// `id` is no longer the account's process (for now): it stays a member, away. A root ends
+    /// its session; a pending session is not a root's (its command line is another account's).
+    fn leave(&mut self, id: ProcId) {
+        let Some(node) = self.node_mut(id) else { return };
+        if std::mem::replace(&mut node.away, true) {
+            return;
+        }
+        let (session, opens) = (node.session, node.opens);
+        let Some(sid) = opens else { return };
+        match self.sessions[&sid].state {
+            State::Rooted => self.end(sid, session),
+            State::Pending => self.dissolve(sid, None),
+            State::Ended { .. } | State::Reported => {}
+        }
+    }
+
+    fn end(&mut self, sid: SessionId, enclosing: Option<SessionId>) {
+        self.sessions.get_mut(&sid).expect("present").state = State::Ended { enclosing };
+        self.news = true;
     }
 
     /// Opens a pending session for `id` (creating its node if needed); at a cap it is simply not
@@ -291,62 +424,86 @@ impl Lineage {
     fn open_pending(&mut self, id: ProcId, awaiting_parent: bool) {
         let exists = self.nodes.contains_key(&id.pid);
         if self.pending >= self.caps.pending || (!exists && self.nodes.len() >= self.caps.nodes) {
+            if self.pending >= self.caps.pending {
+                self.counts.caps.pending_execs += 1;
+            } else {
+                self.counts.caps.nodes += 1;
+            }
             self.counts.unclassified_total += 1;
             return;
         }
         let sid = self.next_id;
         self.next_id += 1;
-        self.sessions
-            .insert(sid, Session { opener: id, adopted_parent: None, state: State::Pending, members: HashSet::new() });
+        let session = Session {
+            opener: id,
+            adopted_parent: None,
+            state: State::Pending,
+            members: HashSet::new(),
+            waited_empty: false,
+        };
+        self.sessions.insert(sid, session);
         self.pending += 1;
-        let node = self.nodes.entry(id.pid).or_insert(Node {
-            start: id.start_ticks,
-            session: None,
-            opens: None,
-            awaiting_parent,
-        });
+        let node = self.nodes.entry(id.pid).or_insert(Node { awaiting_parent, ..Node::new(id.start_ticks) });
         node.opens = Some(sid);
     }
 
-    /// The process `id` exited (`exited`) or left the account.
-    fn gone(&mut self, id: ProcId, exited: bool) {
+    /// The process `id` exited.
+    fn gone(&mut self, id: ProcId) {
         let Some(node) = self.node(id).copied() else { return };
         self.nodes.remove(&id.pid);
-        if let Some(sid) = node.session {
-            if let Some(s) = self.sessions.get_mut(&sid) {
-                s.members.remove(&id.pid);
-            }
+        if let Some(s) = node.session.and_then(|sid| self.sessions.get_mut(&sid)) {
+            s.members.remove(&id.pid);
+        }
+        if let Some(sid) = node.reported {
+            self.unwatch(sid, id.pid);
         }
         let Some(sid) = node.opens else { return };
         match self.sessions[&sid].state {
-            State::Rooted if exited => {
-                self.sessions.get_mut(&sid).expect("present").state = State::Ended { enclosing: node.session };
-                self.news = true;
-            }
-            State::Ended { .. } => {}
-            // A pending session whose command line was never read, or a root that became
-            // another account's process: not a session of this account.
-            State::Pending | State::Rooted => self.dissolve(sid, Some(node.session)),
+            State::Rooted => self.end(sid, node.session),
+            State::Ended { .. } | State::Reported => {}
+            // A pending session whose command line was never read: not a root.
+            State::Pending => self.dissolve(sid, Some(node.session)),
+        }
+    }
+
+    /// `pid` is no longer listed by the reported session `sid`; the session goes with its last.
+    fn unwatch(&mut self, sid: SessionId, pid: u32) {
+        let Some(s) = self.sessions.get_mut(&sid) else { return };
+        s.members.remove(&pid);
+        if s.members.is_empty() {
+            self.dissolve(sid, Some(None));
         }
     }
 
     /// Ends session `sid` without it being a root's: its members go to `into` (given when the
-    /// opener is gone, else the session the opener is in).
+    /// opener is gone, else the session the opener is in). A reported session's members are a
+    /// watch, not a membership: they stay where they are.
     fn dissolve(&mut self, sid: SessionId, into: Option<Option<SessionId>>) {
         let Some(s) = self.sessions.remove(&sid) else { return };
         match s.state {
             State::Pending => self.pending -= 1,
             State::Rooted | State::Ended { .. } => self.rooted -= 1,
+            State::Reported => self.reported -= 1,
         }
         let into = match into {
             Some(into) => into,
             None => self.node(s.opener).and_then(|n| n.session),
         };
-        if let Some(opener) = self.nodes.get_mut(&s.opener.pid).filter(|n| n.start == s.opener.start_ticks) {
+        if let Some(opener) = self.node_mut(s.opener).filter(|n| n.opens == Some(sid)) {
             opener.opens = None;
-            if opener.session.is_none() && !opener.awaiting_parent {
+            if opener.idle() {
                 self.nodes.remove(&s.opener.pid);
             }
+        }
+        if s.state == State::Reported {
+            for pid in s.members {
+                let Some(n) = self.nodes.get_mut(&pid).filter(|n| n.reported == Some(sid)) else { continue };
+                n.reported = None;
+                if n.idle() {
+                    self.nodes.remove(&pid);
+                }
+            }
+            return;
         }
         self.move_members(s.members, into);
     }
@@ -361,160 +518,9 @@ impl Lineage {
                 Some(sid) => self.insert_member(pid, node, sid),
                 None => false,
             };
-            if !kept && node.opens.is_none() && !node.awaiting_parent {
+            if !kept && node.idle() {
                 self.nodes.remove(&pid);
             }
         }
-    }
-
-    /// The tick's answers.
-    pub fn command(&mut self, cmd: LineageCmd) {
-        match cmd {
-            LineageCmd::Classified { session, root } => {
-                let Some(s) = self.sessions.get_mut(&session) else { return };
-                if s.state != State::Pending {
-                    return;
-                }
-                if !root {
-                    return self.dissolve(session, None);
-                }
-                if self.rooted >= self.caps.sessions {
-                    self.counts.roots_refused_total += 1;
-                    return self.dissolve(session, None);
-                }
-                s.state = State::Rooted;
-                self.pending -= 1;
-                self.rooted += 1;
-            }
-            LineageCmd::Settle(session) => {
-                let Some(s) = self.sessions.get(&session) else { return };
-                let State::Ended { enclosing } = s.state else { return };
-                self.dissolve(session, Some(enclosing));
-            }
-        }
-    }
-
-    /// A scan rebuilt the table from `before` to `table`: nodes of processes no longer live are
-    /// gone (their exit was lost), and the account's processes that `before` did not hold (the
-    /// lineage never saw them forked) are adopted, each opening a pending session, with their
-    /// parent link to come. `before` is `None` when the lineage starts: it adopts every process.
-    /// Returns the adopted processes (oldest first), whose parents to read.
-    pub fn reconcile(&mut self, before: Option<&ProcessTable>, table: &ProcessTable) -> Vec<ProcId> {
-        let live: Vec<ProcState> = table.processes().into_iter().filter(|p| self.mine(p)).collect();
-        let ids: HashSet<ProcId> = live.iter().map(|p| p.id).collect();
-        let dead: Vec<ProcId> = self
-            .nodes
-            .iter()
-            .map(|(&pid, n)| ProcId { pid, start_ticks: n.start })
-            .filter(|id| !ids.contains(id))
-            .collect();
-        for id in dead {
-            self.gone(id, true);
-        }
-        let seen = |id: &ProcId| before.is_some_and(|t| t.get(id.pid).is_some_and(|p| p.id == *id));
-        let mut adopted: Vec<ProcId> =
-            live.iter().map(|p| p.id).filter(|id| self.node(*id).is_none() && !seen(id)).collect();
-        adopted.sort_by_key(|id| (id.start_ticks, id.pid));
-        for id in &adopted {
-            self.open_pending(*id, true);
-        }
-        adopted.retain(|id| self.node(*id).is_some());
-        adopted
-    }
-
-    /// Parent links read for adopted processes: `(process, parent pid)`. Each joins the session
-    /// its parent opened or is in, in start-time order (a parent starts before its children, so
-    /// its own session is settled first). An adopted process whose parent did not come back
-    /// (gone meanwhile) stays outside every session.
-    pub fn attach_parents(&mut self, adopted: &[ProcId], parents: &[(ProcId, u32)]) {
-        let mut links: Vec<(ProcId, u32)> = parents.to_vec();
-        links.sort_by_key(|(id, _)| (id.start_ticks, id.pid));
-        for (id, ppid) in links {
-            let Some(node) = self.node(id).copied().filter(|n| n.awaiting_parent) else { continue };
-            self.nodes.get_mut(&id.pid).expect("present").awaiting_parent = false;
-            if let Some(s) = node.opens.and_then(|sid| self.sessions.get_mut(&sid)) {
-                s.adopted_parent = Some(ppid);
-            }
-            // A parent starts before its child: a node that does not is a pid reused since.
-            let parent = self.nodes.get(&ppid).filter(|p| ppid != id.pid && p.start <= id.start_ticks);
-            if let Some(sid) = parent.and_then(|p| p.opens.or(p.session)) {
-                self.insert_member(id.pid, Node { awaiting_parent: false, ..node }, sid);
-            }
-        }
-        for id in adopted {
-            if let Some(n) = self.nodes.get_mut(&id.pid).filter(|n| n.start == id.start_ticks) {
-                n.awaiting_parent = false;
-                if n.session.is_none() && n.opens.is_none() {
-                    self.nodes.remove(&id.pid);
-                }
-            }
-        }
-    }
-
-    /// The view for a tick: up to `max_candidates` pending sessions (oldest first) and every
-    /// root session with its live members, states taken from `table`.
-    pub fn view(&self, table: &ProcessTable, max_candidates: usize) -> SessionsView {
-        let state = |id: ProcId| table.get(id.pid).filter(|p| p.id == id && self.mine(p));
-        let mut ids: Vec<SessionId> = self.sessions.keys().copied().collect();
-        ids.sort_unstable();
-        let mut view = SessionsView { counts: self.counts(), ..Default::default() };
-        for sid in ids {
-            let s = &self.sessions[&sid];
-            match s.state {
-                State::Pending => {
-                    if view.candidates.len() < max_candidates {
-                        if let Some(process) = state(s.opener) {
-                            view.candidates.push(Candidate { session: sid, process, parent: s.adopted_parent });
-                        }
-                    }
-                }
-                State::Rooted | State::Ended { .. } => {
-                    let mut members: Vec<ProcState> = s
-                        .members
-                        .iter()
-                        .filter_map(|&pid| state(ProcId { pid, start_ticks: self.nodes.get(&pid)?.start }))
-                        .collect();
-                    members.sort_by_key(|p| p.id.pid);
-                    let ended = matches!(s.state, State::Ended { .. });
-                    let root_state = if ended { None } else { state(s.opener) };
-                    view.sessions.push(SessionRow { id: sid, root: s.opener, root_state, ended, members });
-                }
-            }
-        }
-        view
-    }
-
-    pub fn counts(&self) -> LineageCounts {
-        let ended = self.sessions.values().filter(|s| matches!(s.state, State::Ended { .. })).count();
-        LineageCounts {
-            nodes: self.nodes.len() as u64,
-            pending: self.pending as u64,
-            live: (self.rooted - ended) as u64,
-            ended: ended as u64,
-            ..self.counts
-        }
-    }
-
-    /// The session `pid` is a member of, if the lineage knows it.
-    #[cfg(test)]
-    fn session_of(&self, id: ProcId) -> Option<SessionId> {
-        self.node(id).and_then(|n| n.session)
-    }
-
-    /// The internal invariants: every member's node names its session, every node is in the
-    /// session it names, the counters match, nothing holds a node for no reason.
-    #[cfg(test)]
-    fn is_consistent(&self) -> bool {
-        let members_ok = self
-            .sessions
-            .iter()
-            .all(|(sid, s)| s.members.iter().all(|pid| self.nodes.get(pid).is_some_and(|n| n.session == Some(*sid))));
-        let nodes_ok = self.nodes.iter().all(|(pid, n)| {
-            n.session.is_none_or(|sid| self.sessions.get(&sid).is_some_and(|s| s.members.contains(pid)))
-                && n.opens.is_none_or(|sid| self.sessions.get(&sid).is_some_and(|s| s.opener.pid == *pid))
-                && (n.session.is_some() || n.opens.is_some() || n.awaiting_parent)
-        });
-        let pending = self.sessions.values().filter(|s| s.state == State::Pending).count();
-        members_ok && nodes_ok && pending == self.pending && self.sessions.len() - pending == self.rooted
     }
 }

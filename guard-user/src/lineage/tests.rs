@@ -1,5 +1,5 @@
 use super::*;
-use crate::table::Scope;
+use crate::table::{ProcessTable, Scope};
 use crate::{comm::Comm, event::StateKind};
 
 const UID: u32 = 1000;
@@ -160,33 +160,41 @@ fn a_nested_root_has_its_own_session_and_its_survivors_go_back_to_the_outer_one_
     w.lineage.command(LineageCmd::Settle(inner));
     assert!(w.lineage.is_consistent());
     assert_eq!(w.members(200), [302], "the inner leftover belongs to the outer session again");
-    assert_eq!(w.view().sessions.len(), 1);
+    let v = w.view();
+    assert_eq!(v.sessions.len(), 2, "and stays listed under its ended root: {v:#?}");
+    assert!(v.sessions[1].reported && v.sessions[1].members.iter().map(|p| p.id.pid).eq([302]));
 }
 
 #[test]
-fn a_member_that_becomes_another_accounts_process_leaves_the_session_and_its_forks_never_join() {
+fn a_member_that_becomes_another_accounts_process_stays_in_its_session_away_and_so_do_its_forks() {
     let mut w = with_shell();
     w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
     w.classify(&["wrapper"]);
     w.fork(200, 201, 11, "wrapper").fork(200, 202, 12, "wrapper");
     w.ev(Event::State { kind: StateKind::Setuid, state: ProcState { euid: OTHER, ..st(201, 11, "wrapper") } });
-    // Its own fork is another account's process; a fork of the other account's is not seen as ours.
+    // Its fork is another account's process, still of the session.
     w.ev(Event::Fork { child: ProcState { euid: OTHER, ..st(203, 13, "wrapper") }, parent_pid: 201 });
-    // An exec of a set-user-ID program takes 202 out too.
+    // An exec of a set-user-ID program takes 202 out of the account too.
     w.ev(Event::State { kind: StateKind::Exec, state: ProcState { euid: OTHER, ..st(202, 12, "su") } });
-    assert!(w.members(200).is_empty());
-    assert_eq!(w.lineage.counts().nodes, 1, "the root alone: {:#?}", w.lineage);
+    assert!(w.members(200).is_empty(), "away from the account: never listed, never signalled");
+    for (pid, start) in [(201, 11), (202, 12), (203, 13)] {
+        let id = ProcId { pid, start_ticks: start };
+        assert!(w.lineage.is_away(id) && w.lineage.session_of(id).is_some(), "{pid}: {:#?}", w.lineage);
+    }
+    assert_eq!(w.lineage.counts().nodes, 4, "{:#?}", w.lineage);
 }
 
 #[test]
-fn a_root_that_becomes_another_accounts_process_dissolves_its_session_without_ending_it() {
+fn a_root_that_becomes_another_accounts_process_ends_its_session() {
     let mut w = with_shell();
     w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
     w.classify(&["wrapper"]);
     w.fork(200, 201, 11, "wrapper");
     w.ev(Event::State { kind: StateKind::Setuid, state: ProcState { euid: OTHER, ..st(200, 10, "wrapper") } });
-    assert!(!w.lineage.take_news());
-    assert!(w.view().sessions.is_empty());
+    assert!(w.lineage.take_news(), "a root that left ended its session");
+    let v = w.view();
+    assert!(v.sessions[0].ended && v.sessions[0].root_state.is_none());
+    assert_eq!(w.members(200), [201], "its leftovers follow");
 }
 
 #[test]
@@ -245,7 +253,7 @@ fn a_rebuild_ends_the_sessions_whose_roots_died_unseen_and_adopts_the_unknown() 
 
 #[test]
 fn a_fork_bomb_under_a_root_is_held_to_the_member_cap_and_the_rest_is_counted_untracked() {
-    let caps = Caps { nodes: 1000, pending: 100, sessions: 4, members: 50 };
+    let caps = Caps { nodes: 1000, pending: 100, sessions: 4, members: 50, reported: 4 };
     let mut w = World::with_caps(caps);
     w.exec(100, 1, "bash");
     w.classify(&[]);
@@ -268,7 +276,7 @@ fn a_fork_bomb_under_a_root_is_held_to_the_member_cap_and_the_rest_is_counted_un
 
 #[test]
 fn the_pending_node_and_session_caps_fail_safe() {
-    let caps = Caps { nodes: 10, pending: 3, sessions: 1, members: 10 };
+    let caps = Caps { nodes: 10, pending: 3, sessions: 1, members: 10, reported: 1 };
     let mut w = World::with_caps(caps);
     for pid in 1..=5 {
         w.exec(pid, u64::from(pid), "wrapper");
@@ -294,3 +302,6 @@ fn the_daemon_itself_and_other_accounts_are_never_tracked() {
     l.apply(&Event::State { kind: StateKind::Exec, state: ProcState { euid: OTHER, ..st(78, 1, "wrapper") } });
     assert_eq!(l.counts().nodes, 0);
 }
+
+#[path = "tests_away.rs"]
+mod away;

@@ -53,6 +53,15 @@ pub enum Line {
     Leftover { pid: u32, name: Comm, root: u32, age_secs: u64 },
     /// `REAPED root= name= count= survivors=`.
     Reaped { root: u32, name: Comm, count: u64, survivors: u64 },
+    /// `SLOT_WAIT slot= pid= name= position= mode=<queue|report>`: a command found its slot full
+    /// (docs/configuration.md `slots`); with `mode=report` it runs all the same.
+    SlotWait { slot: String, pid: u32, name: Comm, position: u32, mode: &'static str },
+    /// `SLOT_START slot= pid= waited=<s>s reason=`: a tree holds the slot; `reason` says why it
+    /// starts now (`free`: at its exec; `turn`: a holder ended; `signal`: a signal is waiting for
+    /// it; `config`: the slot was turned off or reconfigured; `stop`: the daemon stops).
+    SlotStart { slot: String, pid: u32, waited_secs: u64, reason: &'static str },
+    /// `SLOT_TIMEOUT slot= pid= waited=<s>s`: `maxWait` let a waiting command go.
+    SlotTimeout { slot: String, pid: u32, waited_secs: u64 },
     /// `STARTED version= backend= user= dry_run=<0|1> pid=`.
     Started { version: &'static str, backend: &'static str, user: String, dry_run: bool, pid: u32 },
     /// `STOPPED reason=`.
@@ -83,6 +92,9 @@ pub enum Kind {
     Recovered,
     Leftover,
     Reaped,
+    SlotWait,
+    SlotStart,
+    SlotTimeout,
     Started,
     Stopped,
     Reload,
@@ -107,6 +119,9 @@ impl Kind {
             Kind::Recovered => "RECOVERED",
             Kind::Leftover => "LEFTOVER",
             Kind::Reaped => "REAPED",
+            Kind::SlotWait => "SLOT_WAIT",
+            Kind::SlotStart => "SLOT_START",
+            Kind::SlotTimeout => "SLOT_TIMEOUT",
             Kind::Started => "STARTED",
             Kind::Stopped => "STOPPED",
             Kind::Reload => "RELOAD",
@@ -228,6 +243,9 @@ impl Line {
             Line::Recovered { .. } => Kind::Recovered,
             Line::Leftover { .. } => Kind::Leftover,
             Line::Reaped { .. } => Kind::Reaped,
+            Line::SlotWait { .. } => Kind::SlotWait,
+            Line::SlotStart { .. } => Kind::SlotStart,
+            Line::SlotTimeout { .. } => Kind::SlotTimeout,
             Line::Started { .. } => Kind::Started,
             Line::Stopped(_) => Kind::Stopped,
             Line::Reload => Kind::Reload,
@@ -244,13 +262,13 @@ impl Line {
     /// | priority | lines |
     /// |---|---|
     /// | `<3>` err | `ERROR`, `STOPPED reason=hang`, `STOPPED reason=error` |
-    /// | `<4>` warning | `WARN`, `WARNING` |
-    /// | `<5>` notice | `KILLED`, `DRY_RUN`, `REPEAT`, `PEGGED`, `RECOVERED`, `LEFTOVER`, `REAPED`, `STARTED`, `STOPPED` (other reasons), `RELOAD`, `RESYNC` (but `reason=startup`) |
-    /// | `<6>` info | `FLAGGED`, `UNFLAGGED`, `SKIPPED`, `TICK_COMPLETE`, `RESYNC reason=startup` |
+    /// | `<4>` warning | `WARN`, `WARNING`, `SLOT_TIMEOUT` |
+    /// | `<5>` notice | `KILLED`, `DRY_RUN`, `REPEAT`, `PEGGED`, `RECOVERED`, `LEFTOVER`, `REAPED`, `SLOT_WAIT`, `STARTED`, `STOPPED` (other reasons), `RELOAD`, `RESYNC` (but `reason=startup`) |
+    /// | `<6>` info | `FLAGGED`, `UNFLAGGED`, `SKIPPED`, `SLOT_START`, `TICK_COMPLETE`, `RESYNC reason=startup` |
     pub fn priority(&self) -> u8 {
         match self {
             Line::Error(_) | Line::Stopped(StopReason::Hang | StopReason::Error) => 3,
-            Line::Warn(_) | Line::Warning { .. } => 4,
+            Line::Warn(_) | Line::Warning { .. } | Line::SlotTimeout { .. } => 4,
             Line::Resync { reason: ResyncReason::Startup, .. } => 6,
             Line::Killed(_)
             | Line::DryRun(_)
@@ -260,11 +278,16 @@ impl Line {
             | Line::Recovered { .. }
             | Line::Leftover { .. }
             | Line::Reaped { .. }
+            | Line::SlotWait { .. }
             | Line::Started { .. }
             | Line::Stopped(_)
             | Line::Reload
             | Line::Resync { .. } => 5,
-            Line::Flagged { .. } | Line::Unflagged { .. } | Line::Skipped { .. } | Line::TickComplete { .. } => 6,
+            Line::Flagged { .. }
+            | Line::Unflagged { .. }
+            | Line::Skipped { .. }
+            | Line::SlotStart { .. }
+            | Line::TickComplete { .. } => 6,
         }
     }
 
@@ -283,6 +306,9 @@ impl Line {
             Line::Recovered { .. } => Some("recovered"),
             Line::Leftover { .. } => Some("leftover"),
             Line::Reaped { .. } => Some("reaped"),
+            Line::SlotWait { .. } => Some("slot_wait"),
+            Line::SlotStart { .. } => Some("slot_start"),
+            Line::SlotTimeout { .. } => Some("slot_timeout"),
             Line::Flagged { .. }
             | Line::Unflagged { .. }
             | Line::Started { .. }
@@ -354,6 +380,15 @@ impl Line {
             }
             Line::Reaped { root, name, count, survivors } => {
                 b.num("root", root).comm("name", name).num("count", count).num("survivors", survivors);
+            }
+            Line::SlotWait { slot, pid, name, position, mode } => {
+                b.text("slot", slot).num("pid", pid).comm("name", name).num("position", position).text("mode", mode);
+            }
+            Line::SlotStart { slot, pid, waited_secs, reason } => {
+                b.text("slot", slot).num("pid", pid).text("waited", &format!("{waited_secs}s")).text("reason", reason);
+            }
+            Line::SlotTimeout { slot, pid, waited_secs } => {
+                b.text("slot", slot).num("pid", pid).text("waited", &format!("{waited_secs}s"));
             }
             Line::Started { version, backend, user, dry_run, pid } => {
                 b.text("version", version)

@@ -123,7 +123,8 @@ impl Logger {
         }
         let max = self.inner.max_bytes.load(Ordering::Relaxed);
         if let Err(e) = append_rotating(&self.inner.path, stamped.as_bytes(), max, self.inner.who) {
-            eprintln!("guard-user: cannot write the log: {e}");
+            // Through tracing, which never panics on a closed stderr (eprintln! would).
+            tracing::error!("cannot write the log: {e}");
         }
     }
 }

@@ -32,5 +32,5 @@ pub mod worker;
 pub use call::{MirrorError, CALL_TIMEOUT};
 pub use endpoint::{Endpoint, DEFAULT_URL};
 pub use query::{check_lines, fleet, read_heartbeat, FLEET_TIMEOUT};
-pub use wire::{heartbeat_key, Heartbeat, SessionCounts, StreamEvent, STREAM_KEY, STREAM_MAXLEN};
+pub use wire::{heartbeat_key, Heartbeat, SessionCounts, SlotCounts, StreamEvent, STREAM_KEY, STREAM_MAXLEN};
 pub use worker::{Mirror, BACKOFF_INITIAL, BACKOFF_MAX, EVENT_QUEUE_CAPACITY};

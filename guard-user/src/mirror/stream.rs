@@ -70,6 +70,22 @@ impl StreamEvent {
                 ev.count = Some(*count);
                 ev.extra = extra(&[("root", root.to_string()), ("survivors", survivors.to_string())]);
             }
+            Line::SlotWait { slot, pid, name, position, mode } => {
+                ev.pid = Some(*pid);
+                ev.name = Some(name.to_string());
+                ev.reason = (*mode).into();
+                ev.extra = extra(&[("slot", slot.clone()), ("position", position.to_string())]);
+            }
+            Line::SlotStart { slot, pid, waited_secs, reason } => {
+                ev.pid = Some(*pid);
+                ev.reason = (*reason).into();
+                ev.extra = extra(&[("slot", slot.clone()), ("waited_secs", waited_secs.to_string())]);
+            }
+            Line::SlotTimeout { slot, pid, waited_secs } => {
+                ev.pid = Some(*pid);
+                ev.reason = "max_wait".into();
+                ev.extra = extra(&[("slot", slot.clone()), ("waited_secs", waited_secs.to_string())]);
+            }
             // Not streamed (`Line::stream` said so above).
             Line::Unflagged { .. }
             | Line::Started { .. }
@@ -109,6 +125,33 @@ mod tests {
 
     /// A line, the stream event it becomes and its fields after the name.
     type Case = (Line, &'static str, Vec<(&'static str, &'static str)>);
+
+    #[test]
+    fn slot_lines_reach_the_stream_with_their_slot_and_whole_seconds() {
+        let cases: Vec<Case> = vec![
+            (
+                Line::SlotWait { slot: "build".into(), pid: 7, name: Comm::new(b"cargo"), position: 2, mode: "queue" },
+                "slot_wait",
+                vec![("pid", "7"), ("slot", "build"), ("position", "2")],
+            ),
+            (
+                Line::SlotStart { slot: "build".into(), pid: 7, waited_secs: 61, reason: "turn" },
+                "slot_start",
+                vec![("pid", "7"), ("slot", "build"), ("waited_secs", "61")],
+            ),
+            (
+                Line::SlotTimeout { slot: "build".into(), pid: 7, waited_secs: 1800 },
+                "slot_timeout",
+                vec![("pid", "7"), ("slot", "build"), ("waited_secs", "1800")],
+            ),
+        ];
+        for (line, event, want) in cases {
+            let ev = StreamEvent::of(&line, 1_700_000_000.7).unwrap();
+            assert_eq!(ev.event, event);
+            let want: Vec<(String, String)> = want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            assert_eq!(fields(&ev), want, "{}", line.body());
+        }
+    }
 
     #[test]
     fn durations_reach_the_stream_as_whole_seconds_not_the_logs_text() {

@@ -59,8 +59,11 @@ pub struct Heartbeat {
     pub flagged: Vec<String>,
     /// Flagged names beyond those listed.
     pub flagged_omitted: u64,
-    /// KILLED lines since the daemon started.
+    /// Processes ended since the daemon started, for every reason (`kills_by_reason` splits them).
     pub kills: u64,
+    /// `kills` by reason: `ghost_detected` (`KILLED` lines), `leftover` (leftovers of ended
+    /// sessions, the sum of `REAPED`'s `count=`).
+    pub kills_by_reason: crate::status::KillsByReason,
     pub lost_events: u64,
     pub resyncs: u64,
     /// The tick interval, so a reader can judge how stale `last_tick` is.
@@ -70,6 +73,25 @@ pub struct Heartbeat {
     pub config_error: Option<String>,
     /// Session counts (docs/configuration.md `sessions`); `null` while sessions are off.
     pub sessions: Option<SessionCounts>,
+    /// Heavy-command slot counts (docs/configuration.md `slots`); absent while no slot is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<SlotCounts>,
+}
+
+/// The heartbeat's slot counts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(default)]
+pub struct SlotCounts {
+    /// Trees holding a slot, all slots.
+    pub holding: u64,
+    /// Trees waiting for one.
+    pub waiting: u64,
+    /// `SLOT_WAIT` lines since the daemon started.
+    pub waits: u64,
+    /// `SLOT_TIMEOUT` lines since the daemon started.
+    pub timeouts: u64,
+    /// Why nothing is held here, if so (`WARN slots_unavailable`'s reason).
+    pub unavailable: Option<String>,
 }
 
 /// The heartbeat's session counts.

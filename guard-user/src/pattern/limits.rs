@@ -125,36 +125,112 @@ impl fmt::Display for CostReason {
     }
 }
 
-/// Why an `excludeCommands` list cannot be used. Displays as one line: the reason, then the fix.
-/// `pattern` fields hold the pattern as written (account-controlled: escape before logging).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why a pattern list cannot be used. Displays as one line: the reason, then the fix, naming the
+/// pattern as `excludeCommands[<i>]`; [`PatternSetError::in_list`] names it as the list it came
+/// from says (`sessions.roots[<i>]`, or `guard-user match`'s `--pattern`). `pattern` fields hold
+/// the pattern as written (account-controlled: escape before logging).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PatternSetError {
-    #[error("excludeCommands has {count} patterns, more than {max}; merge patterns with | or remove unused ones")]
-    TooMany { count: usize, max: usize },
-    #[error(
-        "excludeCommands[{index}] is {len} bytes long, more than {max}; shorten it (match a distinctive part of \
-         the command line, not all of it)"
-    )]
-    TooLong { index: usize, len: usize, max: usize, prefix: String },
-    #[error("excludeCommands[{index}] {pattern:?} contains a NUL byte, which bash cannot hold; remove it")]
-    Nul { index: usize, pattern: String },
-    #[error(
-        "excludeCommands[{index}] {pattern:?} is not a valid bash extended regex: {reason}; fix it and try it with \
-         guard-user match --pattern"
-    )]
-    Invalid { index: usize, pattern: String, reason: String },
-    #[error("excludeCommands[{index}] {pattern:?} is too costly: {why}")]
-    TooCostly { index: usize, pattern: String, why: CostReason },
+    TooMany {
+        count: usize,
+        max: usize,
+    },
+    TooLong {
+        index: usize,
+        len: usize,
+        max: usize,
+        prefix: String,
+    },
+    Nul {
+        index: usize,
+        pattern: String,
+    },
+    Invalid {
+        index: usize,
+        pattern: String,
+        reason: String,
+    },
+    TooCostly {
+        index: usize,
+        pattern: String,
+        why: CostReason,
+    },
     /// The worker process could not be started or kept running; not a problem of the list.
-    #[error(
-        "the sandboxed pattern matcher is not working: {0}; this is not caused by the patterns (their processes are \
-         protected meanwhile): check that guard-user can start `guard-user __pattern-worker` and switch it to its \
-         run_as identity"
-    )]
     Worker(String),
 }
 
+impl std::error::Error for PatternSetError {}
+
+/// Where a list of patterns comes from, for its messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The key (`excludeCommands`) or option (`--pattern`) that holds the patterns.
+    pub key: &'static str,
+    /// Whether a pattern is named by its position (`key[<i>]`).
+    pub indexed: bool,
+}
+
+impl Source {
+    pub const EXCLUDE_COMMANDS: Source = Source { key: "excludeCommands", indexed: true };
+    pub const SESSIONS_ROOTS: Source = Source { key: "sessions.roots", indexed: true };
+    pub const SLOT_COMMANDS: Source = Source { key: "slots.commands", indexed: true };
+    /// `guard-user match --pattern P`: one pattern, no list.
+    pub const ARGUMENT: Source = Source { key: "--pattern", indexed: false };
+}
+
+/// [`PatternSetError`] named as its list says ([`PatternSetError::in_list`]).
+pub struct InList<'a>(&'a PatternSetError, Source);
+
+impl fmt::Display for InList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let InList(e, src) = self;
+        let at = |index: &usize| if src.indexed { format!("{}[{index}]", src.key) } else { src.key.to_string() };
+        match e {
+            PatternSetError::TooMany { count, max } => write!(
+                f,
+                "{} has {count} patterns, more than {max}; merge patterns with | or remove unused ones",
+                src.key
+            ),
+            PatternSetError::TooLong { index, len, max, .. } => write!(
+                f,
+                "{} is {len} bytes long, more than {max}; shorten it (match a distinctive part of the command line, \
+                 not all of it)",
+                at(index)
+            ),
+            PatternSetError::Nul { index, pattern } => {
+                write!(f, "{} {pattern:?} contains a NUL byte, which bash cannot hold; remove it", at(index))
+            }
+            PatternSetError::Invalid { index, pattern, reason } => write!(
+                f,
+                "{} {pattern:?} is not a valid bash extended regex: {reason}; fix it and try it with guard-user \
+                 match --pattern",
+                at(index)
+            ),
+            PatternSetError::TooCostly { index, pattern, why } => {
+                write!(f, "{} {pattern:?} is too costly: {why}", at(index))
+            }
+            PatternSetError::Worker(detail) => write!(
+                f,
+                "the sandboxed pattern matcher is not working: {detail}; this is not caused by the patterns (their \
+                 processes are protected meanwhile): check that guard-user can start `guard-user __pattern-worker` \
+                 and switch it to its run_as identity"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for PatternSetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        InList(self, Source::EXCLUDE_COMMANDS).fmt(f)
+    }
+}
+
 impl PatternSetError {
+    /// This error, naming its pattern as `src` holds it.
+    pub fn in_list(&self, src: Source) -> InList<'_> {
+        InList(self, src)
+    }
+
     /// The offending pattern, for `ERROR config_malformed excludeCommands pattern=<pattern>` (a prefix
     /// for one too long to log).
     pub fn pattern(&self) -> Option<&str> {

@@ -35,6 +35,18 @@ pub const PROBES: &[&[u8]] = &[
     b"/usr/bin/sleep 600",
 ];
 
+/// [`PROBES`] but the empty one: the command lines an exec can have (a heavy-command slot's
+/// pattern is asked about these: `.` takes every command there is).
+pub fn command_probes() -> &'static [&'static [u8]] {
+    &PROBES[1..]
+}
+
+/// The outcomes of [`command_probes`] against one pattern alone: whether it matches every
+/// command an exec can run.
+pub fn matches_every_command(outcomes: &[MatchOutcome]) -> bool {
+    outcomes.len() == PROBES.len() - 1 && outcomes.iter().all(|o| matches!(o, MatchOutcome::Matched(_)))
+}
+
 /// The outcomes of [`PROBES`] against one pattern alone: whether it matches every command line.
 pub fn matches_every_probe(outcomes: &[MatchOutcome]) -> bool {
     outcomes.len() == PROBES.len() && outcomes.iter().all(|o| matches!(o, MatchOutcome::Matched(_)))
@@ -65,6 +77,38 @@ pub fn list_verdict(outcomes: &[MatchOutcome]) -> ListVerdict {
     }
     let first: Vec<usize> =
         outcomes.iter().filter_map(|o| if let MatchOutcome::Matched(i) = o { Some(*i) } else { None }).collect();
+    let latest = first.iter().copied().max().unwrap_or(0);
+    if first.iter().all(|&i| i == latest) {
+        ListVerdict::Found(latest)
+    } else {
+        ListVerdict::From(latest)
+    }
+}
+
+/// For `sessions.roots` (docs/configuration.md): whether a pattern, or a list, is too broad to
+/// name session roots: it matches the empty command line, or every other probe. Such a list would
+/// make nearly every process a root, and so every orphan a leftover; it is refused.
+pub fn too_broad_for_roots(outcomes: &[MatchOutcome]) -> bool {
+    let matched = |o: &MatchOutcome| matches!(o, MatchOutcome::Matched(_));
+    outcomes.len() == PROBES.len() && (matched(&outcomes[0]) || outcomes[1..].iter().all(matched))
+}
+
+/// [`list_verdict`] for `sessions.roots`: `Found(i)` when pattern `i` matches the empty command
+/// line or every other probe; `From(m)` when the list as a whole does, by different patterns, so a
+/// single one that does is at `m` or later (if none does alone, the list together is too broad).
+pub fn roots_verdict(outcomes: &[MatchOutcome]) -> ListVerdict {
+    if outcomes.len() != PROBES.len() {
+        return ListVerdict::None;
+    }
+    if let MatchOutcome::Matched(i) = outcomes[0] {
+        return ListVerdict::Found(i);
+    }
+    let rest = &outcomes[1..];
+    if !rest.iter().all(|o| matches!(o, MatchOutcome::Matched(_))) {
+        return ListVerdict::None;
+    }
+    let first: Vec<usize> =
+        rest.iter().filter_map(|o| if let MatchOutcome::Matched(i) = o { Some(*i) } else { None }).collect();
     let latest = first.iter().copied().max().unwrap_or(0);
     if first.iter().all(|&i| i == latest) {
         ListVerdict::Found(latest)
@@ -120,5 +164,21 @@ mod tests {
         let mut undecided = outcomes(&["a||b"]);
         undecided[3] = MatchOutcome::Budget;
         assert_eq!(list_verdict(&undecided), ListVerdict::None);
+    }
+
+    #[test]
+    fn a_roots_pattern_matching_the_empty_command_line_or_every_other_one_is_too_broad() {
+        for broad in ["^", ".*", "a||b", "$", "^$", "(^|x)", ".", "^[^z]", "[[:print:][:cntrl:]]|[^[:print:]]"] {
+            assert!(too_broad_for_roots(&outcomes(&[broad])), "{broad:?} is too broad for roots");
+        }
+        let fine = ["(^|/)agent-wrapper( |$)", "(^|[ /])claude( |$)", "^/usr/bin/python3 -m agent", "[a-z]"];
+        for p in fine {
+            assert!(!too_broad_for_roots(&outcomes(&[p])), "{p:?} names roots");
+        }
+        assert_eq!(roots_verdict(&outcomes(&["wrapper", "^$"])), ListVerdict::Found(1));
+        assert_eq!(roots_verdict(&outcomes(&["wrapper", ".", "x"])), ListVerdict::Found(1));
+        // Together: a letter-led or a not-letter-led line is every non-empty line.
+        assert_eq!(roots_verdict(&outcomes(&["^[^a-z]", "^[a-z]"])), ListVerdict::From(1));
+        assert_eq!(roots_verdict(&outcomes(&["(^|/)agent-wrapper( |$)"])), ListVerdict::None);
     }
 }

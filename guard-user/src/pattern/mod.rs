@@ -6,6 +6,8 @@
 //!   no bounds at all: `(a*)*\1` on a long text runs for minutes and takes gigabytes, `()(\1\1)+`
 //!   overflows any stack, `((a{1,255}){1,255}){1,255}` takes seconds and gigabytes to compile.
 //!   Only the worker process and the oracle tests use it; the daemon never does.
+//! - [`habits`]: syntax of other regex dialects (`\d`, `[\w]`, `+?`, `(?i)`) that bash reads
+//!   another way, with what it reads and what to write; `validate` and `match` report them.
 //! - [`limits`]: [`Limits`] (every bound, with why it has its value) and [`check_static`], the
 //!   checks that need no process (count, length, NUL, a static cost estimate). Config validation
 //!   calls it.
@@ -59,6 +61,7 @@ use std::ffi::{c_char, c_int, CString};
 use std::fmt;
 
 mod child;
+pub mod habits;
 pub mod limits;
 pub mod match_all;
 pub mod matcher;
@@ -68,7 +71,7 @@ mod round;
 mod sandbox;
 pub mod worker;
 
-pub use limits::{check_static, CostReason, Limits, PatternSetError};
+pub use limits::{check_static, CostReason, InList, Limits, PatternSetError, Source};
 pub use matcher::{
     MatchOutcome, Matcher, MatcherStats, ProbeOutcome, Progress, Resume, Round, SandboxState, WorkerMemory,
 };

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::{
     incidents::{self, Incidents},
-    minutes_ago, plan, FlagClocks, Now,
+    minutes_ago, plan, FlagClocks, Now, Signal,
 };
 use crate::{
     comm::Comm,
@@ -60,6 +60,8 @@ pub struct TickInput<'a> {
     pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
     /// Warnings given and enforcements counted so far.
     pub incidents: &'a Incidents,
+    /// `--dry-run`: the targets are verified, never signalled ([`TickPlan::signal`]).
+    pub dry_run: bool,
 }
 
 /// One process to signal (or, in dry run, to verify).
@@ -83,6 +85,8 @@ pub struct TickPlan {
     /// Every process to end, across every due name: signalled together (docs/architecture.md: all SIGTERMs,
     /// one wait, then the SIGKILLs).
     pub targets: Vec<Target>,
+    /// How the targets are signalled: [`Signal::End`], or [`Signal::Verify`] in a dry run.
+    pub signal: Signal,
     /// Status rows: flagged names and names at or over half the threshold.
     pub status: Vec<NameStatus>,
     /// Names at/over the threshold (`TICK_COMPLETE flagged=`).
@@ -96,7 +100,7 @@ pub struct TickPlan {
 
 /// docs/architecture.md steps 3–6 and the per-process half of step 5, for one tick.
 pub fn decide(input: &TickInput) -> TickPlan {
-    let TickInput { view, config, clocks, now: both, verdicts, incidents: before } = *input;
+    let TickInput { view, config, clocks, now: both, verdicts, incidents: before, dry_run } = *input;
     let now = both.mono;
     let names = plan(&view.counts, config, clocks, now);
     let mut inc = before.clone();
@@ -178,7 +182,17 @@ pub fn decide(input: &TickInput) -> TickPlan {
         }
     }
     status.sort_by(|a, b| b.count.cmp(&a.count).then(a.name.cmp(&b.name)));
-    TickPlan { next_deadline, flagged: names.names.len(), clocks: names.clocks, lines, targets, status, incidents: inc }
+    let signal = Signal::unless_dry(dry_run, Signal::End);
+    TickPlan {
+        next_deadline,
+        flagged: names.names.len(),
+        clocks: names.clocks,
+        lines,
+        targets,
+        signal,
+        status,
+        incidents: inc,
+    }
 }
 
 /// `UNFLAGGED` for every name whose clock this tick drops (docs/architecture.md step 6): below

@@ -67,8 +67,11 @@ pub struct Memory {
     warned_keys: BTreeSet<String>,
     /// The line saying unknown keys are no longer reported one by one was written.
     unknown_keys_capped: bool,
-    /// The sandboxed matcher could not run at the last tick (warned once per outage).
-    matcher_down: bool,
+    /// The sandboxed matcher's outage (warned once per outage).
+    matcher: super::outage::Outage,
+    /// Keys written more than once already warned about (once per key per run). Only keys guard
+    /// knows are tracked ([`config::RepeatedKey`]), so this holds at most one per known key.
+    warned_repeats: BTreeSet<String>,
     /// A tick left a command line unread for lack of time (warned once per run).
     cmdlines_unread: bool,
     /// `ERROR` lines said since the last `TICK_COMPLETE` (its `errors=`).
@@ -83,6 +86,8 @@ pub struct Input<'a> {
     pub now: Now,
     /// A verdict for the command line of every process that could be ended.
     pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
+    /// `--dry-run`: the plan says to verify its targets, never to signal them.
+    pub dry_run: bool,
 }
 
 /// One tick's decision, holding the memory until its outcomes are known.
@@ -157,9 +162,7 @@ impl Memory {
     /// command line it would have been asked about is protected ([`super::cmdline::route`]);
     /// the outage is said once, when it starts: `WARN pattern_matcher_down reason=worker`.
     pub fn matcher(&mut self, up: bool) -> Option<Line> {
-        let starts = !up && !self.matcher_down;
-        self.matcher_down = !up;
-        starts.then(|| Line::Warn(Notice::new("pattern_matcher_down").with("reason", "worker")))
+        self.matcher.observe(up, "worker")
     }
 
     /// Command lines this tick could not read in time (`unread`; `slow` of them because their
@@ -201,12 +204,32 @@ impl Memory {
         lines
     }
 
+    /// `WARN config_repeated_key key=<k> count=<n> lines=<l,…> path=<config>` once per key per
+    /// run: the daemon uses the last occurrence (as every JSON reader does), which the operator
+    /// reading the first one may not expect; `validate` refuses the file.
+    pub fn repeated_keys(&mut self, config: &Config, path: &[u8]) -> Vec<Line> {
+        let mut lines = Vec::new();
+        for r in &config.repeated_keys {
+            if self.warned_repeats.insert(r.key.clone()) {
+                let at: Vec<String> = r.lines.iter().map(|l| l.to_string()).collect();
+                lines.push(Line::Warn(
+                    Notice::new("config_repeated_key")
+                        .with("key", r.key.as_str())
+                        .with("count", r.count)
+                        .with("lines", at.join(",").as_str())
+                        .with("path", path),
+                ));
+            }
+        }
+        lines
+    }
+
     /// Decides the tick ([`decide`]) on the clocks and incidents held.
     pub fn begin<'a>(&'a mut self, input: Input<'a>) -> Plan<'a> {
-        let Input { view, config, now, verdicts } = input;
+        let Input { view, config, now, verdicts, dry_run } = input;
         let held = self.held.get_or_insert_default();
-        let decided =
-            decide(&TickInput { view, config, clocks: &held.clocks, now, verdicts, incidents: &held.incidents });
+        let clocks = &held.clocks;
+        let decided = decide(&TickInput { view, config, clocks, now, verdicts, incidents: &held.incidents, dry_run });
         Plan { memory: self, config, now, decided }
     }
 
@@ -275,6 +298,11 @@ impl<'a> Plan<'a> {
     /// Every process to end (or, in dry run, to verify), across every due name, in one batch.
     pub fn targets(&self) -> Vec<ProcState> {
         self.decided.targets.iter().map(|t| t.proc).collect()
+    }
+
+    /// How [`Plan::targets`] are signalled (a dry run verifies them only).
+    pub fn signal(&self) -> super::Signal {
+        self.decided.signal
     }
 
     /// The signals' outcomes (`outcomes[i]` belongs to target `i`) → their lines, the

@@ -19,7 +19,7 @@ fn pile(n: u32) -> (AccountView, HashMap<ProcId, CmdVerdict>) {
 /// One tick of `memory` on `n` processes named `pile`, every signal `outcome`.
 fn tick(memory: &mut Memory, config: &Config, n: u32, now: Now, outcome: Outcome) -> Finished {
     let (view, verdicts) = pile(n);
-    let plan = memory.begin(Input { view: &view, config, now, verdicts: &verdicts });
+    let plan = memory.begin(Input { view: &view, config, now, verdicts: &verdicts, dry_run: false });
     let outcomes = vec![outcome; plan.targets().len()];
     plan.finish(&outcomes)
 }
@@ -37,6 +37,17 @@ fn a_matcher_outage_is_said_once_and_again_after_it_recovers() {
     assert_eq!(m.matcher(false), None, "not again while it lasts");
     assert_eq!(m.matcher(true), None);
     assert!(m.matcher(false).is_some(), "a new outage is said again");
+}
+
+#[test]
+fn a_key_written_twice_is_warned_once_per_run_with_its_lines() {
+    let mut m = Memory::default();
+    let config = cfg("{\"threshold\": 5,\n\"threshold\": 50}");
+    assert_eq!(config.threshold, 50, "the last one is used");
+    let lines = m.repeated_keys(&config, b"/h/c.json");
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].body(), "WARN config_repeated_key key=threshold count=2 lines=1,2 path=/h/c.json");
+    assert!(m.repeated_keys(&config, b"/h/c.json").is_empty(), "the next tick says nothing");
 }
 
 #[test]

@@ -12,7 +12,13 @@ pub mod cmdline;
 pub mod decide;
 pub mod incidents;
 pub mod memory;
+pub mod outage;
+pub mod roots;
 pub mod sessions;
+mod sessions_status;
+pub mod slots;
+#[cfg(test)]
+mod slots_tests;
 pub mod stall;
 #[cfg(test)]
 mod tests;
@@ -26,6 +32,31 @@ pub use time::Now;
 /// Flag clocks: name → when it first reached the threshold, keyed by the name's bytes. The
 /// policy's are on the daemon's monotonic clock; the state file's are unix seconds ([`time`]).
 pub use crate::state::FlagClocks;
+
+/// How a plan's targets are signalled. The plan carries it, dry run included, so the tick's IO
+/// sends exactly what it is told and decides nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGTERM to all, one wait, SIGKILL to those still themselves (the count rule).
+    End,
+    /// SIGTERM, nothing waited for (a session's leftovers).
+    Term,
+    /// SIGKILL (a session's leftovers, after their SIGTERM).
+    Kill,
+    /// A dry run: the identities are verified, nothing is sent (`DRY_RUN`).
+    Verify,
+}
+
+impl Signal {
+    /// `real`, or [`Signal::Verify`] in a dry run.
+    pub fn unless_dry(dry_run: bool, real: Signal) -> Signal {
+        if dry_run {
+            Signal::Verify
+        } else {
+            real
+        }
+    }
+}
 
 /// What the tick does about one name at/over the threshold.
 #[derive(Clone, Debug, PartialEq)]

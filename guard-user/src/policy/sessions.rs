@@ -2,45 +2,46 @@
 //! `LEFTOVER` and `REAPED`).
 //!
 //! The pump's lineage ([`crate::lineage`]) knows which session each process was forked into; a
-//! tick hands [`decide_sessions`] that view, the verdict on each pending exec's command line
-//! (a root or not), the `excludeCommands` verdicts of the members it may stop, and the
+//! tick hands [`decide_sessions`] that view, the verdict on each pending exec it read
+//! ([`super::roots`]), the `excludeCommands` verdicts of the members it may stop, and the
 //! [`SessionBook`] it holds between ticks. The plan says which pending sessions become roots,
-//! what to log, which processes get SIGTERM or SIGKILL this tick, which sessions are settled,
-//! and when the next step is due (the deadline timer wakes the tick then).
+//! what to log, which processes get SIGTERM or SIGKILL this tick (or, in a dry run, are only
+//! verified: the plan says which), which sessions are settled, and when the next step is due
+//! (the deadline timer wakes the tick then).
 //!
 //! An ended session goes through steps across ticks, never inside one (a tick has a deadline;
 //! the 10 s between SIGTERM and SIGKILL would eat it): *grace* (until `grace` after the root
 //! ended: its live members are then its leftovers, one `LEFTOVER` line each); with `"stop"`,
 //! *term* (SIGTERM to every leftover that is not protected, then up to [`STOP_WAIT`]); *kill*
-//! (SIGKILL to what is left, new members included, checked again [`KILL_CHECK`] later, at most
-//! [`KILL_ROUNDS`] rounds); then one `REAPED` line and the session is settled. It closes early
-//! once nothing but protected members is left.
+//! (SIGKILL to what is left, new members included, checked again [`KILL_CHECK`] later); then
+//! one `REAPED` line and the session is settled, its survivors listed until they exit. Rounds go
+//! on while each finds members it has not signalled yet (at least [`KILL_ROUNDS`], at most
+//! [`MAX_KILL_ROUNDS`]), and between rounds the tick chases ([`chase`]) what signalled members
+//! fork meanwhile, so a leftover that keeps forking new pids cannot outrun them.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{CmdVerdict, Now};
-use crate::log::{Kind, Line};
+use super::{CmdVerdict, Now, Signal};
+use crate::log::{Kind, Line, Notice};
 use crate::{
     comm::Comm,
     config::{Config, Leftovers, Sessions},
     enforcer::Outcome,
     event::{ProcId, ProcState},
-    lineage::{LineageCmd, SessionId, SessionRow, SessionsView},
-    status::{SessionProcess, SessionStatus, SessionsStatus},
+    lineage::{Caps, LineageCmd, SessionId, SessionRow, SessionsView},
 };
+
+pub use super::roots::{RootVerdict, MAX_ROOT_COMMAND};
+pub use super::sessions_status::{status, MAX_STATUS_PROCESSES, MAX_STATUS_SESSIONS};
 
 /// Seconds from SIGTERM to SIGKILL (systemd's `TimeoutStopSec` role).
 pub const STOP_WAIT: f64 = 10.0;
 /// Seconds from a SIGKILL round to the look that closes the session (or kills what appeared).
 pub const KILL_CHECK: f64 = 1.0;
-/// SIGKILL rounds at most: a member forked while a round ran is killed by the next one; a
-/// session whose members still fork after three rounds is closed with them as survivors.
+/// SIGKILL rounds at least: what a round left alive (unkillable for now) is tried again.
 pub const KILL_ROUNDS: u32 = 3;
-/// Sessions listed in the status file (`tree`); the rest are counted.
-pub const MAX_STATUS_SESSIONS: usize = 64;
-/// Processes listed per session in the status file; the rest are counted.
-pub const MAX_STATUS_PROCESSES: usize = 256;
-/// Bytes of a root's command line kept for `tree` (escaped when shown).
-pub const MAX_ROOT_COMMAND: usize = 256;
+/// SIGKILL rounds at most: a session whose members still fork faster than the rounds and the
+/// chase after that is closed with them as survivors (still listed, until they exit).
+pub const MAX_KILL_ROUNDS: u32 = 30;
 
 /// Where an ended session stands.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,23 +95,37 @@ pub struct SessionTotals {
     pub stopped: u64,
 }
 
+/// The caps of a tick's reading of pending execs, reached since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadingCaps {
+    /// Ticks that had more pending execs than they are handed.
+    pub candidates: u64,
+    /// Ticks whose command-line byte budget left candidates for the next tick.
+    pub command_bytes: u64,
+}
+
 /// What the tick holds about sessions between ticks. Not persisted: a restart forgets the
 /// sessions in their grace or stop (their leftovers are then processes without a session).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SessionBook {
     pub roots: BTreeMap<SessionId, RootInfo>,
     pub ended: BTreeMap<SessionId, EndedSession>,
+    /// Settled sessions whose leftovers are still listed: their root, for `tree`.
+    pub reported: BTreeMap<SessionId, RootInfo>,
     pub totals: SessionTotals,
+    pub reading: ReadingCaps,
+    /// The caps already said (`WARN sessions_cap`), once each per run.
+    pub warned_caps: BTreeSet<&'static str>,
 }
 
-/// The classification of one pending session's command line.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RootVerdict {
-    /// Matches `sessions.roots`; the command line as read.
-    Root { command: Vec<u8> },
-    /// Matches none, could not be decided within the matcher's bounds, or is gone: not a root
-    /// (fail safe: a session that is not one reaps nothing).
-    Other,
+/// The bounds a tick's sessions work under, for the `WARN sessions_cap` lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    pub caps: Caps,
+    /// Pending execs handed to one tick.
+    pub candidates: usize,
+    /// Bytes of candidates' command lines one tick holds.
+    pub command_bytes: usize,
 }
 
 /// How to tell a process's age from its start time (clock ticks since boot).
@@ -129,6 +144,16 @@ impl Ages {
     }
 }
 
+/// This tick's reading of the pending execs ([`super::roots::read_candidates`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RootsRead {
+    pub verdicts: HashMap<SessionId, RootVerdict>,
+    /// The last candidate read: the next tick's reading starts after it.
+    pub read_after: Option<SessionId>,
+    /// The byte budget left candidates for the next tick.
+    pub capped: bool,
+}
+
 /// Everything [`decide_sessions`] decides on.
 #[derive(Clone, Copy, Debug)]
 pub struct SessionsInput<'a> {
@@ -139,12 +164,12 @@ pub struct SessionsInput<'a> {
     pub now: Now,
     pub dry_run: bool,
     pub ages: Ages,
-    /// This tick's verdict on the candidates of `view`.
-    pub roots: &'a HashMap<SessionId, RootVerdict>,
+    pub roots: &'a RootsRead,
     /// `excludeCommands` verdicts of the members [`due_members`] named; a member without one is
     /// protected (`match_budget`), never ended.
     pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
     pub book: &'a SessionBook,
+    pub limits: SessionLimits,
 }
 
 /// One process to signal for a session.
@@ -156,13 +181,16 @@ pub struct ReapTarget {
 }
 
 /// What one tick does about sessions.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SessionPlan {
-    /// For the pump: classifications and settled sessions.
+    /// For the pump: classifications, where the reading goes on, doomed members, settled
+    /// sessions.
     pub commands: Vec<LineageCmd>,
-    /// `LEFTOVER`, `SKIPPED` and `REAPED` lines, before any signal of this tick.
+    /// `WARN sessions_cap`, `LEFTOVER`, `SKIPPED` and `REAPED` lines, before any signal of this
+    /// tick.
     pub lines: Vec<Line>,
-    /// SIGTERM (or, in a dry run, only verified: `DRY_RUN`).
+    /// How [`SessionPlan::term`] is signalled: SIGTERM, or verified only in a dry run.
+    pub term_signal: Signal,
     pub term: Vec<ReapTarget>,
     /// SIGKILL, each after the identity check.
     pub kill: Vec<ReapTarget>,
@@ -170,6 +198,8 @@ pub struct SessionPlan {
     pub book: SessionBook,
     /// The next step due (monotonic clock), for the deadline timer.
     pub next_deadline: Option<f64>,
+    /// Leftovers ended, counted when their session's `REAPED` line says so.
+    pub ended: u64,
 }
 
 fn step_due(e: Option<&EndedSession>, grace: f64, now: f64) -> bool {
@@ -194,7 +224,11 @@ pub fn due_members(view: &SessionsView, book: &SessionBook, sessions: &Sessions,
         Some(e) if matches!(e.phase, Phase::Term { .. } | Phase::Kill { .. }) => true,
         e => step_due(e, grace, now),
     };
-    view.sessions.iter().filter(|row| row.ended && asked(row)).flat_map(|row| row.members.iter().copied()).collect()
+    view.sessions
+        .iter()
+        .filter(|row| row.ended && !row.reported && asked(row))
+        .flat_map(|row| row.members.iter().copied())
+        .collect()
 }
 
 fn skipped(p: &ProcState, reason: &'static str) -> Line {
@@ -205,31 +239,83 @@ fn earliest(a: Option<f64>, b: f64) -> Option<f64> {
     Some(a.map_or(b, |a| a.min(b)))
 }
 
-/// The plan for this tick (see the module doc).
-pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
-    let SessionsInput { view, config, sessions, now: clocks, dry_run, ages, roots, verdicts, book } = *input;
-    let now = clocks.mono;
-    let mut plan = SessionPlan { book: book.clone(), ..Default::default() };
+/// `WARN sessions_cap what=<cap> limit=<n>` for each cap reached and not said yet.
+fn cap_lines(view: &SessionsView, book: &mut SessionBook, limits: &SessionLimits) -> Vec<Line> {
+    let c = view.counts.caps;
+    let hits: [(&'static str, u64, usize); 7] = [
+        ("sessions", c.sessions, limits.caps.sessions),
+        ("members", c.members, limits.caps.members),
+        ("nodes", c.nodes, limits.caps.nodes),
+        ("pending_execs", c.pending_execs, limits.caps.pending),
+        ("reported", c.reported, limits.caps.reported),
+        ("candidates", book.reading.candidates, limits.candidates),
+        ("command_bytes", book.reading.command_bytes, limits.command_bytes),
+    ];
+    let mut lines = Vec::new();
+    for (what, hit, limit) in hits {
+        if hit > 0 && book.warned_caps.insert(what) {
+            lines.push(Line::Warn(Notice::new("sessions_cap").with("what", what).with("limit", limit)));
+        }
+    }
+    lines
+}
+
+/// The pending execs this tick read: roots, not roots, waiting; and where the reading goes on.
+fn classify(input: &SessionsInput, plan: &mut SessionPlan) {
+    let SessionsInput { view, now, roots, limits, .. } = *input;
     for c in &view.candidates {
-        let root = match roots.get(&c.session) {
+        let cmd = match roots.verdicts.get(&c.session) {
             Some(RootVerdict::Root { command }) => {
                 let command = command[..command.len().min(MAX_ROOT_COMMAND)].to_vec();
-                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, since: clocks.wall });
-                true
+                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, since: now.wall });
+                LineageCmd::Classified { session: c.session, root: true }
             }
-            Some(RootVerdict::Other) => false,
-            // Not read this tick (over the tick's share): asked again next tick.
+            Some(RootVerdict::Other) => LineageCmd::Classified { session: c.session, root: false },
+            Some(RootVerdict::WaitEmpty) => LineageCmd::WaitedEmpty(c.session),
+            // Not read this tick (over the budget): read first next tick.
             None => continue,
         };
-        plan.commands.push(LineageCmd::Classified { session: c.session, root });
+        plan.commands.push(cmd);
     }
+    if let Some(after) = roots.read_after {
+        plan.commands.push(LineageCmd::ReadAfter(after));
+    }
+    if view.counts.pending as usize > limits.candidates {
+        plan.book.reading.candidates += 1;
+    }
+    if roots.capped {
+        plan.book.reading.command_bytes += 1;
+    }
+}
+
+/// The plan for this tick (see the module doc).
+pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
+    let SessionsInput { view, config, sessions, now: clocks, dry_run, ages, roots, verdicts, book, limits } = *input;
+    let now = clocks.mono;
+    let mut plan = SessionPlan {
+        commands: Vec::new(),
+        lines: Vec::new(),
+        term_signal: Signal::unless_dry(dry_run, Signal::Term),
+        term: Vec::new(),
+        kill: Vec::new(),
+        book: book.clone(),
+        next_deadline: None,
+        ended: 0,
+    };
+    classify(input, &mut plan);
+    plan.lines = cap_lines(view, &mut plan.book, &limits);
     // What the pump no longer has is forgotten (turned off and on, or refused at the cap).
     let known: BTreeSet<SessionId> = view.sessions.iter().map(|r| r.id).collect();
-    let classified: BTreeSet<SessionId> = plan.book.roots.keys().copied().filter(|id| roots.contains_key(id)).collect();
+    let classified: BTreeSet<SessionId> =
+        plan.book.roots.keys().copied().filter(|id| roots.verdicts.contains_key(id)).collect();
     plan.book.roots.retain(|id, _| known.contains(id) || classified.contains(id));
     plan.book.ended.retain(|id, _| known.contains(id));
+    plan.book.reported.retain(|id, _| known.contains(id));
     let grace = sessions.grace.as_secs_f64();
     for row in &view.sessions {
+        if row.reported {
+            continue;
+        }
         if !row.ended {
             if let (Some(info), Some(state)) = (plan.book.roots.get_mut(&row.id), row.root_state) {
                 info.root = state;
@@ -260,48 +346,57 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
             (Phase::Grace, true) => {
                 step.announce();
                 if row.members.is_empty() || sessions.leftovers == Leftovers::Report {
-                    plan.commands.push(LineageCmd::Settle(row.id));
                     false
                 } else {
                     let targets = step.targets(config, verdicts);
                     if dry_run {
                         // Verified only; the DRY_RUN lines come from the outcomes (after_reap).
                         plan.term.extend(targets);
-                        plan.commands.push(LineageCmd::Settle(row.id));
                         false
-                    } else if targets.is_empty() && !step.undecided_left() {
+                    } else if targets.is_empty() && !step.undecided_left() && step.all_protected() {
                         let line = step.reaped();
                         plan.lines.push(line);
-                        plan.commands.push(LineageCmd::Settle(row.id));
                         false
+                    } else if targets.is_empty() && !step.undecided_left() {
+                        // Every one not protected was gone by the time its command line was read
+                        // (a leftover moving to new pids): no SIGTERM to send, so the SIGKILL
+                        // rounds start now, each judging the members it finds.
+                        step.e.phase = Phase::Kill { at: now, round: 0 };
+                        plan.next_deadline = earliest(plan.next_deadline, now + KILL_CHECK);
+                        true
                     } else {
                         step.e.phase = Phase::Term { at: now };
                         plan.next_deadline = earliest(plan.next_deadline, now + STOP_WAIT);
+                        plan.commands.extend(targets.iter().map(|t| LineageCmd::Doom(t.proc.id)));
                         plan.term.extend(targets);
                         true
                     }
                 }
             }
             (Phase::Term { at }, due) | (Phase::Kill { at, .. }, due) => {
-                let round = match step.e.phase {
-                    Phase::Kill { round, .. } => round,
-                    _ => 0,
+                let (round, wait) = match step.e.phase {
+                    Phase::Kill { round, .. } => (round, KILL_CHECK),
+                    _ => (0, STOP_WAIT),
                 };
-                let left = row.members.iter().any(|p| !step.e.protected.contains(&p.id));
-                if !left || (due && round >= KILL_ROUNDS) {
+                let left: Vec<&ProcState> = row.members.iter().filter(|p| !step.e.protected.contains(&p.id)).collect();
+                // Members no round signalled yet (and decided): forked since, or new to the lineage.
+                let fresh = left.iter().any(|p| !step.e.signalled.contains(&p.id) && !step.e.undecided.contains(&p.id));
+                let done = round >= MAX_KILL_ROUNDS || (round >= KILL_ROUNDS && !fresh);
+                if left.is_empty() || (due && done) {
+                    // A survivor forked since the last round is a leftover all the same.
+                    step.announce();
                     let line = step.reaped();
                     plan.lines.push(line);
-                    plan.commands.push(LineageCmd::Settle(row.id));
                     false
                 } else if due {
                     step.announce();
                     let targets = step.targets(config, verdicts);
                     step.e.phase = Phase::Kill { at: now, round: round + 1 };
                     plan.next_deadline = earliest(plan.next_deadline, now + KILL_CHECK);
+                    plan.commands.extend(targets.iter().map(|t| LineageCmd::Doom(t.proc.id)));
                     plan.kill.extend(targets);
                     true
                 } else {
-                    let wait = if round == 0 { STOP_WAIT } else { KILL_CHECK };
                     plan.next_deadline = earliest(plan.next_deadline, at + wait);
                     true
                 }
@@ -309,6 +404,9 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
         };
         if keep {
             plan.book.ended.insert(row.id, e);
+        } else {
+            plan.commands.push(LineageCmd::Settle(row.id));
+            plan.book.reported.insert(row.id, e.root);
         }
     }
     plan.book.totals.leftovers += plan.lines.iter().filter(|l| l.kind() == Kind::Leftover).count() as u64;
@@ -338,6 +436,11 @@ impl Step<'_> {
                 });
             }
         }
+    }
+
+    /// Whether every live member is protected (`excludes`, `excludeCommands`).
+    fn all_protected(&self) -> bool {
+        self.row.members.iter().all(|p| self.e.protected.contains(&p.id))
     }
 
     /// Whether a live member is still undecided (its session then waits for the next step).
@@ -403,12 +506,12 @@ impl Step<'_> {
 
 /// What the signals of a tick add: `DRY_RUN` lines (or `SKIPPED … identity_changed` for a
 /// leftover whose identity no longer held) for a dry run's verified targets; the signalled
-/// processes, and the `REAPED` totals, in the book.
-pub fn after_reap(plan: &mut SessionPlan, term: &[Outcome], kill: &[Outcome], dry_run: bool) -> Vec<Line> {
+/// processes, the `REAPED` totals and the leftovers ended ([`SessionPlan::ended`]) in the book.
+pub fn after_reap(plan: &mut SessionPlan, term: &[Outcome], kill: &[Outcome]) -> Vec<Line> {
     let mut lines = Vec::new();
     for (t, o) in plan.term.iter().zip(term) {
         match o {
-            Outcome::Verified if dry_run => {
+            Outcome::Verified if plan.term_signal == Signal::Verify => {
                 lines.push(Line::DryRunLeftover { pid: t.proc.id.pid, name: t.proc.comm, root: t.root_pid })
             }
             Outcome::Refused(_) => lines.push(skipped(&t.proc, "identity_changed")),
@@ -419,78 +522,50 @@ pub fn after_reap(plan: &mut SessionPlan, term: &[Outcome], kill: &[Outcome], dr
             }
         }
     }
-    for (t, o) in plan.kill.iter().zip(kill) {
-        if matches!(o, Outcome::Ended { .. }) {
-            if let Some(e) = plan.book.ended.get_mut(&t.session) {
-                e.signalled.insert(t.proc.id);
-            }
-        }
-    }
+    record(&mut plan.book, &plan.kill, kill);
     for l in &plan.lines {
         if let Line::Reaped { count, .. } = l {
             plan.book.totals.reaped += 1;
             plan.book.totals.stopped += count;
+            plan.ended += count;
         }
     }
     lines
 }
 
-/// The status of `view` (the lineage after this tick's answers) with what `book` remembers.
-pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages: Ages, now: Now) -> SessionsStatus {
-    let grace = sessions.grace.as_secs_f64();
-    let wall = |mono: f64| now.wall_of(mono);
-    let c = view.counts;
-    let mut rows = Vec::new();
-    for row in view.sessions.iter().take(MAX_STATUS_SESSIONS) {
-        let (info, ended) = match (book.roots.get(&row.id), book.ended.get(&row.id)) {
-            (_, Some(e)) => (Some(&e.root), Some(e)),
-            (info, None) => (info, None),
-        };
-        let root = row.root_state.or(info.map(|i| i.root));
-        let (stage, due_at) = match ended.map(|e| (e.ended_at, e.phase)) {
-            None if row.ended => ("grace", Some(now.wall + grace)),
-            None => ("live", None),
-            Some((at, Phase::Grace)) => ("grace", Some(wall(at + grace))),
-            Some((_, Phase::Term { at })) => ("stopping", Some(wall(at + STOP_WAIT))),
-            Some((_, Phase::Kill { at, .. })) => ("stopping", Some(wall(at + KILL_CHECK))),
-        };
-        rows.push(SessionStatus {
-            root_pid: row.root.pid,
-            root_start: row.root.start_ticks,
-            root_name: root.map(|r| r.comm.to_string()).unwrap_or_default(),
-            command: info.map(|i| crate::escape::text(&i.command)).unwrap_or_default(),
-            since: info.map(|i| i.since),
-            root_age_secs: row.root_state.map(|r| ages.of(&r, now.wall)),
-            stage: stage.into(),
-            ended_at: ended.map(|e| wall(e.ended_at)),
-            due_at,
-            processes: row
-                .members
-                .iter()
-                .take(MAX_STATUS_PROCESSES)
-                .map(|p| SessionProcess { pid: p.id.pid, start: p.id.start_ticks, name: p.comm.to_string() })
-                .collect(),
-            processes_omitted: row.members.len().saturating_sub(MAX_STATUS_PROCESSES) as u64,
-        });
+/// Signals sent to `targets` (`outcomes[i]` is target `i`'s): those that reached their process
+/// count as signalled for their session's `REAPED`.
+pub fn record(book: &mut SessionBook, targets: &[ReapTarget], outcomes: &[Outcome]) {
+    for (t, o) in targets.iter().zip(outcomes) {
+        if matches!(o, Outcome::Ended { .. } | Outcome::Termed) {
+            if let Some(e) = book.ended.get_mut(&t.session) {
+                e.signalled.insert(t.proc.id);
+            }
+        }
     }
-    let pending_leftovers = view.sessions.iter().filter(|r| r.ended).map(|r| r.members.len() as u64).sum::<u64>();
-    SessionsStatus {
-        leftovers: sessions.leftovers.token().into(),
-        grace_secs: grace,
-        live: c.live,
-        ended: c.ended,
-        pending_leftovers,
-        leftovers_total: book.totals.leftovers,
-        reaped_total: book.totals.reaped,
-        stopped_total: book.totals.stopped,
-        tracked: c.nodes,
-        pending_execs: c.pending,
-        untracked_total: c.untracked_total,
-        unclassified_total: c.unclassified_total,
-        roots_refused_total: c.roots_refused_total,
-        sessions_omitted: view.sessions.len().saturating_sub(MAX_STATUS_SESSIONS) as u64,
-        sessions: rows,
+}
+
+/// The chase between rounds: the doomed members (see [`LineageCmd::Doom`]: forked from a member
+/// the stop signalled, no exec since) of each session being stopped that nothing signalled yet,
+/// with the signal of the session's phase, SIGTERM or SIGKILL. Never in a dry run (nothing is
+/// doomed then), never a name in `excludes`.
+pub fn chase(view: &SessionsView, book: &SessionBook, config: &Config) -> Vec<(ReapTarget, Signal)> {
+    let mut out = Vec::new();
+    for row in view.sessions.iter().filter(|r| r.ended && !r.reported) {
+        let Some(e) = book.ended.get(&row.id) else { continue };
+        let signal = match e.phase {
+            Phase::Grace => continue,
+            Phase::Term { .. } => Signal::Term,
+            Phase::Kill { .. } => Signal::Kill,
+        };
+        for p in row.members.iter().filter(|p| row.doomed.contains(&p.id)) {
+            if e.signalled.contains(&p.id) || e.protected.contains(&p.id) || config.is_excluded(&p.comm) {
+                continue;
+            }
+            out.push((ReapTarget { proc: *p, session: row.id, root_pid: e.root.root.id.pid }, signal));
+        }
     }
+    out
 }
 
 #[cfg(test)]

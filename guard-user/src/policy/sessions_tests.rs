@@ -5,7 +5,19 @@ use super::*;
 use crate::{
     config::parse,
     lineage::{Candidate, LineageCounts},
+    status::{SessionProcess, SessionsStatus},
 };
+
+const LIMITS: SessionLimits = SessionLimits { caps: Caps::DAEMON, candidates: 4096, command_bytes: 4 << 20 };
+
+/// What a tick read of the candidates: `verdicts` only.
+fn read(verdicts: impl IntoIterator<Item = (SessionId, RootVerdict)>) -> RootsRead {
+    RootsRead { verdicts: verdicts.into_iter().collect(), ..Default::default() }
+}
+
+fn cand(session: SessionId, process: ProcState) -> Candidate {
+    Candidate { session, process, parent: None, waited_empty: false }
+}
 
 const ROOT: u32 = 200;
 
@@ -29,7 +41,9 @@ fn view(ended: bool, members: &[ProcState]) -> SessionsView {
             root: p(ROOT, "wrapper").id,
             root_state: (!ended).then(|| p(ROOT, "wrapper")),
             ended,
+            reported: false,
             members: members.to_vec(),
+            doomed: Vec::new(),
         }],
         counts: LineageCounts::default(),
     }
@@ -56,14 +70,10 @@ fn tick(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64, dry_run: b
             (m.id, if m.comm == Comm::new(b"protected") { CmdVerdict::Excluded { index: 0 } } else { CmdVerdict::End })
         })
         .collect();
-    let roots: HashMap<SessionId, RootVerdict> = v
-        .candidates
-        .iter()
-        .map(|c| {
-            let root = c.process.comm == Comm::new(b"wrapper");
-            (c.session, if root { RootVerdict::Root { command: b"wrapper --x".to_vec() } } else { RootVerdict::Other })
-        })
-        .collect();
+    let roots = read(v.candidates.iter().map(|c| {
+        let root = c.process.comm == Comm::new(b"wrapper");
+        (c.session, if root { RootVerdict::Root { command: b"wrapper --x".to_vec() } } else { RootVerdict::Other })
+    }));
     let mut plan = decide_sessions(&SessionsInput {
         view: v,
         config: cfg,
@@ -74,11 +84,13 @@ fn tick(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64, dry_run: b
         roots: &roots,
         verdicts: &verdicts,
         book,
+        limits: LIMITS,
     });
+    assert_eq!(plan.term_signal, if dry_run { Signal::Verify } else { Signal::Term }, "the plan carries the dry run");
     let ok = if dry_run { Outcome::Verified } else { Outcome::Ended { needed_sigkill: false } };
     let term = vec![ok; plan.term.len()];
     let kill = vec![Outcome::Ended { needed_sigkill: true }; plan.kill.len()];
-    let after = after_reap(&mut plan, &term, &kill, dry_run);
+    let after = after_reap(&mut plan, &term, &kill);
     Tick { plan, after }
 }
 
@@ -89,7 +101,7 @@ fn status_of(cfg: &Config, v: &SessionsView, book: &SessionBook, now: f64) -> Se
 fn recognised(cfg: &Config) -> SessionBook {
     let mut v = view(false, &[]);
     v.sessions.clear();
-    v.candidates = vec![Candidate { session: 7, process: p(ROOT, "wrapper"), parent: None }];
+    v.candidates = vec![cand(7, p(ROOT, "wrapper"))];
     let t = tick(cfg, &v, &SessionBook::default(), 1000.0, false);
     assert_eq!(t.plan.commands, [LineageCmd::Classified { session: 7, root: true }]);
     t.plan.book
@@ -100,13 +112,15 @@ fn a_candidate_is_a_root_only_when_its_command_line_matched() {
     let cfg = config("report", 10);
     let mut v = view(false, &[]);
     v.sessions.clear();
-    v.candidates = vec![
-        Candidate { session: 7, process: p(ROOT, "wrapper"), parent: None },
-        Candidate { session: 8, process: p(300, "make"), parent: None },
-        Candidate { session: 9, process: p(301, "unread"), parent: None },
-    ];
+    v.candidates =
+        vec![cand(7, p(ROOT, "wrapper")), cand(8, p(300, "make")), cand(9, p(301, "unread")), cand(10, p(302, "x"))];
     let sessions = cfg.sessions.as_ref().unwrap();
-    let roots = HashMap::from([(7, RootVerdict::Root { command: vec![b'w'; 1000] }), (8, RootVerdict::Other)]);
+    let mut roots = read([
+        (7, RootVerdict::Root { command: vec![b'w'; 1000] }),
+        (8, RootVerdict::Other),
+        (10, RootVerdict::WaitEmpty),
+    ]);
+    roots.read_after = Some(10);
     let plan = decide_sessions(&SessionsInput {
         view: &v,
         config: &cfg,
@@ -117,10 +131,16 @@ fn a_candidate_is_a_root_only_when_its_command_line_matched() {
         roots: &roots,
         verdicts: &HashMap::new(),
         book: &SessionBook::default(),
+        limits: LIMITS,
     });
     assert_eq!(
         plan.commands,
-        [LineageCmd::Classified { session: 7, root: true }, LineageCmd::Classified { session: 8, root: false }],
+        [
+            LineageCmd::Classified { session: 7, root: true },
+            LineageCmd::Classified { session: 8, root: false },
+            LineageCmd::WaitedEmpty(10),
+            LineageCmd::ReadAfter(10),
+        ],
         "an unread candidate waits for the next tick"
     );
     assert_eq!(plan.book.roots[&7].command.len(), MAX_ROOT_COMMAND);
@@ -176,7 +196,8 @@ fn stop_sends_sigterm_after_the_grace_sigkill_ten_seconds_later_then_one_reaped_
     );
     assert_eq!(t.plan.term.iter().map(|t| t.proc.id.pid).collect::<Vec<_>>(), [201, 203]);
     assert_eq!(t.plan.next_deadline, Some(1120.0));
-    assert!(t.plan.commands.is_empty());
+    // What they fork from now on is chased (see `chase`).
+    assert_eq!(t.plan.commands, [LineageCmd::Doom(w.id), LineageCmd::Doom(d.id)]);
     // 203 ignores SIGTERM; a new member 206 appeared meanwhile. Nothing before the 10 s.
     let still = view(true, &[d, c, x, p(206, "child")]);
     let t = tick(&cfg, &still, &t.plan.book, 1115.0, false);
@@ -237,19 +258,101 @@ fn a_dry_run_logs_dry_run_for_what_it_would_stop_and_settles() {
 }
 
 #[test]
-fn a_member_forking_through_every_round_is_left_after_three_and_the_session_closed() {
+fn rounds_go_on_while_members_keep_appearing_and_close_at_the_most_rounds() {
     let cfg = config("stop", 0);
     let book = recognised(&cfg);
     let mut t = tick(&cfg, &view(true, &[p(300, "bomb")]), &book, 1100.0, false);
     let mut now = 1110.0;
-    for round in 1..=3u32 {
+    // A new pid at every round: never "nothing new", so the rounds go on past three.
+    for round in 1..=MAX_KILL_ROUNDS {
         let v = view(true, &[p(300 + round, "bomb")]);
         t = tick(&cfg, &v, &t.plan.book, now, false);
         assert_eq!(t.plan.kill.len(), 1, "round {round}: {:?}", t.lines());
         now += 1.0;
     }
-    t = tick(&cfg, &view(true, &[p(304, "bomb")]), &t.plan.book, now, false);
-    assert_eq!(t.lines(), ["REAPED root=200 name=wrapper count=4 survivors=1"]);
+    let last = p(300 + MAX_KILL_ROUNDS + 1, "bomb");
+    t = tick(&cfg, &view(true, &[last]), &t.plan.book, now, false);
+    let want = format!("REAPED root=200 name=wrapper count={} survivors=1", MAX_KILL_ROUNDS + 1);
+    assert_eq!(t.lines(), [format!("LEFTOVER pid={} name=bomb root=200 age=809s", last.id.pid), want]);
+    assert_eq!(t.plan.commands, [LineageCmd::Settle(7)], "the survivor stays listed under its root");
+}
+
+#[test]
+fn a_member_that_survives_its_sigkill_closes_the_session_after_three_rounds() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let stuck = p(300, "stuck");
+    let mut t = tick(&cfg, &view(true, &[stuck]), &book, 1100.0, false);
+    let mut now = 1110.0;
+    for _ in 0..KILL_ROUNDS {
+        t = tick(&cfg, &view(true, &[stuck]), &t.plan.book, now, false);
+        assert_eq!(t.plan.kill.len(), 1);
+        now += 1.0;
+    }
+    t = tick(&cfg, &view(true, &[stuck]), &t.plan.book, now, false);
+    assert_eq!(t.lines(), ["REAPED root=200 name=wrapper count=0 survivors=1"]);
+}
+
+#[test]
+fn the_chase_signals_what_doomed_members_forked_with_their_phase_and_spares_the_excluded() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let t = tick(&cfg, &view(true, &[p(201, "loop")]), &book, 1100.0, false);
+    // Meanwhile 201 forked 202 (doomed: forked from a signalled member), 203 exec'd claude
+    // (excluded), 204 exec'd something else (not doomed: judged at the next round).
+    let mut v = view(true, &[p(201, "loop"), p(202, "loop"), p(203, "claude"), p(204, "other")]);
+    v.sessions[0].doomed = vec![p(201, "x").id, p(202, "x").id, p(203, "x").id];
+    let chased = chase(&v, &t.plan.book, &cfg);
+    let got: Vec<(u32, Signal)> = chased.iter().map(|(t, s)| (t.proc.id.pid, *s)).collect();
+    assert_eq!(got, [(202, Signal::Term)]);
+    // Signalled: not chased again.
+    let mut book = t.plan.book.clone();
+    record(&mut book, &[chased[0].0.clone()], &[Outcome::Termed]);
+    assert!(chase(&v, &book, &cfg).is_empty());
+    // In the kill rounds the chase sends SIGKILL.
+    let t = tick(&cfg, &view(true, &[p(202, "loop")]), &book, 1110.0, false);
+    let mut v = view(true, &[p(205, "loop")]);
+    v.sessions[0].doomed = vec![p(205, "x").id];
+    let got: Vec<(u32, Signal)> = chase(&v, &t.plan.book, &cfg).iter().map(|(t, s)| (t.proc.id.pid, *s)).collect();
+    assert_eq!(got, [(205, Signal::Kill)]);
+}
+
+#[test]
+fn each_cap_reached_is_said_once() {
+    let cfg = config("report", 10);
+    let mut v = view(false, &[]);
+    v.counts.caps.sessions = 2;
+    v.counts.pending = 5000;
+    let t = tick(&cfg, &v, &SessionBook::default(), 1000.0, false);
+    assert_eq!(
+        t.lines(),
+        ["WARN sessions_cap what=sessions limit=1024", "WARN sessions_cap what=candidates limit=4096"]
+    );
+    v.counts.caps.sessions = 3;
+    v.counts.caps.members = 1;
+    let t = tick(&cfg, &v, &t.plan.book, 1001.0, false);
+    assert_eq!(t.lines(), ["WARN sessions_cap what=members limit=16384"]);
+    assert_eq!(t.plan.book.reading.candidates, 2, "counted at every tick it is reached");
+}
+
+#[test]
+fn a_reported_session_is_listed_as_reported_and_left_alone() {
+    let cfg = config("stop", 0);
+    let mut book = recognised(&cfg);
+    let info = book.roots.remove(&7).unwrap();
+    book.reported.insert(7, info);
+    let mut v = view(true, &[p(201, "watcher")]);
+    v.sessions[0].reported = true;
+    let t = tick(&cfg, &v, &book, 1100.0, false);
+    assert!(t.lines().is_empty() && t.plan.commands.is_empty() && t.plan.term.is_empty(), "{:?}", t.lines());
+    let s = status_of(&cfg, &v, &t.plan.book, 1100.0);
+    let row = &s.sessions[0];
+    assert_eq!(
+        (row.stage.as_str(), row.root_name.as_str(), row.command.as_str()),
+        ("reported", "wrapper", "wrapper --x")
+    );
+    assert_eq!(row.processes.len(), 1);
+    assert_eq!((s.reported_leftovers, s.pending_leftovers), (1, 0));
 }
 
 #[test]
@@ -266,11 +369,12 @@ fn a_leftover_gone_before_its_sigterm_is_skipped_as_identity_changed_and_not_cou
         now: Now::same(1100.0),
         dry_run: false,
         ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
-        roots: &HashMap::new(),
+        roots: &RootsRead::default(),
         verdicts: &verdicts,
         book: &book,
+        limits: LIMITS,
     });
-    let lines = after_reap(&mut plan, &[Outcome::Refused(crate::enforcer::Refusal::IdentityChanged)], &[], false);
+    let lines = after_reap(&mut plan, &[Outcome::Refused(crate::enforcer::Refusal::IdentityChanged)], &[]);
     assert_eq!(
         lines.iter().map(Line::body).collect::<Vec<_>>(),
         ["SKIPPED pid=201 name=watcher reason=identity_changed"]
@@ -293,9 +397,10 @@ fn a_member_without_a_verdict_is_never_ended_on_a_guess_and_is_decided_again_at_
             now: Now::same(now),
             dry_run: false,
             ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
-            roots: &HashMap::new(),
+            roots: &RootsRead::default(),
             verdicts: &verdicts,
             book,
+            limits: LIMITS,
         })
     };
     let plan = input(1100.0, &[], &book);
@@ -332,4 +437,34 @@ fn the_status_lists_sessions_their_stage_and_counts() {
     assert_eq!((row.stage.as_str(), row.ended_at, row.due_at), ("grace", Some(1020.0), Some(1050.0)));
     assert_eq!(s.pending_leftovers, 1);
     let _ = Duration::ZERO;
+}
+
+#[test]
+fn leftovers_gone_before_their_command_line_was_read_still_start_the_rounds() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let decide = |v: &SessionsView, verdicts: HashMap<ProcId, CmdVerdict>, book: &SessionBook, now: f64| {
+        decide_sessions(&SessionsInput {
+            view: v,
+            config: &cfg,
+            sessions: cfg.sessions.as_ref().unwrap(),
+            now: Now::same(now),
+            dry_run: false,
+            ages: Ages { boot_unix: 0.0, ticks_per_sec: 1 },
+            roots: &RootsRead::default(),
+            verdicts: &verdicts,
+            book,
+            limits: LIMITS,
+        })
+    };
+    // At the grace the one leftover had moved to a new pid before its command line was read.
+    let plan =
+        decide(&view(true, &[p(300, "hopper")]), HashMap::from([(p(300, "x").id, CmdVerdict::Gone)]), &book, 1100.0);
+    assert!(plan.lines.iter().all(|l| l.kind() != crate::log::Kind::Reaped), "{:?}", plan.lines);
+    assert!(plan.term.is_empty());
+    assert_eq!(plan.next_deadline, Some(1101.0), "the first SIGKILL round is a second away");
+    // A second later its successor is read alive: killed.
+    let v = view(true, &[p(301, "hopper")]);
+    let plan = decide(&v, HashMap::from([(p(301, "x").id, CmdVerdict::End)]), &plan.book, 1101.0);
+    assert_eq!(plan.kill.iter().map(|t| t.proc.id.pid).collect::<Vec<_>>(), [301]);
 }

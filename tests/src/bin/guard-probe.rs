@@ -17,8 +17,12 @@
 //! reading its command line (which takes its memory-map lock page by page) is slow, and `pad X`
 //! pairs only lengthen its command line.
 //!
-//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …` and `bomb …` are the session
-//! roots of the sessions tests (see `guard-probe/session.rs`).
+//! `announce ROLE=FILE` appends `ROLE <pid>` to FILE; `session …`, `bomb …`, `visitor …`,
+//! `leaver …` and `hopper …` are the session roots of the sessions tests, `visit`, `hop` and
+//! `many` what they start (see `guard-probe/session.rs`); `chdir`, `chroot`, `open`, `map`,
+//! `thread-chdir` and the other ways of holding a path are the holders tests'
+//! (`guard-probe/hold.rs`); `slot-job …` is the heavy command of the slots tests (see
+//! `guard-probe/slot_job.rs`).
 //!
 //! Two helper modes for the pid tests:
 //! - `guard-probe pidns UID EXE ARGS…` (run as root): EXE as UID, as pid 1 of a new pid namespace
@@ -29,8 +33,12 @@
 //!   keeps retrying, so every pid that becomes free is taken again at once.
 use std::{io::Write, time::Duration};
 
+#[path = "guard-probe/hold.rs"]
+mod hold;
 #[path = "guard-probe/session.rs"]
 mod session;
+#[path = "guard-probe/slot_job.rs"]
+mod slot_job;
 
 static mut RECORD: Option<std::fs::File> = None;
 
@@ -193,6 +201,13 @@ fn main() {
         Some("session") => session::root(&args[2..]),
         Some("session-after-reexec") => session::after_reexec(&args[2..]),
         Some("bomb") => session::bomb(&args[2..]),
+        Some("visitor") => session::visitor(&args[2..]),
+        Some("leaver") => session::leaver(&args[2..]),
+        Some("hopper") => session::hopper(&args[2..]),
+        Some("visit") => session::visit(&args[2..]),
+        Some("hop") => session::hop(&args[2..]),
+        Some("many") => session::many(&args[2..]),
+        Some("slot-job") => slot_job::main(&args[2..]),
         _ => {}
     }
     let mut threads = 0;
@@ -248,7 +263,9 @@ fn main() {
                     libc::signal(libc::SIGTERM, on_term_dodge as *const () as libc::sighandler_t);
                 }
             }
-            _ => {}
+            other => {
+                hold::apply(other, &args[i + 1]);
+            }
         }
         i += 2;
     }

@@ -120,7 +120,7 @@ fn lookup_uid(uid: u32) -> bool {
 }
 
 /// In a freshly forked child: take the name, drop root for the account; `_exit` on failure.
-unsafe fn become_account(comm: &CString, who: Account) {
+pub(super) unsafe fn become_account(comm: &CString, who: Account) {
     libc::prctl(libc::PR_SET_NAME, comm.as_ptr() as libc::c_ulong, 0, 0, 0);
     if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(who.gid) != 0 || libc::setuid(who.uid) != 0 {
         libc::_exit(111);

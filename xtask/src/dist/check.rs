@@ -34,7 +34,7 @@ const FIELDS: &[&str] = &[
     "Description",
 ];
 
-pub fn run(deb: &Path) -> anyhow::Result<()> {
+pub fn run(deb: &Path, arch: crate::arch::Arch) -> anyhow::Result<()> {
     println!("dist --check: dpkg-deb -I {}", deb.display());
     println!("{}", output(Command::new("dpkg-deb").arg("-I").arg(deb), "dpkg-deb -I")?);
     for field in FIELDS {
@@ -43,17 +43,27 @@ pub fn run(deb: &Path) -> anyhow::Result<()> {
     }
     let depends = output(Command::new("dpkg-deb").arg("-f").arg(deb).arg("Depends"), "dpkg-deb -f")?;
     anyhow::ensure!(depends.contains("libc6 (>="), "Depends names no minimum libc6: {depends}");
+    // A cross build's Depends must name the architecture's own packages, never the build
+    // machine's cross ones (`libgcc-s1-arm64-cross`) or an arch-qualified name.
+    anyhow::ensure!(
+        !depends.contains("-cross") && !depends.contains(':'),
+        "Depends names build-machine packages: {depends}"
+    );
+    let architecture = output(Command::new("dpkg-deb").arg("-f").arg(deb).arg("Architecture"), "dpkg-deb -f")?;
+    anyhow::ensure!(architecture == arch.debian(), "Architecture: {architecture}, expected {}", arch.debian());
 
     let listing = output(Command::new("dpkg-deb").arg("-c").arg(deb), "dpkg-deb -c")?;
     println!("dist --check: dpkg-deb -c {}\n{listing}", deb.display());
     check_listing(&listing)?;
+    let conffiles = output(Command::new("dpkg-deb").arg("-I").arg(deb).arg("conffiles"), "dpkg-deb -I conffiles")?;
+    anyhow::ensure!(conffiles == format!("/{}", super::DEFAULTS), "the conffiles are {conffiles:?}");
 
     let dir = deb.with_extension("check");
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
     }
     crate::build_ebpf::run_checked(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&dir), "dpkg-deb -x")?;
-    check_binary(&dir)?;
+    check_binary(&dir, arch)?;
     check_man_pages(&dir)?;
     check_completions(&dir)?;
     super::monitoring::check(&dir.join(super::EXAMPLES_DIR))?;
@@ -67,6 +77,7 @@ fn check_listing(listing: &str) -> anyhow::Result<()> {
     let mut want: Vec<(String, &str)> = vec![
         ("./usr/bin/guard-user".into(), "-rwxr-xr-x"),
         (format!("./{CONFIG}"), "-rw-r--r--"),
+        (format!("./{}", super::DEFAULTS), "-rw-r--r--"),
         (format!("./{MAN_DIR}/guard-user.8.gz"), "-rw-r--r--"),
         (format!("./{MAN5_DIR}/guard-config.json.5.gz"), "-rw-r--r--"),
         ("./usr/share/doc/guard-user/copyright".into(), "-rw-r--r--"),
@@ -80,8 +91,14 @@ fn check_listing(listing: &str) -> anyhow::Result<()> {
         let (mode, owner, path) = (fields[0], fields[1], fields[5]);
         anyhow::ensure!(owner == "root/root", "{path} belongs to {owner}, not root/root");
         anyhow::ensure!(
-            path == "./" || path.starts_with("./usr/") || path.starts_with("./lib/"),
-            "{path} is outside /usr and /lib"
+            path == "./"
+                || path.starts_with("./usr/")
+                || path.starts_with("./lib/")
+                || path == "./etc/"
+                || path == "./etc/default/"
+                || path == format!("./{}", super::DEFAULTS),
+            "{path} is outside /usr and /lib (and is not the conffile /{})",
+            super::DEFAULTS
         );
         anyhow::ensure!(!mode.contains('s') && !mode.contains('S'), "{path} is setuid/setgid: {mode}");
         let expected = if mode.starts_with('d') { "drwxr-xr-x" } else { mode };
@@ -97,13 +114,14 @@ fn check_listing(listing: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check_binary(dir: &Path) -> anyhow::Result<()> {
+fn check_binary(dir: &Path, arch: crate::arch::Arch) -> anyhow::Result<()> {
     let bin = dir.join("usr/bin/guard-user");
-    let version = output(Command::new(&bin).arg("--version"), "guard-user --version")?;
+    // Run on the build machine, under qemu-user for another architecture.
+    let version = output(arch.run_command(&bin)?.arg("--version"), "guard-user --version")?;
     anyhow::ensure!(version == format!("guard-user {}", env!("CARGO_PKG_VERSION")), "--version says {version:?}");
-    let help = output(Command::new(&bin).arg("--help"), "guard-user --help")?;
+    let help = output(arch.run_command(&bin)?.arg("--help"), "guard-user --help")?;
     anyhow::ensure!(!help.contains("SPEC"), "--help mentions SPEC, which the package does not ship:\n{help}");
-    let fresh = output_bytes(Command::new(&bin).args(["__unit", "--bin-dir", "/usr/bin"]), "guard-user __unit")?;
+    let fresh = output_bytes(arch.run_command(&bin)?.args(["__unit", "--bin-dir", "/usr/bin"]), "guard-user __unit")?;
     let packaged = fs::read(dir.join("lib/systemd/system/guard-user@.service"))?;
     anyhow::ensure!(
         packaged == fresh,

@@ -24,7 +24,11 @@ pub const BASH_CASES: &[Case] = &[
     Case { line: "guard-user ", offers: &["install", "status", "explain", "!__unit", "!__pattern-worker"] },
     Case { line: "guard-user --dry", offers: &["--dry-run"] },
     Case { line: "guard-user run --back", offers: &["--backend"] },
-    Case { line: "guard-user run --backend ", offers: &["auto", "ebpf", "procfs"] },
+    Case { line: "guard-user run --backend ", offers: &["auto", "ebpf", "procfs", "!Cargo.toml"] },
+    // Bare `guard-user` is `run`: the same values, and never file names (the test runs where a
+    // Cargo.toml is).
+    Case { line: "guard-user --backend ", offers: &["auto", "ebpf", "procfs", "!Cargo.toml"] },
+    Case { line: "guard-user ", offers: &["!record"] },
     Case { line: "guard-user run --", offers: &["--metrics-file", "--dry-run", "--user", "!--ring-bytes"] },
     Case { line: "guard-user explain --j", offers: &["--json"] },
     Case { line: "guard-user explain ba", offers: &["bash"] },
@@ -35,7 +39,11 @@ pub const BASH_CASES: &[Case] = &[
 pub const FISH_CASES: &[Case] = &[
     Case { line: "guard-user ", offers: &["install", "status", "explain", "!__unit"] },
     Case { line: "guard-user run --back", offers: &["--backend"] },
-    Case { line: "guard-user run --backend ", offers: &["auto", "ebpf", "procfs"] },
+    Case { line: "guard-user run --backend ", offers: &["auto", "ebpf", "procfs", "!Cargo.toml"] },
+    // Bare `guard-user` is `run`: the same values, and never file names (the test runs where a
+    // Cargo.toml is).
+    Case { line: "guard-user --backend ", offers: &["auto", "ebpf", "procfs", "!Cargo.toml"] },
+    Case { line: "guard-user ", offers: &["!record"] },
     Case { line: "guard-user explain --j", offers: &["--json"] },
 ];
 

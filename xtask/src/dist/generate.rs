@@ -29,8 +29,9 @@ SIGKILL half a second later. Names listed in excludes, and processes whose comma
 an excludeCommands pattern (a bash extended regular expression), are never ended.
 
 Without a subcommand guard-user runs the daemon (guard-user run). One instance guards one account; \
-under systemd it runs as guard-user@ACCOUNT.service, set up by guard-user install. Run by hand as \
-root, it needs --user (or sudo, which sets SUDO_USER): it never guards root by default.";
+under systemd it runs as guard-user@ACCOUNT.service, set up by guard-user install, with the flags \
+of /etc/default/guard-user. Run by hand as root, it needs --user (or sudo, which sets SUDO_USER): \
+it never guards root by default.";
 
 /// One generated file: its name and its bytes.
 pub struct Generated {
@@ -57,6 +58,7 @@ pub fn man_pages(date: &str, version: &str) -> io::Result<Vec<Generated>> {
         bytes.extend_from_slice(synopsis_section(&[sub]).as_bytes());
         man.render_description_section(&mut bytes)?;
         man.render_options_section(&mut bytes)?;
+        bytes.extend_from_slice(exit_status_section(Some(sub.get_name())).as_bytes());
         bytes.extend_from_slice(sub_see_also(sub.get_name()).as_bytes());
         pages.push(Generated { name: man.get_filename(), bytes });
     }
@@ -70,7 +72,9 @@ pub fn man_pages(date: &str, version: &str) -> io::Result<Vec<Generated>> {
     man.render_description_section(&mut bytes)?;
     man.render_options_section(&mut bytes)?;
     man.render_subcommands_section(&mut bytes)?;
+    bytes.extend_from_slice(configuration_section().as_bytes());
     bytes.extend_from_slice(MAIN_SECTIONS.as_bytes());
+    bytes.extend_from_slice(exit_status_section(None).as_bytes());
     bytes.extend_from_slice(main_see_also(&subs).as_bytes());
     man.render_version_section(&mut bytes)?;
     pages.insert(0, Generated { name: man.get_filename(), bytes });
@@ -136,17 +140,7 @@ fn roff(text: &str) -> String {
 /// The main page's sections beyond clap's: the configuration in brief, files, environment,
 /// exit statuses. The paths are the daemon's defaults (relative to the account's home) and the
 /// package's; the options above say how to move them.
-const MAIN_SECTIONS: &str = r#".SH CONFIGURATION
-The account's \fI~/guard\-config.json\fR is a JSON object, read again on every tick;
-\fBguard\-config.json\fR(5) describes every key, its bounds and its errors. The keys, with their
-defaults: \fBthreshold\fR (30: live processes of one name that flag the name), \fBtimeout\fR ("1h": how
-long a name stays flagged before its processes are ended), \fBexcludes\fR (names never counted: shells, node, python3, docker,
-claude, systemd, sshd, tmux, screen), \fBexcludeCommands\fR (bash extended regular expressions; a
-process whose command line matches one is never ended), \fBlogMaxSizeMB\fR (10), \fBstateFile\fR
-("~/guard\-daemon\-state.json"), \fBwarnBefore\fR ("10m"), \fBrepeatAfter\fR (3) and \fBstallWatch\fR
-({"peggedCpu": 0.75, "peggedFor": "5m"}). An invalid config ends nothing until it is fixed;
-\fBguard\-user validate\fR lists every problem with its fix.
-.SH FILES
+const MAIN_SECTIONS: &str = r#".SH FILES
 .TP
 \fI~/guard\-config.json\fR
 The account's configuration; guard\-user install makes it a link to the config source.
@@ -167,14 +161,19 @@ The one\-instance locks (root's, mode 0700).
 \fI/usr/share/guard\-user/guard\-config.json\fR
 The default configuration shipped by the package (install's default config source).
 .TP
+\fI/etc/default/guard\-user\fR, \fI/etc/default/guard\-user@ACCOUNT\fR
+GUARD_ARGS, flags the unit adds to every instance's run (the second file, read after the first,
+for one instance); root's, read at each start. guard\-user check shows the flags in force.
+.TP
 \fI/lib/systemd/system/guard\-user@.service\fR
 The systemd unit template; one instance per guarded account, whose drop\-in
 \fI/etc/systemd/system/guard\-user@ACCOUNT.service.d/home.conf\fR guard\-user install writes.
 .SH ENVIRONMENT
 .TP
 \fBSUDO_USER\fR
-The account to guard when \-\-user is not given and guard\-user runs through sudo. Without
-either, guard\-user run as root refuses to start rather than guard root.
+The account when \-\-user is not given and guard\-user runs as root through sudo. With neither,
+as root, the subcommands that act (run, install, uninstall, holders \-\-stop) or print command
+lines (match, explain) refuse with exit 2 and ask for \-\-user; the others say they read root's.
 .TP
 \fBGUARD_LOG\fR
 The level of the daemon's diagnostics on standard error (error, warn, info, debug, trace, off;
@@ -185,26 +184,53 @@ The optional swarm Redis the daemon mirrors its heartbeat and events to (the fir
 URLs that is set, the hive one unless AGENTIHOOKS_LEDGER_MODE=local; else
 redis://127.0.0.1:6379/0). Without a Redis the log says WARN redis_unreachable once, and the
 guard goes on guarding.
-.SH "EXIT STATUS"
-.TP
-.B 0
-Success; for run, stopped by SIGTERM or SIGINT (STOPPED reason=signal).
-.TP
-.B 1
-status: the last tick is older than two intervals, or there is no status file; check: drift;
-validate: the config is invalid; install: systemd is not running, so the guard was linked but
-not scheduled.
-.TP
-.B 2
-Bad arguments or a fatal error (guard\-user: \fIwhat\fR on standard error), STOPPED
-reason=error, or match given an invalid pattern.
-.TP
-.B 70
-run: it hung (STOPPED reason=hang); systemd restarts it.
-.TP
-.B 75
-run: another guard\-user already guards this account and home.
 "#;
+
+/// CONFIGURATION, from guard-cli's list of the keys ([`guard_cli::CONFIG_KEYS`], which
+/// guard-user's tests hold to the config parser's keys and defaults).
+fn configuration_section() -> String {
+    let mut s = String::from(
+        ".SH CONFIGURATION\nThe account's \\fI~/guard\\-config.json\\fR is a JSON object, read again on every tick; \
+         \\fBguard\\-config.json\\fR(5) describes every key, its bounds and its errors. A key left out takes its \
+         default. An invalid config ends nothing until it is fixed; \\fBguard\\-user validate\\fR lists every \
+         problem with its fix. The keys:\n",
+    );
+    for k in guard_cli::CONFIG_KEYS {
+        let _ = writeln!(s, ".TP\n\\fB{}\\fR (default: {})\n{}.", roff(k.key), roff(k.default), roff(k.meaning));
+    }
+    s
+}
+
+/// EXIT STATUS, rendered from guard-cli's table ([`guard_cli::EXIT_STATUSES`], which
+/// guard-user's tests hold to the binary): one subcommand's statuses on its page, every
+/// subcommand's on the main page, each code once with what it means for each command.
+fn exit_status_section(command: Option<&str>) -> String {
+    let mut s = String::from(".SH \"EXIT STATUS\"\n");
+    let rows = match command {
+        Some(c) => guard_cli::exit_statuses(c),
+        None => {
+            let mut all = guard_cli::EXIT_STATUSES.to_vec();
+            all.sort_by_key(|r| r.code);
+            all
+        }
+    };
+    let mut codes: Vec<u8> = rows.iter().map(|r| r.code).collect();
+    codes.dedup();
+    for code in codes {
+        let _ = writeln!(s, ".TP\n.B {code}");
+        let lines: Vec<String> = rows
+            .iter()
+            .filter(|r| r.code == code)
+            .map(|r| match (command, r.command) {
+                (None, c) if c != "*" => format!("{}: {}.", roff(c), roff(r.meaning)),
+                _ => format!("{}{}.", roff(&r.meaning[..1].to_uppercase()), roff(&r.meaning[1..])),
+            })
+            .collect();
+        s.push_str(&lines.join("\n.br\n"));
+        s.push('\n');
+    }
+    s
+}
 
 fn main_see_also(subs: &[Command]) -> String {
     let mut s = String::from(".SH \"SEE ALSO\"\n\\fBguard\\-config.json\\fR(5), ");
@@ -239,6 +265,11 @@ fn sub_see_also(name: &str) -> String {
 pub fn completion(shell: Shell) -> Vec<u8> {
     let mut cmd = visible_tree(&Cli::command());
     let mut out = Vec::new();
+    if shell == Shell::Fish {
+        clap_complete::generate(shell, &mut cmd, BIN, &mut out);
+        let text = String::from_utf8(out).expect("clap_complete writes UTF-8");
+        return fish_extras(&text).expect("clap_complete's fish script has the shape fish_extras expects").into_bytes();
+    }
     if shell != Shell::Bash {
         clap_complete::generate(shell, &mut cmd, BIN, &mut out);
         return out;
@@ -257,6 +288,19 @@ pub fn completion(shell: Shell) -> Vec<u8> {
         }
     }
     bash_extras(&fixed, &cmd).expect("clap_complete's bash script has the shape bash_extras expects").into_bytes()
+}
+
+/// fish: clap_complete's `__fish_guard_user_needs_command` runs `argparse` over the words typed
+/// so far and gives up when it fails, which it does while an option of bare `guard-user` waits
+/// for its value (`guard-user --backend `): then no completion of the top level applies and fish
+/// offers file names instead of `auto ebpf procfs`. A failed parse means no subcommand has been
+/// typed yet, so it answers that. `None` when the script does not have the expected shape (a
+/// clap_complete upgrade then fails the package build instead of silently dropping the fix).
+fn fish_extras(script: &str) -> Option<String> {
+    let before = "    argparse -s (__fish_guard_user_global_optspecs) -- $cmd 2>/dev/null\n    or return\n";
+    let after = "    argparse -s (__fish_guard_user_global_optspecs) -- $cmd 2>/dev/null\n    \
+                 # An option still waiting for its value fails the parse: no subcommand yet.\n    or return 0\n";
+    script.contains(before).then(|| script.replacen(before, after, 1))
 }
 
 /// The name bash's script is generated under (see [`completion`]).

@@ -26,6 +26,7 @@ use anyhow::{bail, Context as _};
 use super::{
     cpio::{CpioWriter, Owner},
     payload::{GuestBin, GuestTest},
+    userland::Userland,
 };
 use crate::build_ebpf::{self, which};
 
@@ -34,8 +35,10 @@ use crate::build_ebpf::{self, which};
 /// loudly: `$(cat f 2>/dev/null || echo x)` just answers x, which is how the install tests once
 /// failed in the guests).
 const HOST_TOOLS: &[&str] = &["bash", "sleep", "true", "cat", "env", "id", "grep", "ls", "mkdir", "rm"];
-/// Copied in when the host has them; without redis-server the guests do not require `redis`.
-const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli"];
+/// Copied in when the host has them; without redis-server the guests do not require `redis`,
+/// without lsof the holders tests check their expected holders alone, and without script the
+/// slots' interactive-shell test says it was not run.
+const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli", "lsof", "script"];
 /// Workspace directories tests read through `env!("CARGO_MANIFEST_DIR")`; copied to the same
 /// absolute path in the guest.
 const FIXTURE_DIRS: &[&str] = &["config", "guard-user/tests/fixtures"];
@@ -53,7 +56,18 @@ pub struct Payload<'a> {
     pub test_args: Vec<String>,
     /// Added to every test binary's environment.
     pub env: Vec<(String, String)>,
+    /// Where the programs and libraries come from for a guest of another architecture than the
+    /// build machine's (None: the build machine's own, found with `ldd`).
+    pub userland: Option<&'a Userland>,
+    /// Extra files (the package scenario's .deb).
+    pub extra: Vec<ExtraFile>,
 }
+
+/// A file the image carries besides the fixed layout: `(guest path, mode, host file)`.
+pub type ExtraFile = (String, u32, PathBuf);
+
+/// A library as `(guest path, file to copy)`.
+type Library = (PathBuf, PathBuf);
 
 enum Node {
     Dir(Owner),
@@ -138,23 +152,30 @@ pub fn write(path: &Path, payload: &Payload) -> anyhow::Result<u64> {
 
     image.host_file("init", 0o755, &payload.init);
     let mut libraries = Vec::new();
+    let libs = payload.userland;
     for test in payload.tests {
         image.host_file(&format!("tests/{}", test.name), 0o755, &test.binary);
         if !test.args.is_empty() {
             let args = test.args.iter().map(|a| format!("{a}\n")).collect();
             image.text(&format!("etc/guard-vm/args/{}", test.name), 0o644, args);
         }
-        libraries.extend(shared_libraries(&test.binary)?);
+        libraries.extend(shared_libraries(&test.binary, libs)?);
     }
     for bin in payload.bins {
         image.host_file(&format!("usr/bin/{}", bin.name), 0o755, &bin.binary);
         // Tests built by cargo find their package's binaries at `env!("CARGO_BIN_EXE_<name>")`,
         // the build's host path (the pattern worker is `guard-user __pattern-worker`).
         image.add(bin.built.to_string_lossy().trim_start_matches('/'), Node::Symlink(format!("/usr/bin/{}", bin.name)));
-        libraries.extend(shared_libraries(&bin.binary)?);
+        libraries.extend(shared_libraries(&bin.binary, libs)?);
     }
     add_libraries(&mut image, libraries)?;
-    add_host_tools(&mut image)?;
+    match libs {
+        None => add_host_tools(&mut image)?,
+        Some(userland) => add_userland_tools(&mut image, userland)?,
+    }
+    for (path, mode, file) in &payload.extra {
+        image.host_file(path, *mode, file);
+    }
     image.add("usr/bin/sh", Node::Symlink("bash".into()));
     add_accounts(&mut image);
     // `env!("CARGO_MANIFEST_DIR")/../config/…` only resolves if every package directory exists.
@@ -202,21 +223,100 @@ fn add_host_tools(image: &mut Image) -> anyhow::Result<()> {
     for path in required.chain(optional) {
         let Some(path) = path? else { continue };
         image.host_file(&image_path(&path), 0o755, &fs::canonicalize(&path)?);
-        libraries.extend(shared_libraries(&path)?);
+        libraries.extend(shared_libraries(&path, None)?);
     }
     for nss in ["/lib/x86_64-linux-gnu/libnss_files.so.2", "/lib/x86_64-linux-gnu/libc.so.6"] {
         if Path::new(nss).exists() {
-            libraries.push(PathBuf::from(nss));
+            libraries.push((PathBuf::from(nss), PathBuf::from(nss)));
         }
     }
     add_libraries(image, libraries)
 }
 
-/// Each shared library at its host path (the loader finds them where `ldd` did).
-fn add_libraries(image: &mut Image, libraries: Vec<PathBuf>) -> anyhow::Result<()> {
-    for library in libraries {
-        let real = fs::canonicalize(&library).with_context(|| format!("resolving {}", library.display()))?;
-        image.host_file(&image_path(&library), 0o755, &real);
+/// [`add_host_tools`] for a guest of another architecture: the same programs from its
+/// packages ([`Userland`]), with dpkg and what it runs for the package scenario, and a dpkg
+/// database that lists the unpacked packages.
+fn add_userland_tools(image: &mut Image, userland: &Userland) -> anyhow::Result<()> {
+    let mut libraries = Vec::new();
+    // dpkg, what it runs or insists on finding (ldconfig, start-stop-daemon), and what the
+    // package scenario's script and the maintainer scripts call.
+    let dpkg_tools = [
+        "dpkg",
+        "dpkg-deb",
+        "dpkg-query",
+        "dpkg-split",
+        "dpkg-divert",
+        "dpkg-trigger",
+        "ldconfig",
+        "start-stop-daemon",
+        "tar",
+        "sed",
+        "find",
+        "chmod",
+        "chown",
+        "ln",
+        "mv",
+        "cp",
+        "touch",
+        "head",
+        "tail",
+        "wc",
+        "sort",
+        "seq",
+        "rmdir",
+        "uname",
+        "basename",
+        "dirname",
+        "readlink",
+        "expr",
+        "stat",
+        "diff",
+    ];
+    let required = HOST_TOOLS.iter().map(|&t| (t, true));
+    let optional = OPTIONAL_HOST_TOOLS.iter().chain(dpkg_tools.iter()).map(|&t| (t, false));
+    for (tool, needed) in required.chain(optional) {
+        let Some(path) = userland.tool(tool) else {
+            anyhow::ensure!(!needed, "{tool} is in none of the packages of {}", userland.root.display());
+            continue;
+        };
+        let guest = userland.guest_path(&path)?;
+        image.host_file(&image_path(&guest), 0o755, &path);
+        libraries.extend(userland.libraries(&path)?);
+    }
+    let gnu = userland.arch.gnu();
+    for nss in [format!("lib/{gnu}/libnss_files.so.2"), format!("lib/{gnu}/libc.so.6")] {
+        let file = userland.root.join(&nss);
+        if file.exists() {
+            libraries.push((Path::new("/").join(&nss), file));
+        }
+    }
+    add_libraries(image, libraries)?;
+    for dir in [
+        "var/lib/dpkg/info",
+        "var/lib/dpkg/updates",
+        "var/lib/dpkg/triggers",
+        "var/lib/dpkg/alternatives",
+        "etc/dpkg/dpkg.cfg.d",
+        "var/log",
+    ] {
+        image.mkdir(dir, Owner::root(0o755));
+    }
+    image.text("var/lib/dpkg/status", 0o644, userland.dpkg_status());
+    image.text("var/lib/dpkg/info/format", 0o644, "1\n".into());
+    for (name, list) in userland.dpkg_lists() {
+        image.text(&format!("var/lib/dpkg/info/{name}"), 0o644, list.clone());
+    }
+    image.text("var/lib/dpkg/available", 0o644, String::new());
+    image.text("etc/dpkg/dpkg.cfg", 0o644, String::new());
+    Ok(())
+}
+
+/// Each shared library at its guest path (the loader finds them where `ldd` or the ELF
+/// headers said), copied from the file behind it.
+fn add_libraries(image: &mut Image, libraries: Vec<Library>) -> anyhow::Result<()> {
+    for (guest, file) in libraries {
+        let real = fs::canonicalize(&file).with_context(|| format!("resolving {}", file.display()))?;
+        image.host_file(&image_path(&guest), 0o755, &real);
     }
     Ok(())
 }
@@ -247,12 +347,22 @@ fn image_path(host: &Path) -> String {
     host.trim_start_matches('/').to_string()
 }
 
-fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
+/// The libraries `binary` loads: from `ldd` on the build machine, else from the guest's own
+/// packages ([`Userland::libraries`]). A script (the package scenario's) loads none itself.
+fn shared_libraries(binary: &Path, userland: Option<&Userland>) -> anyhow::Result<Vec<Library>> {
+    let mut magic = [0u8; 4];
+    let is_elf = std::io::Read::read_exact(&mut fs::File::open(binary)?, &mut magic).is_ok() && magic == *b"\x7fELF";
+    if !is_elf {
+        return Ok(Vec::new());
+    }
+    if let Some(userland) = userland {
+        return userland.libraries(binary);
+    }
     let out = Command::new("ldd").arg(binary).output().context("running ldd")?;
     if !out.status.success() {
         bail!("ldd {} failed: {}", binary.display(), String::from_utf8_lossy(&out.stderr).trim());
     }
-    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)))
+    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)).into_iter().map(|p| (p.clone(), p)).collect())
 }
 
 /// `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` and `/lib64/ld-linux-x86-64.so.2 (0x…)`.

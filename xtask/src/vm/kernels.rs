@@ -1,8 +1,7 @@
 //! The Debian cloud kernels the VM tests boot, resolved from apt metadata and cached.
 //!
-//! apt runs against a private configuration under `target/vm/apt` (its own sources list,
-//! package lists, cache and an empty dpkg status), so adding trixie, backports or sid here can
-//! never change what the machine itself installs or upgrades. Each [`KernelSpec`] names a
+//! apt runs against a private configuration ([`super::apt`]), so adding trixie, backports or
+//! sid here can never change what the machine itself installs or upgrades. Each [`KernelSpec`] names a
 //! metapackage version line (`linux-image-cloud-amd64` 6.1.x from bookworm, …); the newest
 //! matching version decides the ABI package, and the package holding `vmlinuz` (the unsigned
 //! image, or the `linux-binary-*` package of the split 7.x packaging) is downloaded and
@@ -16,63 +15,72 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, SystemTime},
 };
 
 use anyhow::{bail, Context as _};
 
-use crate::build_ebpf::{run_checked, target_dir};
+use super::apt::Apt;
+use crate::{
+    arch::Arch,
+    build_ebpf::{run_checked, target_dir},
+};
 
-/// The metapackage every kernel is resolved through.
-const METAPACKAGE: &str = "linux-image-cloud-amd64";
-
-/// Debian suites the private apt configuration reads (main only, amd64).
-const SOURCES: &[(&str, &str)] = &[
-    ("http://deb.debian.org/debian", "bullseye"),
-    ("http://security.debian.org/debian-security", "bullseye-security"),
-    ("http://deb.debian.org/debian", "bookworm"),
-    ("http://deb.debian.org/debian-security", "bookworm-security"),
-    ("http://deb.debian.org/debian", "bookworm-backports"),
-    ("http://deb.debian.org/debian", "trixie"),
-    ("http://deb.debian.org/debian-security", "trixie-security"),
-    ("http://deb.debian.org/debian", "trixie-backports"),
-    ("http://deb.debian.org/debian", "sid"),
-];
-
-/// Package lists younger than this are used without `apt-get update`.
-const LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// The metapackage every kernel of `arch` is resolved through.
+fn metapackage(arch: Arch) -> String {
+    format!("linux-image-cloud-{}", arch.debian())
+}
 
 /// One kernel line of the test matrix.
 pub struct KernelSpec {
     /// What `--kernel` selects and the matrix shows.
     pub name: &'static str,
+    /// The architectures it is booted for (Debian builds every line for amd64; arm64 guests
+    /// boot Debian 12's and 13's kernels, the ones an arm64 workstation runs).
+    pub arches: &'static [Arch],
     /// The metapackage version must start with this.
     version_prefix: &'static str,
     /// Suites to take it from, in order of preference; the newest version among them wins.
-    suites: &'static [&'static str],
+    pub(super) suites: &'static [&'static str],
     /// Extra kernel command-line words for this line of the matrix.
     pub cmdline: &'static str,
 }
 
+const AMD64: &[Arch] = &[Arch::Amd64];
+const BOTH: &[Arch] = &[Arch::Amd64, Arch::Arm64];
+
 pub const KERNELS: &[KernelSpec] = &[
     // Debian 11's kernel (LTS), the oldest guard supports: tp_btf, ring buffers (5.8) and the
     // task iterator (5.8) are all there.
-    KernelSpec { name: "5.10", version_prefix: "5.10.", suites: &["bullseye-security", "bullseye"], cmdline: "" },
+    KernelSpec {
+        name: "5.10",
+        arches: AMD64,
+        version_prefix: "5.10.",
+        suites: &["bullseye-security", "bullseye"],
+        cmdline: "",
+    },
     // Debian 12's kernel.
-    KernelSpec { name: "6.1", version_prefix: "6.1.", suites: &["bookworm-security", "bookworm"], cmdline: "" },
+    KernelSpec {
+        name: "6.1",
+        arches: BOTH,
+        version_prefix: "6.1.",
+        suites: &["bookworm-security", "bookworm"],
+        cmdline: "",
+    },
     // Debian 13's kernel (also bookworm-backports).
     KernelSpec {
         name: "6.12",
+        arches: BOTH,
         version_prefix: "6.12.",
         suites: &["trixie-security", "trixie", "bookworm-backports"],
         cmdline: "",
     },
     // The newest Debian builds: trixie-backports, else unstable.
-    KernelSpec { name: "7.x", version_prefix: "7.", suites: &["trixie-backports", "sid"], cmdline: "" },
+    KernelSpec { name: "7.x", arches: AMD64, version_prefix: "7.", suites: &["trixie-backports", "sid"], cmdline: "" },
     // Debian 12's kernel with its BTF hidden (see the module doc): the daemon must fall back to
     // procfs, and everything but the BPF tests must pass.
     KernelSpec {
         name: "no-btf",
+        arches: AMD64,
         version_prefix: "6.1.",
         suites: &["bookworm-security", "bookworm"],
         cmdline: "guard.hide_btf",
@@ -84,6 +92,10 @@ pub const KERNELS: &[KernelSpec] = &[
 pub struct Kernel {
     /// The spec's name (`6.12`).
     pub name: String,
+    /// What it runs on, and the name of its console log and lines: the spec's name for amd64
+    /// (`6.12`), prefixed for another architecture (`arm64-6.12`).
+    pub arch: Arch,
+    pub label: String,
     /// The metapackage version it was resolved from (`6.12.118-1`) and its suite.
     pub meta_version: String,
     pub suite: String,
@@ -98,28 +110,72 @@ pub struct Kernel {
     pub cmdline: String,
 }
 
-/// Selects the specs named by `--kernel` (all when empty).
-pub fn select(names: &[String]) -> anyhow::Result<Vec<&'static KernelSpec>> {
+/// `--kernel` words grouped by architecture: `6.1` stands for that kernel of each of `arches`,
+/// `arm64-6.1` for arm64's whatever `arches` says, `arm64` for every arm64 kernel. No word:
+/// every kernel of each of `arches`. Architectures come in the order of `arches`, then of the
+/// words.
+pub fn by_arch(words: &[String], arches: &[Arch]) -> anyhow::Result<Vec<(Arch, Vec<String>)>> {
+    let mut groups: Vec<(Arch, Vec<String>, bool)> =
+        arches.iter().map(|&a| (a, Vec::new(), words.is_empty())).collect();
+    let mut group = |arch: Arch, name: Option<&str>| {
+        let at = match groups.iter().position(|(a, ..)| *a == arch) {
+            Some(at) => at,
+            None => {
+                groups.push((arch, Vec::new(), false));
+                groups.len() - 1
+            }
+        };
+        match name {
+            Some(name) => groups[at].1.push(name.to_string()),
+            None => groups[at].2 = true,
+        }
+    };
+    for word in words {
+        let parsed = [Arch::Amd64, Arch::Arm64].into_iter().find_map(|a| {
+            if word == a.debian() {
+                Some((a, None))
+            } else {
+                word.strip_prefix(&format!("{}-", a.debian())).map(|rest| (a, Some(rest)))
+            }
+        });
+        match parsed {
+            Some((arch, name)) => group(arch, name),
+            None => arches.iter().for_each(|&a| group(a, Some(word))),
+        }
+    }
+    // An architecture named alone wants all of its kernels: an empty list selects them.
+    Ok(groups
+        .into_iter()
+        .filter(|(_, names, all)| *all || !names.is_empty())
+        .map(|(arch, names, all)| (arch, if all { Vec::new() } else { names }))
+        .collect())
+}
+
+/// Selects the specs of `arch` named by `--kernel` (all of the architecture's when empty).
+pub fn select(names: &[String], arch: Arch) -> anyhow::Result<Vec<&'static KernelSpec>> {
+    let known: Vec<&'static KernelSpec> = KERNELS.iter().filter(|k| k.arches.contains(&arch)).collect();
     if names.is_empty() {
-        return Ok(KERNELS.iter().collect());
+        return Ok(known);
     }
     names
         .iter()
         .map(|name| {
             let wanted = name.trim_end_matches(".x");
-            KERNELS.iter().find(|k| k.name == name || k.name.trim_end_matches(".x") == wanted).with_context(|| {
-                let known: Vec<_> = KERNELS.iter().map(|k| k.name).collect();
-                format!("unknown kernel {name:?}: choose from {}", known.join(", "))
-            })
+            known.iter().copied().find(|k| k.name == name || k.name.trim_end_matches(".x") == wanted).with_context(
+                || {
+                    let names: Vec<_> = known.iter().map(|k| k.name).collect();
+                    format!("unknown kernel {name:?} for {}: choose from {}", arch.debian(), names.join(", "))
+                },
+            )
         })
         .collect()
 }
 
-/// Resolves and (if not cached) downloads every selected kernel.
-pub fn prepare(specs: &[&KernelSpec]) -> anyhow::Result<Vec<Kernel>> {
-    let apt = Apt::new()?;
+/// Resolves and (if not cached) downloads every selected kernel of `arch`.
+pub fn prepare(specs: &[&KernelSpec], arch: Arch) -> anyhow::Result<Vec<Kernel>> {
+    let apt = Apt::new(arch)?;
     apt.update_if_stale()?;
-    let madison = apt.madison(METAPACKAGE)?;
+    let madison = apt.madison(&metapackage(arch))?;
     specs.iter().map(|spec| prepare_one(&apt, &madison, spec)).collect()
 }
 
@@ -127,10 +183,11 @@ pub fn prepare(specs: &[&KernelSpec]) -> anyhow::Result<Vec<Kernel>> {
 /// pool no longer (or not yet) serves (seen with bullseye-security's 5.10.262 behind a proxy), so
 /// each older candidate is tried in turn, and every failure is printed.
 fn prepare_one(apt: &Apt, madison: &[(String, String)], spec: &KernelSpec) -> anyhow::Result<Kernel> {
+    let meta = metapackage(apt.arch);
     let candidates = pick_versions(madison, spec);
     if candidates.is_empty() {
         bail!(
-            "no {METAPACKAGE} {}* in {} (apt-cache madison found: {madison:?})",
+            "no {meta} {}* in {} (apt-cache madison found: {madison:?})",
             spec.version_prefix,
             spec.suites.join(", ")
         );
@@ -140,7 +197,7 @@ fn prepare_one(apt: &Apt, madison: &[(String, String)], spec: &KernelSpec) -> an
         match prepare_version(apt, spec, &meta_version, &suite) {
             Ok(k) => return Ok(k),
             Err(err) => {
-                println!("vm: kernel {}: {METAPACKAGE}={meta_version} ({suite}) unusable: {err:#}", spec.name);
+                println!("vm: kernel {}: {meta}={meta_version} ({suite}) unusable: {err:#}", spec.name);
                 errors.push(format!("{meta_version}: {err:#}"));
             }
         }
@@ -150,11 +207,14 @@ fn prepare_one(apt: &Apt, madison: &[(String, String)], spec: &KernelSpec) -> an
 
 fn prepare_version(apt: &Apt, spec: &KernelSpec, meta_version: &str, suite: &str) -> anyhow::Result<Kernel> {
     let (meta_version, suite) = (meta_version.to_string(), suite.to_string());
-    let depends = apt.depends(METAPACKAGE, &meta_version)?;
+    let (arch, meta) = (apt.arch, metapackage(apt.arch));
+    let label = if arch == Arch::Amd64 { spec.name.to_string() } else { format!("{}-{}", arch.debian(), spec.name) };
+    let flavour = format!("-cloud-{}", arch.debian());
+    let depends = apt.depends(&meta, &meta_version)?;
     let package = depends
         .iter()
-        .find(|d| d.starts_with("linux-image-") && d.ends_with("-cloud-amd64"))
-        .with_context(|| format!("{METAPACKAGE}={meta_version} depends on no linux-image-*-cloud-amd64: {depends:?}"))?
+        .find(|d| d.starts_with("linux-image-") && d.ends_with(&flavour))
+        .with_context(|| format!("{meta}={meta_version} depends on no linux-image-*{flavour}: {depends:?}"))?
         .clone();
     let abi = package.trim_start_matches("linux-image-").to_string();
     let dir = target_dir().join("vm/kernels").join(&abi);
@@ -164,9 +224,11 @@ fn prepare_version(apt: &Apt, spec: &KernelSpec, meta_version: &str, suite: &str
 
     if cached_vmlinuz.is_file() && record.is_file() {
         let downloaded = fs::read_to_string(&record)?.lines().map(String::from).collect();
-        println!("vm: kernel {}: {package} (cached in {})", spec.name, dir.display());
+        println!("vm: kernel {label}: {package} (cached in {})", dir.display());
         return Ok(Kernel {
             name: spec.name.to_string(),
+            arch,
+            label,
             meta_version,
             suite,
             package,
@@ -197,8 +259,7 @@ fn prepare_version(apt: &Apt, spec: &KernelSpec, meta_version: &str, suite: &str
     }
 
     println!(
-        "vm: kernel {}: {METAPACKAGE}={meta_version} ({suite}) → {package}; downloading {}",
-        spec.name,
+        "vm: kernel {label}: {meta}={meta_version} ({suite}) → {package}; downloading {}",
         wanted.iter().map(|(p, v)| format!("{p}={v}")).collect::<Vec<_>>().join(" ")
     );
     let staging = target_dir().join("vm/kernels/.staging").join(&abi);
@@ -232,6 +293,8 @@ fn prepare_version(apt: &Apt, spec: &KernelSpec, meta_version: &str, suite: &str
     fs::remove_dir_all(&staging)?;
     Ok(Kernel {
         name: spec.name.to_string(),
+        arch,
+        label,
         meta_version,
         suite,
         package,
@@ -281,151 +344,9 @@ fn find_file(dir: &Path, matches: impl Fn(&Path) -> bool + Copy) -> Option<PathB
     None
 }
 
-/// apt-get/apt-cache bound to the private configuration under `target/vm/apt`.
-struct Apt {
-    dir: PathBuf,
-}
-
-impl Apt {
-    fn new() -> anyhow::Result<Self> {
-        let dir = target_dir().join("vm/apt");
-        for sub in ["lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"] {
-            fs::create_dir_all(dir.join(sub)).with_context(|| format!("creating {}", dir.join(sub).display()))?;
-        }
-        let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
-        let sources: String = SOURCES
-            .iter()
-            .map(|(uri, suite)| format!("deb [arch=amd64 signed-by={keyring}] {uri} {suite} main\n"))
-            .collect();
-        write_if_changed(&dir.join("sources.list"), &sources)?;
-        write_if_changed(&dir.join("status"), "")?;
-        write_if_changed(&dir.join("preferences"), "")?;
-        Ok(Self { dir })
-    }
-
-    fn command(&self, tool: &str) -> Command {
-        let d = |sub: &str| self.dir.join(sub).display().to_string();
-        let mut cmd = Command::new(tool);
-        for (key, value) in [
-            ("Dir::Etc::SourceList", d("sources.list")),
-            ("Dir::Etc::SourceParts", d("sources.list.d")),
-            ("Dir::Etc::Preferences", d("preferences")),
-            ("Dir::Etc::PreferencesParts", d("preferences.d")),
-            ("Dir::State::Lists", d("lists")),
-            ("Dir::State::status", d("status")),
-            ("Dir::Cache", d("cache")),
-            ("APT::Architecture", "amd64".into()),
-            ("APT::Architectures", "amd64".into()),
-            ("Acquire::Languages", "none".into()),
-            // Only Packages files are needed; skip AppStream and Contents indexes.
-            ("Acquire::IndexTargets::deb::DEP-11::DefaultEnabled", "false".into()),
-            ("Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled", "false".into()),
-            ("Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled", "false".into()),
-            ("Acquire::IndexTargets::deb::DEP-11-icons-hidpi::DefaultEnabled", "false".into()),
-            ("Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled", "false".into()),
-            // Files land under target/, which the unprivileged _apt user may not write.
-            ("APT::Sandbox::User", "root".into()),
-        ] {
-            cmd.arg("-o").arg(format!("{key}={value}"));
-        }
-        cmd
-    }
-
-    fn update_if_stale(&self) -> anyhow::Result<()> {
-        let stamp = self.dir.join("lists/.updated");
-        let fresh = fs::metadata(&stamp)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .is_some_and(|age| age < LISTS_MAX_AGE);
-        if fresh {
-            return Ok(());
-        }
-        println!("vm: apt-get update (private lists in {}; the machine's apt state is untouched)", self.dir.display());
-        let mut cmd = self.command("apt-get");
-        cmd.args(["-q", "update"]);
-        let out = cmd.output().context("running apt-get update")?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() || stderr.contains("E: ") {
-            bail!("apt-get update (private lists) failed ({}):\n{}", out.status, stderr.trim());
-        }
-        fs::write(&stamp, "")?;
-        Ok(())
-    }
-
-    fn stdout(&self, tool: &str, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = self.command(tool);
-        cmd.args(args);
-        let out = cmd.output().with_context(|| format!("running {tool} {}", args.join(" ")))?;
-        if !out.status.success() {
-            bail!("{tool} {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// `(version, suite)` rows, newest first.
-    fn madison(&self, package: &str) -> anyhow::Result<Vec<(String, String)>> {
-        Ok(parse_madison(&self.stdout("apt-cache", &["madison", package])?))
-    }
-
-    /// The package names in the `Depends:` of `package=version` (alternatives: the first).
-    fn depends(&self, package: &str, version: &str) -> anyhow::Result<Vec<String>> {
-        let show = self.stdout("apt-cache", &["show", &format!("{package}={version}")])?;
-        Ok(parse_depends(&show))
-    }
-
-    /// The newest version apt knows of `package` (none: not in any list).
-    fn candidate(&self, package: &str) -> anyhow::Result<Option<String>> {
-        Ok(parse_madison(&self.stdout("apt-cache", &["madison", package])?).into_iter().next().map(|(v, _)| v))
-    }
-
-    fn download(&self, packages: &[(String, String)], into: &Path) -> anyhow::Result<()> {
-        let mut cmd = self.command("apt-get");
-        cmd.args(["-q", "download"]).args(packages.iter().map(|(p, v)| format!("{p}={v}"))).current_dir(into);
-        run_checked(&mut cmd, "apt-get download")
-    }
-}
-
-fn write_if_changed(path: &Path, text: &str) -> anyhow::Result<()> {
-    if fs::read_to_string(path).ok().as_deref() != Some(text) {
-        fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
-}
-
-/// ` pkg | 6.12.118-1 | http://deb.debian.org/debian-security trixie-security/main amd64 Packages`
-fn parse_madison(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split('|').map(str::trim);
-            let (_, version, source) = (fields.next()?, fields.next()?, fields.next()?);
-            let suite = source.split_whitespace().nth(1)?.split('/').next()?;
-            Some((version.to_string(), suite.to_string()))
-        })
-        .collect()
-}
-
-fn parse_depends(show: &str) -> Vec<String> {
-    let Some(line) = show.lines().find_map(|l| l.strip_prefix("Depends:")) else { return Vec::new() };
-    line.split(',').filter_map(|dep| dep.split('|').next()?.split_whitespace().next().map(String::from)).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn madison_rows_give_version_and_suite() {
-        let text = "linux-image-cloud-amd64 | 7.3.4-1~bpo13+1 | http://deb.debian.org/debian trixie-backports/main amd64 Packages\n\
-                    linux-image-cloud-amd64 |  6.1.192-3 | http://deb.debian.org/debian-security bookworm-security/main amd64 Packages\n";
-        assert_eq!(
-            parse_madison(text),
-            vec![
-                ("7.3.4-1~bpo13+1".into(), "trixie-backports".into()),
-                ("6.1.192-3".into(), "bookworm-security".into())
-            ]
-        );
-    }
 
     #[test]
     fn version_lines_do_not_confuse_6_1_with_6_12() {
@@ -440,17 +361,37 @@ mod tests {
     #[test]
     fn every_line_of_the_matrix_is_selectable_by_name_and_no_btf_hides_it_on_6_1() {
         for k in KERNELS {
-            assert_eq!(select(&[k.name.to_string()]).unwrap()[0].name, k.name);
+            for &arch in k.arches {
+                assert_eq!(select(&[k.name.to_string()], arch).unwrap()[0].name, k.name);
+            }
         }
-        let no_btf = select(&["no-btf".into()]).unwrap()[0];
+        let no_btf = select(&["no-btf".into()], Arch::Amd64).unwrap()[0];
         assert_eq!((no_btf.version_prefix, no_btf.cmdline), ("6.1.", "guard.hide_btf"));
-        assert_eq!(select(&["7".into()]).unwrap()[0].name, "7.x");
+        assert_eq!(select(&["7".into()], Arch::Amd64).unwrap()[0].name, "7.x");
+        let arm64: Vec<_> = select(&[], Arch::Arm64).unwrap().iter().map(|k| k.name).collect();
+        assert_eq!(arm64, ["6.1", "6.12"]);
+        assert!(select(&["7.x".into()], Arch::Arm64).is_err());
     }
 
     #[test]
-    fn depends_take_the_first_alternative_without_versions() {
-        let show = "Package: x\nDepends: dracut | initramfs-tools (>= 0.120), linux-binary-7.3.4+deb13-cloud-amd64 (= 7.3.4-1~bpo13+1)\n";
-        assert_eq!(parse_depends(show), vec!["dracut", "linux-binary-7.3.4+deb13-cloud-amd64"]);
+    fn kernel_words_name_kernels_of_each_arch_or_of_one() {
+        let w = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        let amd = [Arch::Amd64];
+        assert_eq!(by_arch(&[], &amd).unwrap(), [(Arch::Amd64, vec![])]);
+        assert_eq!(
+            by_arch(&w(&["6.1"]), &[Arch::Amd64, Arch::Arm64]).unwrap(),
+            [(Arch::Amd64, w(&["6.1"])), (Arch::Arm64, w(&["6.1"]))]
+        );
+        // CI: every amd64 kernel and arm64's 6.1.
+        assert_eq!(
+            by_arch(&w(&["amd64", "arm64-6.1"]), &amd).unwrap(),
+            [(Arch::Amd64, vec![]), (Arch::Arm64, w(&["6.1"]))]
+        );
+        assert_eq!(by_arch(&w(&["arm64"]), &amd).unwrap(), [(Arch::Arm64, vec![])]);
+        assert_eq!(
+            by_arch(&w(&["6.12", "arm64-6.1"]), &amd).unwrap(),
+            [(Arch::Amd64, w(&["6.12"])), (Arch::Arm64, w(&["6.1"]))]
+        );
     }
 
     #[test]

@@ -24,9 +24,8 @@ use anyhow::{bail, Context as _};
 use serde_json::Value;
 
 use super::suite::{self, Place};
-use crate::{build::host_cargo, build_ebpf};
+use crate::{arch::Arch, build::host_cargo, build_ebpf};
 
-const TARGET: &str = "x86_64-unknown-linux-gnu";
 const STATIC_RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=debuginfo";
 
 /// Where vm-init's static build goes.
@@ -65,6 +64,9 @@ pub struct Built {
 
 /// What to build and pick.
 pub struct Selection<'a> {
+    /// The guests' architecture: the build machine's (its own test build, reused), or another
+    /// one (cross-built, only the test binaries the guests run).
+    pub arch: Arch,
     /// Arguments for `cargo test --no-run` instead of `--workspace` (e.g. `-p guard-user --lib`);
     /// the suite's choice still applies unless `all_tests`.
     pub cargo_args: &'a [OsString],
@@ -72,22 +74,32 @@ pub struct Selection<'a> {
     pub all_tests: bool,
     /// The developer gave test filters of their own: the suite's filters would widen them.
     pub own_filters: bool,
+    /// For another architecture: only [`suite::ARCH_DEPENDENT`]'s binaries.
+    pub arch_subset: bool,
 }
 
 pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Result<Built> {
+    let arch = selection.arch;
     let packages = workspace_packages()?;
-    let init = static_init()?;
+    let init = static_init(arch)?;
 
     let mut test_args: Vec<OsString> = vec!["test".into(), "--no-run".into()];
-    if selection.cargo_args.is_empty() {
+    if !selection.cargo_args.is_empty() {
+        test_args.extend(selection.cargo_args.iter().cloned());
+    } else if arch.is_host() || selection.all_tests {
         // Exactly what `cargo xtask test` runs (plus --no-run): the same features, so the
         // same artifacts, which that step already built.
         test_args.push("--workspace".into());
     } else {
-        test_args.extend(selection.cargo_args.iter().cloned());
+        // A cross build reuses nothing of the host's: build only what the guests run.
+        test_args.extend(guest_targets(selection.arch_subset).into_iter().map(OsString::from));
     }
-    let artifacts = host_cargo_artifacts(&test_args, ebpf_object, &packages)?;
-    let stripped_dir = build_ebpf::target_dir().join("vm/stripped");
+    let artifacts = cargo_artifacts(&test_args, arch, ebpf_object, &packages)?;
+    let stripped_dir = build_ebpf::target_dir().join(if arch.is_host() {
+        "vm/stripped".to_string()
+    } else {
+        format!("vm/stripped-{}", arch.debian())
+    });
     fs::create_dir_all(&stripped_dir).with_context(|| format!("creating {}", stripped_dir.display()))?;
 
     let mut bins = Vec::new();
@@ -96,7 +108,7 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
             Some(a) => bins.push(GuestBin {
                 name: name.to_string(),
                 built: a.executable.clone(),
-                binary: strip_copy(&a.executable, &stripped_dir.join(format!("bin-{name}")))?,
+                binary: strip_copy(arch, &a.executable, &stripped_dir.join(format!("bin-{name}")))?,
             }),
             None if name == "guard-probe" => println!("vm: no guard-probe binary built; GUARD_PROBE_BIN stays unset"),
             None => bail!("`cargo {}` built no guard-user binary", join(&test_args)),
@@ -108,6 +120,9 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
     for a in artifacts.iter().filter(|a| a.test) {
         let name = a.guest_name();
         let place = suite::place(&name)?;
+        if selection.arch_subset && !arch.is_host() && !suite::ARCH_DEPENDENT.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
         let only = match place {
             Place::Guests { only, .. } => only,
             Place::Host { why } if !selection.all_tests => {
@@ -127,7 +142,7 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
             args.push("--exact".to_string());
             args.extend(only.iter().map(|t| t.to_string()));
         }
-        let binary = strip_copy(&a.executable, &stripped_dir.join(&name))?;
+        let binary = strip_copy(arch, &a.executable, &stripped_dir.join(&name))?;
         tests.push(GuestTest { name, binary, args });
     }
     if tests.is_empty() {
@@ -141,33 +156,61 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
 /// nothing is rebuilt after `cargo xtask test`.
 pub fn guard_user(ebpf_object: Option<&Path>) -> anyhow::Result<PathBuf> {
     let args: Vec<OsString> = ["test", "--no-run", "--workspace"].map(OsString::from).to_vec();
-    let artifacts = host_cargo_artifacts(&args, ebpf_object, &workspace_packages()?)?;
+    let artifacts = cargo_artifacts(&args, Arch::host(), ebpf_object, &workspace_packages()?)?;
     let built = artifacts
         .iter()
         .find(|a| a.kind == "bin" && !a.test && a.target == "guard-user")
         .with_context(|| format!("`cargo {}` built no guard-user binary", join(&args)))?;
     let dir = build_ebpf::target_dir().join("vm/stripped");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    strip_copy(&built.executable, &dir.join("bin-guard-user"))
+    strip_copy(Arch::host(), &built.executable, &dir.join("bin-guard-user"))
+}
+
+/// `cargo test --no-run` arguments that build exactly the test binaries [`suite::SUITE`]
+/// places in the guests (only [`suite::ARCH_DEPENDENT`]'s with `arch_subset`): `-p <package>` for each of their packages, `--lib` and `--test <name>`
+/// for each binary (cargo applies every target filter to every selected package, and a
+/// package without that target simply has nothing to build for it).
+pub fn guest_targets(arch_subset: bool) -> Vec<String> {
+    let mut packages = Vec::new();
+    let mut targets = Vec::new();
+    for (name, place) in suite::SUITE {
+        if !matches!(place, Place::Guests { .. })
+            || (arch_subset && !suite::ARCH_DEPENDENT.iter().any(|(n, _)| n == name))
+        {
+            continue;
+        }
+        let (package, target) = name.split_once('.').expect("suite names are <package>.<target>");
+        if !packages.contains(&package) {
+            packages.push(package);
+        }
+        let filter =
+            if target == "lib" { vec!["--lib".to_string()] } else { vec!["--test".to_string(), target.to_string()] };
+        if !targets.contains(&filter) {
+            targets.push(filter);
+        }
+    }
+    packages.iter().flat_map(|p| ["-p".to_string(), p.to_string()]).chain(targets.into_iter().flatten()).collect()
 }
 
 fn join(args: &[OsString]) -> String {
     args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
 }
 
-/// `objcopy --strip-debug` into `dest` (skipped when `dest` is newer than `source`).
-fn strip_copy(source: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
+/// `objcopy --strip-debug` into `dest` (skipped when `dest` is newer than `source`), with the
+/// objcopy of the binary's architecture.
+fn strip_copy(arch: Arch, source: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
     let newer = |a: &Path, b: &Path| -> bool {
         let m = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
         matches!((m(a), m(b)), (Some(x), Some(y)) if x >= y)
     };
     if !newer(dest, source) {
-        let status = Command::new("objcopy")
+        let objcopy = arch.binutil("objcopy");
+        let status = Command::new(&objcopy)
             .arg("--strip-debug")
             .arg(source)
             .arg(dest)
             .status()
-            .context("running objcopy (binutils)")?;
+            .with_context(|| format!("running {objcopy} (binutils)"))?;
         if !status.success() {
             bail!("objcopy --strip-debug {} failed ({status})", source.display());
         }
@@ -175,23 +218,30 @@ fn strip_copy(source: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
     Ok(dest.to_path_buf())
 }
 
-/// vm-init, statically linked: PID 1 of the guest.
-fn static_init() -> anyhow::Result<PathBuf> {
+/// vm-init, statically linked: PID 1 of the guest. Always built with an explicit `--target`,
+/// so RUSTFLAGS reach vm-init and not the build scripts.
+pub fn static_init(arch: Arch) -> anyhow::Result<PathBuf> {
     let dir = build_dir();
     let mut cargo = host_cargo();
+    let target = arch.rust_target();
+    cargo.args(["build", "-p", "vm-init", "--bin", "vm-init"]);
+    if arch.is_host() {
+        cargo.args(["--target", target]);
+    } else {
+        arch.cargo_args(&mut cargo);
+    }
     cargo
-        .args(["build", "-p", "vm-init", "--bin", "vm-init", "--target", TARGET])
         .arg("--target-dir")
         .arg(&dir)
         .env("RUSTFLAGS", STATIC_RUSTFLAGS)
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .current_dir(build_ebpf::workspace_root());
     println!(
-        "vm: RUSTFLAGS=\"{STATIC_RUSTFLAGS}\" cargo build -p vm-init --target {TARGET} --target-dir {}",
+        "vm: RUSTFLAGS=\"{STATIC_RUSTFLAGS}\" cargo build -p vm-init --target {target} --target-dir {}",
         dir.display()
     );
     build_ebpf::run_checked(&mut cargo, "building the static vm-init")?;
-    let init = dir.join(TARGET).join("debug/vm-init");
+    let init = dir.join(target).join("debug/vm-init");
     anyhow::ensure!(init.is_file(), "the static build left no {}", init.display());
     Ok(init)
 }
@@ -245,15 +295,18 @@ impl Artifact {
 }
 
 /// Runs the host's `cargo <args> --message-format=json-render-diagnostics` (dev profile, the
-/// host target directory) and returns every executable it reported.
-fn host_cargo_artifacts(
+/// host target directory; `--target` and the cross linker for another architecture) and
+/// returns every executable it reported.
+fn cargo_artifacts(
     args: &[OsString],
+    arch: Arch,
     ebpf_object: Option<&Path>,
     packages: &[Package],
 ) -> anyhow::Result<Vec<Artifact>> {
     let mut cargo: Command = host_cargo();
+    cargo.args(args);
+    arch.cargo_args(&mut cargo);
     cargo
-        .args(args)
         .arg("--message-format=json-render-diagnostics")
         .current_dir(build_ebpf::workspace_root())
         .stdout(Stdio::piped())
@@ -262,7 +315,11 @@ fn host_cargo_artifacts(
         Some(object) => cargo.env("GUARD_EBPF_OBJ", object),
         None => cargo.env_remove("GUARD_EBPF_OBJ"),
     };
-    println!("vm: cargo {}", join(args));
+    println!(
+        "vm: cargo {}{}",
+        join(args),
+        if arch.is_host() { String::new() } else { format!(" --target {}", arch.rust_target()) }
+    );
     let mut child = cargo.spawn().context("starting cargo")?;
     let by_manifest: HashMap<&Path, &str> =
         packages.iter().map(|p| (p.manifest_path.as_path(), p.name.as_str())).collect();

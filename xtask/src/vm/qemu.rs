@@ -13,76 +13,34 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 
 use crate::{
-    build_ebpf::{run_checked, which},
-    run::is_root,
+    arch::{apt_install, Arch},
+    build_ebpf::which,
 };
 
-const QEMU: &str = "qemu-system-x86_64";
-const BACKPORTS_SOURCE: &str = "/etc/apt/sources.list.d/bookworm-backports.sources";
-
-/// Makes `qemu-system-x86_64` available. The machine carries qemu-utils from
-/// bookworm-backports; installing qemu-system-x86 from bookworm proper would make apt remove
-/// it, so the package comes from backports, and a simulation that would remove anything aborts.
-pub fn ensure_installed() -> anyhow::Result<PathBuf> {
-    if let Some(path) = which(QEMU) {
+/// Makes the architecture's qemu system emulator available (`qemu-system-x86_64` from
+/// qemu-system-x86, `qemu-system-aarch64` from qemu-system-arm). The machine carries qemu-utils
+/// from bookworm-backports; installing either from bookworm proper would make apt remove it, so
+/// they come from backports, and a simulation that would remove anything aborts.
+pub fn ensure_installed(arch: Arch) -> anyhow::Result<PathBuf> {
+    let (binary, package) = arch.qemu_system();
+    if let Some(path) = which(binary) {
         println!("vm: qemu: present ({})", path.display());
         return Ok(path);
     }
-    if !is_root() {
-        bail!(
-            "{QEMU} is not installed and installing it needs root: run `sudo apt-get install -t bookworm-backports \
-             qemu-system-x86` (the backports source must be configured), or run `cargo xtask vm` as root"
-        );
-    }
-    println!("vm: qemu: {QEMU} missing; installing qemu-system-x86 from bookworm-backports");
-    if !backports_configured() {
-        println!("vm: qemu: adding the bookworm-backports apt source ({BACKPORTS_SOURCE})");
-        fs::write(
-            BACKPORTS_SOURCE,
-            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\n\
-             Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
-        )
-        .with_context(|| format!("writing {BACKPORTS_SOURCE}"))?;
-    }
-    run_checked(Command::new("apt-get").args(["-q", "update"]), "apt-get update")?;
-    let install = ["install", "-y", "--no-install-recommends", "-t", "bookworm-backports", "qemu-system-x86"];
-    let simulated = Command::new("apt-get").arg("-s").args(install).output().context("apt-get -s install")?;
-    let plan = String::from_utf8_lossy(&simulated.stdout);
-    if !simulated.status.success() {
-        bail!("apt-get -s {} failed:\n{}{}", install.join(" "), plan, String::from_utf8_lossy(&simulated.stderr));
-    }
-    let removals: Vec<&str> = plan.lines().filter(|l| l.starts_with("Remv ")).collect();
-    if !removals.is_empty() {
-        bail!("installing qemu-system-x86 would remove packages, refusing:\n{}", removals.join("\n"));
-    }
-    println!("vm: qemu: apt-get {}", install.join(" "));
-    run_checked(
-        Command::new("apt-get").args(install).env("DEBIAN_FRONTEND", "noninteractive"),
-        "apt-get install qemu-system-x86",
-    )?;
-    which(QEMU).with_context(|| format!("qemu-system-x86 is installed but {QEMU} is not on PATH"))
-}
-
-fn backports_configured() -> bool {
-    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
-    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
-        files.extend(
-            dir.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "list" || e == "sources")),
-        );
-    }
-    files.iter().filter_map(|f| fs::read_to_string(f).ok()).any(|text| {
-        text.lines().map(str::trim).filter(|l| !l.starts_with('#')).any(|l| l.contains("bookworm-backports"))
-    })
+    println!("vm: qemu: {binary} missing; installing {package} from bookworm-backports");
+    apt_install(&[package.to_string()], Some("bookworm-backports"), binary)?;
+    which(binary).with_context(|| format!("{package} is installed but {binary} is not on PATH"))
 }
 
 /// What one boot is given.
 pub struct Boot<'a> {
     /// Prefix for echoed lines and the log file name.
     pub name: &'a str,
+    /// The guest's architecture (the machine model, CPU and console differ).
+    pub arch: Arch,
     pub qemu: &'a Path,
     pub vmlinuz: &'a Path,
     pub initrd: &'a Path,
@@ -134,7 +92,8 @@ pub fn boot(b: &Boot) -> anyhow::Result<Outcome> {
     // mitigations=off: under TCG the default CPU model looks vulnerable to everything, and page
     // table isolation & co. made every syscall and fork several times slower (7.x booted in 16 s
     // instead of 6, and 400 forks overran a test's 5 s bound). The tests need none of them.
-    let append = format!("console=ttyS0 panic=-1 quiet mitigations=off {}", b.cmdline).trim().to_string();
+    let append =
+        format!("console={} panic=-1 quiet mitigations=off {}", b.arch.console(), b.cmdline).trim().to_string();
     let mut release = None;
     let console = run_console(b, &append, "no output from vm-init", Duration::from_secs(30), |line| {
         let Some(init_line) = line.find("init: ").map(|at| &line[at..]) else { return Mark::Nothing };
@@ -194,6 +153,13 @@ pub fn run_console(
     mut mark: impl FnMut(&str) -> Mark,
 ) -> anyhow::Result<Console> {
     let mut cmd = Command::new(b.qemu);
+    if b.arch == Arch::Arm64 {
+        // The virt board boots a Linux Image (gzip or EFI zboot, both unpacked by qemu) directly,
+        // no firmware. `max` is every feature TCG emulates (pointer authentication and BTI
+        // included, which the BPF JIT emits code for); `pauth-impdef` picks qemu's cheap
+        // authentication algorithm instead of QARMA, which made every function return costly.
+        cmd.args(["-machine", "virt", "-cpu", "max,pauth-impdef=on"]);
+    }
     cmd.args(["-accel", "tcg", "-m", b.memory, "-smp", &b.cpus.to_string()])
         .args(["-nographic", "-no-reboot", "-nic", "none"])
         .arg("-kernel")

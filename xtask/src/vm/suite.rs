@@ -93,6 +93,14 @@ pub const SUITE: &[(&str, Place)] = &[
     ),
     ("integration-tests.stall", Place::Guests { why: "the scheduler's runtime of a real spinner", only: &[] }),
     (
+        "integration-tests.slots",
+        Place::Guests {
+            why: "the cgroup v2 freezer and cgroup migration on each kernel (vm-init mounts cgroup2 at \
+                  /sys/fs/cgroup), exec wake-ups from the BPF programs, a job-control shell under a pty",
+            only: &[],
+        },
+    ),
+    (
         "integration-tests.sessions",
         Place::Guests {
             why: "session lineage from each kernel's fork, exec, rename and setuid events (setsid, double forks, \
@@ -100,10 +108,34 @@ pub const SUITE: &[(&str, Place)] = &[
             only: &[],
         },
     ),
+    (
+        "integration-tests.holders",
+        Place::Guests {
+            why: "what holds a path as each kernel's /proc shows it: statx through /proc links, `..` across mounts, \
+                  PROCMAP_QUERY (6.11+) or the text of maps, kcmp, per-thread cwd and fd tables, a zombie leader, \
+                  chroot and bind mounts, against lsof",
+            only: &[],
+        },
+    ),
+    (
+        "integration-tests.sessions_lineage",
+        Place::Guests {
+            why: "the lineage through each kernel's credential events: members visiting another uid through a \
+                  real set-user-ID program, a root leaving the account, tree from root's copy (the 4,100 and \
+                  1,024 crowds test the tick's bounds, and the pid hopper is a race a TCG guest's speed decides: \
+                  host only)",
+            only: &[
+                "members_that_visit_another_uid_through_a_set_user_id_program_stay_in_their_session",
+                "a_root_that_leaves_the_account_has_ended_and_what_it_starts_is_its_leftover",
+                "tree_lists_reported_leftovers_from_roots_copy_until_they_exit",
+            ],
+        },
+    ),
     // On the host only: the same on every kernel.
     ("guard-common.lib", Place::Host { why: "layout constants checked at compile time" }),
     ("guard-cli.lib", Place::Host { why: "the command-line definitions (clap), no kernel" }),
     ("guard-user.bin-guard-user", Place::Host { why: "no tests in main.rs" }),
+    ("guard-user.account_rule", Place::Host { why: "whom each subcommand names by default, as root and not" }),
     ("guard-user.doc_claims", Place::Host { why: "what the docs and man pages claim, against the binary" }),
     ("guard-user.fuzz_inputs", Place::Host { why: "parsers and the matcher on generated input" }),
     ("guard-user.log_grammar", Place::Host { why: "the log's text" }),
@@ -152,6 +184,23 @@ pub const SUITE: &[(&str, Place)] = &[
     ("integration-tests.supervise", Place::Host { why: "sd_notify sockets, signals and the watchdog" }),
 ];
 
+/// The guest binaries whose outcome can depend on the machine's architecture, not only on the
+/// kernel: what `--arch-subset` keeps in a guest of another architecture than the build
+/// machine's (CI's arm64 guest, to stay inside CI's time). The others (cgroups, pid namespaces,
+/// /proc files, exec's limits, replays) test the kernel's generic code, which the x86_64 guests
+/// of the same kernel versions cover; `cargo xtask vm --arch arm64` runs them all.
+pub const ARCH_DEPENDENT: &[(&str, &str)] = &[
+    ("guard-user.lib", "BTF offsets of the architecture's structures, the setuid family's syscall numbers"),
+    ("guard-user.ebpf_source", "the BPF JIT and verifier of the architecture"),
+    ("guard-user.ebpf_filter", "the credential hook or its fallback, the 32-bit compat syscalls"),
+    ("guard-user.task_iter", "the task iterator through the JIT"),
+    ("guard-user.kernel_names", "names read by the programs through the JIT"),
+    ("guard-user.cpu_runtime", "sched_stat_runtime through the JIT"),
+    ("guard-user.matcher_sandbox", "seccomp: the architecture's syscall numbers and audit arch"),
+    ("integration-tests.daemon", "the whole guard end to end"),
+    ("integration-tests.sessions", "session lineage from setuid events (the fallback on arm64 6.1)"),
+];
+
 /// Unit-test binaries (libtest's harness) whose `#[ignore = "needs …"]` tests are the ones that
 /// need the machine (guard-test's `need::here`): the guests run them all, and each says why it
 /// returns early where its need is missing and not required (BTF in the no-btf guest).
@@ -159,11 +208,15 @@ pub const INCLUDE_IGNORED: &[&str] = &["guard-user.lib"];
 
 /// What a guest must run, as `GUARD_TESTS_REQUIRE` (guard-test's needs): a test that needs one
 /// of these and finds it missing fails there instead of being ignored. Every guest is root in a
-/// throwaway kernel with a cgroup v2 memory controller and the default pid space; the kernel
-/// has BTF (and then the ebpf backend loads, when the image has the BPF object) unless it is the
-/// no-btf guest; redis-server is in the image when the host has one.
+/// throwaway kernel with a cgroup v2 memory controller and freezer (vm-init mounts cgroup2; every
+/// kernel of the matrix is 5.10 or later) and the default pid space, and every
+/// Debian kernel booted (amd64 and arm64) runs 32-bit programs (ia32 emulation, AArch32 under
+/// qemu's `max` CPU); the kernel has BTF (and then the ebpf backend loads, when the image has
+/// the BPF object) unless it is the no-btf guest; redis-server is in the image when the host
+/// (or, for another architecture, that architecture's packages) has one. The same for every
+/// architecture's guest, `--arch-subset` or not.
 pub fn guest_requires(hides_btf: bool, bpf_object: bool, redis: bool) -> String {
-    let mut needs = vec!["root", "guest", "memory_cgroup", "pid_space"];
+    let mut needs = vec!["root", "guest", "memory_cgroup", "freezer", "pid_space", "compat32"];
     if hides_btf {
         needs.push("no_btf");
     } else {
@@ -240,11 +293,21 @@ mod tests {
     }
 
     #[test]
+    fn the_architecture_dependent_binaries_are_guest_binaries() {
+        for (name, _) in ARCH_DEPENDENT {
+            assert!(matches!(place(name), Ok(Place::Guests { .. })), "{name} is not a guest binary");
+        }
+    }
+
+    #[test]
     fn the_no_btf_guest_requires_the_fallback_and_the_others_the_ebpf_backend() {
-        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,pid_space,no_btf");
-        assert_eq!(guest_requires(false, true, true), "root,guest,memory_cgroup,pid_space,btf,ebpf,redis");
+        assert_eq!(guest_requires(true, true, false), "root,guest,memory_cgroup,freezer,pid_space,compat32,no_btf");
+        assert_eq!(
+            guest_requires(false, true, true),
+            "root,guest,memory_cgroup,freezer,pid_space,compat32,btf,ebpf,redis"
+        );
         // --skip-ebpf without an object: the ebpf tests are ignored there, not failed.
-        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,pid_space,btf");
+        assert_eq!(guest_requires(false, false, false), "root,guest,memory_cgroup,freezer,pid_space,compat32,btf");
     }
 
     #[test]

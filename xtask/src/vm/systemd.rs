@@ -37,6 +37,7 @@ use super::{
 mod package;
 
 use crate::{
+    arch::Arch,
     build_ebpf::{self, run_checked, which},
     run::is_root,
 };
@@ -83,8 +84,8 @@ const PRELUDE: &str = include_str!("systemd/prelude.sh");
 pub fn run(opts: &super::Options) -> anyhow::Result<()> {
     let total = Instant::now();
     let names = if opts.kernel.is_empty() { vec![DEFAULT_KERNEL.to_string()] } else { opts.kernel.clone() };
-    let kernels = kernels::prepare(&kernels::select(&names)?)?;
-    let qemu = qemu::ensure_installed()?;
+    let kernels = kernels::prepare(&kernels::select(&names, Arch::Amd64)?, Arch::Amd64)?;
+    let qemu = qemu::ensure_installed(Arch::Amd64)?;
     let vm_dir = build_ebpf::target_dir().join("vm");
     let rootfs = ensure_rootfs(&vm_dir.join("systemd"))?;
 
@@ -112,6 +113,7 @@ pub fn run(opts: &super::Options) -> anyhow::Result<()> {
         let started = Instant::now();
         let outcome = boot(&qemu::Boot {
             name: &format!("systemd-{}", kernel.name),
+            arch: Arch::Amd64,
             qemu: &qemu,
             vmlinuz: &kernel.vmlinuz,
             initrd: &initrd,

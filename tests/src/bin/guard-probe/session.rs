@@ -12,6 +12,23 @@
 //!   waits for a second line.
 //! - `bomb DIR N`: forks N children, each of which forks one more (2N processes, none execs),
 //!   prints `ready`, waits for a line and exits.
+//! - `visitor DIR`: forks a child that execs `DIR/sgish visit DIR` (a set-user-ID-root copy of
+//!   the probe: see `visit`), waits until it announced `visited`, `back` and `sgish`, prints
+//!   `ready`, waits for a line and exits.
+//! - `leaver DIR`: prints `ready`, and at a line execs `DIR/sgish visit DIR` itself: the root
+//!   leaves the account.
+//! - `hopper DIR MS`: forks a child that execs `DIR/hopper hop MS DIR/hops` (see `hop`), prints
+//!   `ready`, waits for a line and exits.
+//! - `visit DIR` (run set-user-ID root by the account, as `sg` and `newgrp` are): forks while
+//!   root a child that comes back to the account's uid and execs `DIR/watcher` (`visited`), as `sg`
+//!   does; then comes back itself and forks `DIR/watcher` (`back`), as `newgrp` does; then
+//!   records signals and sleeps (`sgish`).
+//! - `hop MS FILE`: a loop that keeps moving to new pids: appends its pid to FILE, sleeps MS ms
+//!   (0: not at all), forks, and the parent exits; it ignores SIGTERM, so only SIGKILL ends it. It stays in its
+//!   process group, which the tests kill as a whole (atomically, forks included).
+//! - `many N EXE [ARG…]`: forks N children that each exec EXE with exactly the arguments ARG…
+//!   (none: an empty argv), their standard input a pipe this process holds open (so a `cat`
+//!   waits on it for as long as this process lives), prints `ready` and sleeps.
 use std::{
     ffi::CString,
     fs::OpenOptions,
@@ -164,6 +181,122 @@ pub fn after_reexec(args: &[String]) -> ! {
     wait_announced(dir, &["late"]);
     ready_then_wait_line();
     std::process::exit(0)
+}
+
+/// `execv(path, argv)` with exactly `argv` (possibly empty); returns only on failure.
+fn exec_exact(path: &str, argv: &[&str]) -> ! {
+    let argv: Vec<CString> = argv.iter().map(|a| cstr(a)).collect();
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let path = cstr(path);
+    // SAFETY: NUL-terminated strings and a NULL-terminated argv that outlive the call.
+    unsafe {
+        libc::execv(path.as_ptr(), ptrs.as_ptr());
+        libc::_exit(127);
+    }
+}
+
+pub fn visitor(args: &[String]) -> ! {
+    let dir = args[0].as_str();
+    // SAFETY: the child only execs.
+    if unsafe { libc::fork() } == 0 {
+        exec(&format!("{dir}/sgish"), &["sgish", "visit", dir]);
+    }
+    wait_announced(dir, &["visited", "back", "sgish"]);
+    ready_then_wait_line();
+    std::process::exit(0)
+}
+
+pub fn leaver(args: &[String]) -> ! {
+    let dir = args[0].as_str();
+    ready_then_wait_line();
+    exec(&format!("{dir}/sgish"), &["sgish", "visit", dir]);
+}
+
+pub fn hopper(args: &[String]) -> ! {
+    let (dir, ms) = (args[0].as_str(), args[1].as_str());
+    // SAFETY: the child only execs.
+    if unsafe { libc::fork() } == 0 {
+        // SAFETY: its stdout is not the root's.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+            libc::dup2(null, 1);
+        }
+        exec(&format!("{dir}/hopper"), &["hopper", "hop", ms, &format!("{dir}/hops")]);
+    }
+    ready_then_wait_line();
+    std::process::exit(0)
+}
+
+pub fn visit(args: &[String]) -> ! {
+    let dir = args[0].as_str();
+    // SAFETY: plain calls; the children only change ids and exec.
+    unsafe {
+        let ruid = libc::getuid();
+        let rgid = libc::getgid();
+        if libc::fork() == 0 {
+            if libc::setresuid(ruid, ruid, ruid) != 0 {
+                libc::_exit(126);
+            }
+            let (signals, pids) = (format!("{dir}/signals"), format!("visited={dir}/pids"));
+            exec(&format!("{dir}/watcher"), &["watcher", "record", &signals, "announce", &pids]);
+        }
+        let ok = libc::setresgid(rgid, rgid, rgid) == 0 && libc::setresuid(ruid, ruid, ruid) == 0;
+        assert!(ok, "back to uid {ruid}: {}", std::io::Error::last_os_error());
+        // As the account (a file root made here would be closed to the account's processes).
+        announce(dir, "sgish", std::process::id());
+        if libc::fork() == 0 {
+            let (signals, pids) = (format!("{dir}/signals"), format!("back={dir}/pids"));
+            exec(&format!("{dir}/watcher"), &["watcher", "record", &signals, "announce", &pids]);
+        }
+        let f = OpenOptions::new().append(true).create(true).open(format!("{dir}/signals")).unwrap();
+        use std::os::fd::IntoRawFd;
+        SIGNALS = f.into_raw_fd();
+        libc::signal(libc::SIGTERM, record_only as *const () as libc::sighandler_t);
+    }
+    sleep_forever()
+}
+
+pub fn hop(args: &[String]) -> ! {
+    let ms: u64 = args[0].parse().unwrap();
+    let mut hops = OpenOptions::new().append(true).create(true).open(&args[1]).unwrap();
+    // SAFETY: ignoring SIGTERM; fork in a single-threaded process whose child only loops here.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        loop {
+            let _ = hops.write_all(format!("{}\n", libc::getpid()).as_bytes());
+            if ms > 0 {
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+            match libc::fork() {
+                0 => continue,
+                -1 => {}
+                _ => libc::_exit(0),
+            }
+        }
+    }
+}
+
+pub fn many(args: &[String]) -> ! {
+    let n: usize = args[0].parse().unwrap();
+    let exe = args[1].as_str();
+    let argv: Vec<&str> = args[2..].iter().map(String::as_str).collect();
+    let mut pipe = [0i32; 2];
+    // SAFETY: a pipe into an array we own.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    for _ in 0..n {
+        // SAFETY: the child only sets its stdin and execs.
+        if unsafe { libc::fork() } == 0 {
+            unsafe {
+                libc::dup2(pipe[0], 0);
+                libc::close(pipe[1]);
+            }
+            exec_exact(exe, &argv);
+        }
+    }
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    sleep_forever()
 }
 
 pub fn bomb(args: &[String]) -> ! {

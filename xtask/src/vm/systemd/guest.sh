@@ -35,6 +35,22 @@ wait_for 400 "the guard's KILLED lines and no probe left" probes_gone
 run grep -E "FLAGGED|KILLED|STARTED|WARN|ERROR" "$LOG"
 run pgrep -u $UID_ -a -x $PROBE
 
+say "=== the pile was ended under the unit's hardening: a syscall filter, no W+X memory, no kernel log"
+run systemctl show -p SystemCallFilter -p SystemCallErrorNumber -p MemoryDenyWriteExecute -p ProtectKernelLogs "$UNIT"
+[[ $(systemctl show -p MemoryDenyWriteExecute --value "$UNIT") == yes ]] || fail "MemoryDenyWriteExecute is off"
+[[ $(systemctl show -p ProtectKernelLogs --value "$UNIT") == yes ]] || fail "ProtectKernelLogs is off"
+# systemd 252 shows the errno as a number (1), later ones by name.
+[[ $(systemctl show -p SystemCallErrorNumber --value "$UNIT") == @(1|EPERM) ]] || fail "SystemCallErrorNumber is not EPERM"
+[[ $(systemctl show -p SystemCallFilter --value "$UNIT") == *" bpf "*"perf_event_open"* ]] || fail "bpf is not in the filter"
+PID=$(systemctl show -p MainPID --value "$UNIT")
+run grep -E '^(Seccomp|Seccomp_filters|NoNewPrivs|CapEff):' "/proc/$PID/status"
+grep -qE '^Seccomp:[[:space:]]+2$' "/proc/$PID/status" || fail "the daemon runs without its seccomp filter"
+# The BPF backend loaded (bpf(2) passes the filter), the sandboxed matcher ran the shipped
+# patterns (its own seccomp filter stacks on the unit's), and nothing was refused.
+grep -q "STARTED .*backend=ebpf" "$LOG" || fail "the BPF backend did not load under the unit's filter"
+grep -qE "pattern_matcher_down|backend_fallback" "$LOG" && fail "the unit's hardening degraded the guard"
+run systemd-analyze security --no-pager "$UNIT"
+
 say "=== check (no --config-source: it compares against the source install recorded)"
 run cat "/etc/systemd/system/$UNIT.d/config-source"
 run "$GU" check --user $U
@@ -95,6 +111,33 @@ journalctl -b --no-pager -o short-monotonic -u "$UNIT" | grep -iE "watchdog|kill
 journalctl -b --no-pager -o cat -u "$UNIT" | grep -q -i "watchdog timeout" || fail "no watchdog timeout in the journal"
 wait_for 120 "$UNIT ticking again after the restart" ticked_again
 
+say "=== /etc/default/guard-user: flags for every instance, an instance's own file wins, check shows them"
+run mkdir -p /var/lib/prometheus/node-exporter
+printf '%s\n' '# test' 'GUARD_ARGS="--metrics-file /var/lib/prometheus/node-exporter/ --audit-interval 5m"' >/etc/default/guard-user
+run cat /etc/default/guard-user
+run "$GU" check --user $U
+((RC == 1)) || fail "check exited $RC with flags the running guard has not got (expected 1)"
+has "$UNIT runs with flags \"\", /etc/default/guard-user says \"--metrics-file /var/lib/prometheus/node-exporter/ --audit-interval 5m\": systemctl restart $UNIT applies it"
+TICKS=$(ticks)
+run systemctl restart "$UNIT"
+wait_for 120 "$UNIT ticking with the flags" ticked_again
+metrics() { [[ -s /var/lib/prometheus/node-exporter/guard-$U.prom ]]; }
+wait_for 60 "the metrics file, written under ProtectSystem=strict" metrics
+run head -n 6 /var/lib/prometheus/node-exporter/guard-$U.prom
+run "$GU" check --user $U
+((RC == 0)) || fail "check exited $RC with the flags in force"
+has "flags: --metrics-file /var/lib/prometheus/node-exporter/ --audit-interval 5m (GUARD_ARGS from /etc/default/guard-user)"
+printf '%s\n' "GUARD_ARGS='--interval soon'" >"/etc/default/guard-user@$U"
+run "$GU" check --user $U
+((RC == 1)) || fail "check exited $RC with flags run refuses (expected 1)"
+has "/etc/default/guard-user@$U: GUARD_ARGS \"--interval soon\" is refused (--interval: \`soon\` is not a duration"
+run rm "/etc/default/guard-user@$U" /etc/default/guard-user
+TICKS=$(ticks)
+run systemctl restart "$UNIT"
+wait_for 120 "$UNIT ticking without the flags" ticked_again
+run "$GU" check --user $U
+((RC == 0)) || fail "check exited $RC after the defaults files were removed"
+
 say "=== a config link routed through /tmp: root reads the config, the guard in its own /tmp does not"
 run ln -sfn "$SRC" /tmp/guard-hop.json
 run ln -sfn /tmp/guard-hop.json "$H/guard-config.json"
@@ -144,9 +187,10 @@ run systemd-analyze verify "$UNIT"
 [[ $OUT == *home.conf* ]] && fail "systemd-analyze complained about the drop-in"
 run systemctl show -p ExecStart -p ExecStartPre -p ReadWritePaths -p DropInPaths "$UNIT"
 [[ $(systemctl show -p ExecStartPre --value "$UNIT") == "" ]] || fail "an ExecStartPre= reached the unit"
-# systemctl shows each path shell-quoted: exactly one, the home.
+# systemctl shows each path shell-quoted: the template's textfile-collector directory, then the
+# home, and nothing else.
 eval "set -- $(systemctl show -p ReadWritePaths --value "$UNIT")"
-(($# == 1)) && [[ $1 == "$HH" ]] || fail "ReadWritePaths is not the home: $*"
+(($# == 2)) && [[ $1 == -/var/lib/prometheus/node-exporter && $2 == "$HH" ]] || fail "ReadWritePaths is not the home: $*"
 LOG="$HH/guard-daemon.log"
 wait_for 120 "$UNIT active with a completed tick in the new home" ticked
 PID=$(systemctl show -p MainPID --value "$UNIT")

@@ -71,6 +71,9 @@ fi
 run dpkg -s guard-user
 has "Status: install ok installed"
 run dpkg -L guard-user
+run dpkg-query -W -f='${Conffiles}\n' guard-user
+has "/etc/default/guard-user "
+run cat /etc/default/guard-user
 run guard-user --version
 run systemd-analyze verify /lib/systemd/system/guard-user@.service
 run ls -l /usr/share/bash-completion/completions/guard-user /usr/share/zsh/vendor-completions/_guard-user /usr/share/fish/vendor_completions.d/guard-user.fish "$SRC"
@@ -125,6 +128,20 @@ run guard-user check --user $U "${XARGS[@]}"
 ((RC == 0)) || fail "check exited $RC"
 has "[OK] Host guard in sync with $SRC"
 
+say "=== the conffile /etc/default/guard-user: an operator's flags, shown by check once in force"
+run mkdir -p /var/lib/prometheus/node-exporter
+run sed -i 's|^GUARD_ARGS=.*|GUARD_ARGS="--metrics-file /var/lib/prometheus/node-exporter/"|' /etc/default/guard-user
+run guard-user check --user $U "${XARGS[@]}"
+((RC == 1)) || fail "check exited $RC with flags the running guard has not got (expected 1)"
+has "$UNIT runs with flags \"\", /etc/default/guard-user says \"--metrics-file /var/lib/prometheus/node-exporter/\": systemctl restart $UNIT applies it"
+run systemctl restart "$UNIT"
+metrics() { [[ -s /var/lib/prometheus/node-exporter/guard-$U.prom ]]; }
+wait_for 120 "the metrics file, written under ProtectSystem=strict" metrics
+run guard-user check --user $U "${XARGS[@]}"
+((RC == 0)) || fail "check exited $RC with the flags in force"
+has "flags: --metrics-file /var/lib/prometheus/node-exporter/ (GUARD_ARGS from /etc/default/guard-user)"
+run head -n 4 /var/lib/prometheus/node-exporter/guard-$U.prom
+
 if [[ -n $DEGRADED ]]; then
     # What install should have left on a packaged host: the packaged template only. The one it
     # wrote is the same text, so removing it changes nothing but where systemd reads it from,
@@ -154,9 +171,12 @@ run systemctl show -p ActiveState "$UNIT"
 [[ -e /usr/bin/guard-user ]] && fail "/usr/bin/guard-user is still there after remove"
 run ls -l "$H/guard-config.json" "$LOG"
 
+[[ -e /etc/default/guard-user ]] || fail "remove took the conffile /etc/default/guard-user (only purge may)"
+
 say "=== purge: postrm removes what install added under /etc/systemd/system"
 run dpkg --purge guard-user
 ((RC == 0)) || fail "dpkg --purge exited $RC"
+[[ -e /etc/default/guard-user ]] && fail "purge left the conffile /etc/default/guard-user"
 run find /etc/systemd/system -name 'guard-user@*'
 if [[ -e /etc/systemd/system/guard-user@.service ]]; then
     say "a guard-user@.service in /etc/systemd/system (install wrote its own) keeps the instances' links"
