@@ -492,6 +492,39 @@ fn a_bad_list_element_and_a_bad_pattern_name_their_index() {
     assert_eq!(field(&lines[1], "reason"), b"is 1100 bytes long, more than 1024");
 }
 
+/// The mirror's warnings carry the endpoint as a field, escaped like any value: an endpoint
+/// whose text holds a quote, a newline and `key=value` text (an operator's environment, or a
+/// socket path) is read back as one `endpoint` value, and forges no field and no line. Each
+/// warning comes from the real mirror worker: an unreachable socket, and a URL it refuses.
+#[guard_test(multi_thread)]
+async fn the_mirror_s_warnings_escape_the_endpoint() {
+    use std::sync::{Arc, Mutex};
+
+    use guard::mirror::{Endpoint, Mirror};
+
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = "a\"b\nkill=1 pid=2 c";
+    let socket = format!("unix://{}/{hostile}.sock?pass=secret", dir.path().display());
+    let tcp = format!("redis://:secret@h{hostile}:notaport/0");
+    for (url, event) in [(socket, "WARN redis_unreachable"), (tcp, "WARN redis_endpoint_invalid")] {
+        let endpoint = Endpoint::new(url);
+        let said: Arc<Mutex<Vec<LogLine>>> = Arc::default();
+        let sink = Arc::clone(&said);
+        let warn: Arc<dyn Fn(Notice) + Send + Sync> = Arc::new(move |n| sink.lock().unwrap().push(LogLine::Warn(n)));
+        let mirror = Mirror::spawn(endpoint.clone(), "box1".into(), "alice".into(), None, warn);
+        mirror.heartbeat(Default::default(), std::time::Duration::from_secs(60));
+        let first = guard_test::wait::until(std::time::Duration::from_secs(10), "the mirror's warning", || {
+            said.lock().unwrap().first().cloned()
+        });
+        let parsed = written(&[first]);
+        let (line, warn) = &parsed[0];
+        assert_eq!(warn.event, event, "{line}");
+        assert_eq!(warn.fields, [("endpoint".to_string(), endpoint.redacted().into_bytes())], "{line}");
+        assert!(!line.contains("secret"), "{line}");
+        drop(mirror);
+    }
+}
+
 /// docs/log.md's journal table says which `<N>` each line gets; every kind of line the daemon
 /// writes (every `STOPPED` and `RESYNC` reason too) is in the row of the priority the daemon
 /// gives it (`Line::priority`), and the table names nothing the daemon does not write.

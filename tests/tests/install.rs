@@ -3,11 +3,12 @@
 //! account, `--home` and the packaged host are in install_hostile.rs.
 use std::{
     fs,
-    os::unix::fs::MetadataExt,
+    os::unix::{fs::MetadataExt, process::CommandExt as _},
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
     time::{Duration, SystemTime},
 };
 
+use guard_test::child::{say, wait_for_eof, Child};
 use integration_tests::*;
 
 mod install_host;
@@ -444,6 +445,40 @@ fn check_reports_a_guard_running_outside_the_unit() {
     daemon.stop();
 }
 
+/// A `guard-user` that is not a daemon (`tree`, `holders`: what an operator runs beside the
+/// service) is no leak, with or without `--user`; a process with a `run` argv beside them is
+/// reported, so the report reads each process's argv.
+#[guard_test(needs = [root])]
+fn check_does_not_report_a_guard_user_that_is_not_a_daemon() {
+    let _g = setup();
+    let host = Host::for_account(TEST_USER, TEST_UID, "home-");
+    assert_eq!(host.run("install").code, 0);
+    host.answer("MainPID", "0");
+    // This test binary as the account, idle, under the argv `guard-user <args>`.
+    let start = |args: &[&str]| {
+        let mut cmd = Child::helper_command("idle");
+        cmd.arg0("guard-user").args(args).uid(TEST_UID).gid(TEST_UID);
+        let mut child = Child::spawn(&mut cmd);
+        child.expect_line("ready");
+        child
+    };
+    let tree = start(&["tree", "--user", TEST_USER]);
+    let holders = start(&["holders", "/tmp"]);
+    let run = start(&["run", "--user", TEST_USER]);
+    let out = host.run("check");
+    let line = |pid: u32| format!("guard-user pid {pid} is running outside guard-user@{TEST_USER}.service");
+    assert!(out.stdout.lines().any(|l| l == line(run.pid())), "the `run` is missing in\n{}", out.stdout);
+    for (what, child) in [("tree", &tree), ("holders", &holders)] {
+        assert!(!out.stdout.contains(&format!("pid {} ", child.pid())), "the `{what}` is reported:\n{}", out.stdout);
+    }
+}
+
+fn helper_main(mode: &str) {
+    assert_eq!(mode, "idle", "unknown helper mode {mode}");
+    say("ready");
+    wait_for_eof();
+}
+
 /// `/etc/default/guard-user` (here under `GUARD_PACKAGED_ROOT`): `check` shows the flags it adds
 /// to `run` after its verdict, an instance's own file wins, and flags the service would not
 /// start with (an unknown flag, a bad duration, a second `--user`) are drift naming the file.
@@ -492,4 +527,4 @@ fn check_shows_the_flags_of_the_defaults_file_and_refuses_those_run_would_not_st
     assert!(out.stdout.ends_with(&format!("flags: --dry-run (GUARD_ARGS from {})\n", own.display())), "{}", out.stdout);
 }
 
-guard_test::main!();
+guard_test::main!(helpers = helper_main);

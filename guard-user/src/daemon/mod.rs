@@ -207,7 +207,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         hostname(),
         opts.account.name.clone(),
         Some(opts.account.uid),
-        Arc::new(move |w: String| warn_log.write(&Line::Warn(Notice::new(w)))),
+        Arc::new(move |n: Notice| warn_log.write(&Line::Warn(n))),
     );
     let mut fx = effects::real(&opts.account, logger, mirror, opts.metrics_file.clone());
     // Root keeps a copy of the status the account cannot rewrite, for `status` and `check`.

@@ -2,53 +2,36 @@
 //! that systemd does not supervise.
 use std::{fs, path::Path};
 
+use clap::Parser as _;
+use guard_cli::{Cli, Command};
+
 use super::{layout::Layout, systemctl::Systemctl};
 use crate::{account::Account, procfs};
 
 /// Whether `argv` is a `guard-user run` for `account` (see the module doc of [`super`]).
+///
+/// The argv is parsed with the binary's own command line ([`Cli`]), so what counts as a daemon
+/// is exactly what `guard-user` itself would run as one: `run`, or no subcommand at all. Every
+/// other subcommand (`tree`, `holders`, `status`, a hidden one…) is not a daemon, and neither is
+/// an argv the command line refuses (`--help`, a typo, a missing value, an unknown option): such
+/// a `guard-user` exits at once with a usage error and never enforces. The one cost: a daemon of
+/// an older build started with an option this build no longer has is not recognised.
 pub fn is_guard_run_for(argv: &[String], euid: u32, account: &Account) -> bool {
     let Some(exe) = argv.first() else { return false };
     if Path::new(exe).file_name().and_then(|n| n.to_str()) != Some("guard-user") {
         return false;
     }
-    // `run`, or no subcommand at all (bare `guard-user [--flags]` runs the daemon).
-    let is_run =
-        argv.get(1).is_some_and(|a| a == "run") || !argv[1..].iter().any(|a| SUBCOMMANDS.contains(&a.as_str()));
-    if !is_run {
-        return false;
-    }
-    let mut user = None;
-    let mut it = argv[1..].iter();
-    while let Some(a) = it.next() {
-        if a == "--user" {
-            user = it.next().cloned();
-        } else if let Some(v) = a.strip_prefix("--user=") {
-            user = Some(v.to_string());
-        }
-    }
-    match user {
+    let Ok(cli) = Cli::try_parse_from(argv) else { return false };
+    let run = match cli.command {
+        None => cli.run,
+        Some(Command::Run(run)) => run,
+        Some(_) => return false,
+    };
+    match run.account.user {
         Some(u) => u == account.name || u == account.uid.to_string(),
         None => euid == account.uid,
     }
 }
-
-/// Every subcommand but `run` (hidden ones too: a pattern worker or a generator run is not a daemon).
-const SUBCOMMANDS: &[&str] = &[
-    "run",
-    "match",
-    "status",
-    "check",
-    "install",
-    "uninstall",
-    "validate",
-    "explain",
-    "record",
-    "help",
-    "__pattern-worker",
-    "__unit",
-    // An older build's generator (`cargo xtask dist` renders the man pages itself now).
-    "__generate",
-];
 
 /// One drift line per guard daemon of the account running outside its unit; `Err` says why
 /// the processes could not be looked at.
@@ -107,5 +90,112 @@ mod tests {
         assert!(!is_guard_run_for(&v(&["guard-user", "check", "--user", "alice"]), 0, &a));
         assert!(!is_guard_run_for(&v(&["guard-user", "--home", "/x", "status"]), 1000, &a));
         assert!(!is_guard_run_for(&v(&["vim", "run", "--user", "alice"]), 1000, &a));
+    }
+
+    /// Every subcommand of the command line, hidden ones too, with its required arguments
+    /// filled in and `--user alice` where it takes one: a new subcommand is covered without
+    /// editing a list.
+    fn one_of_each_subcommand() -> Vec<(String, Vec<String>)> {
+        use clap::CommandFactory as _;
+        Cli::command()
+            .get_subcommands()
+            .map(|sub| {
+                let mut argv = v(&["/usr/bin/guard-user", sub.get_name()]);
+                if sub.get_arguments().any(|a| a.get_long() == Some("user")) {
+                    argv.extend(v(&["--user", "alice"]));
+                }
+                for arg in sub.get_arguments().filter(|a| a.is_required_set()) {
+                    if let Some(long) = arg.get_long() {
+                        argv.push(format!("--{long}"));
+                    }
+                    argv.push("x".into());
+                }
+                (sub.get_name().to_string(), argv)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_the_run_subcommand_is_a_daemon() {
+        let a = acct();
+        let all = one_of_each_subcommand();
+        for want in ["run", "tree", "holders", "explain", "status", "check", "__pattern-worker"] {
+            assert!(all.iter().any(|(n, _)| n == want), "no `{want}` among {all:?}");
+        }
+        for (name, argv) in &all {
+            // The argv is one the binary accepts, so the answer is about the subcommand.
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("{argv:?} does not parse: {e}");
+            }
+            for euid in [0, 1000] {
+                assert_eq!(is_guard_run_for(argv, euid, &a), name == "run", "{argv:?} at euid {euid}");
+            }
+        }
+        // What an operator types while the daemon runs, as the account (no --user) and as root.
+        for argv in [
+            &["guard-user", "tree"][..],
+            &["guard-user", "tree", "--json"],
+            &["guard-user", "holders", "/home/alice/src"],
+            &["guard-user", "holders", "--stop", "/home/alice/run"],
+            &["guard-user", "explain", "cc1plus"],
+            &["guard-user", "status", "--fleet"],
+        ] {
+            assert!(!is_guard_run_for(&v(argv), 1000, &a), "{argv:?}");
+            let mut as_root = v(argv);
+            as_root.extend(v(&["--user", "alice"]));
+            assert!(!is_guard_run_for(&as_root, 0, &a), "{as_root:?}");
+        }
+    }
+
+    #[test]
+    fn a_run_is_read_as_the_command_line_reads_it() {
+        let a = acct();
+        for (argv, euid) in [
+            (&["guard-user", "run"][..], 1000),
+            (&["guard-user", "run", "--user", "alice", "--interval", "1s"], 0),
+            (&["guard-user", "run", "--user", "1000", "--backend", "procfs"], 0),
+            (&["guard-user", "--user=alice", "--dry-run"], 0),
+            // Option values that spell a subcommand's name are values.
+            (&["guard-user", "--config", "run"], 1000),
+            (&["guard-user", "--home", "status"], 1000),
+            (&["guard-user", "run", "--config", "tree", "--user", "alice"], 0),
+        ] {
+            assert!(is_guard_run_for(&v(argv), euid, &a), "{argv:?} at euid {euid}");
+        }
+        for (argv, euid) in [
+            (&["guard-user", "run"][..], 0),
+            (&["guard-user", "run", "--user", "bob"], 1000),
+            (&["guard-user", "--user", "1001"], 1000),
+        ] {
+            assert!(!is_guard_run_for(&v(argv), euid, &a), "{argv:?} at euid {euid}");
+        }
+    }
+
+    /// A process the account renamed to `guard-user`, or a `guard-user` the command line
+    /// refuses, is not a daemon: `guard-user` exits with a usage error on such an argv.
+    #[test]
+    fn an_argv_the_command_line_refuses_is_not_a_daemon() {
+        let a = acct();
+        for argv in [
+            &["guard-user", "--json"][..],
+            &["guard-user", "rnu"],
+            &["guard-user", "run", "--user"],
+            &["guard-user", "run", "--interval"],
+            &["guard-user", "run", "--backend", "bogus"],
+            &["guard-user", "run", "--", "--user", "alice"],
+            &["guard-user", "run", "--user", "alice", "--user", "alice"],
+            &["guard-user", "run", "--user", "alice", "extra"],
+            &["guard-user", "--dry-run", "run", "--user", "alice"],
+            &["guard-user", "--help"],
+            &["guard-user", "run", "--help", "--user", "alice"],
+            &["guard-user", "--version"],
+            &["guard-user", "help", "run"],
+            &["guard-user", "\u{1b}[2J", "--user", "alice"],
+            &["guard-user", "run\n", "--user", "alice"],
+        ] {
+            for euid in [0, 1000] {
+                assert!(!is_guard_run_for(&v(argv), euid, &a), "{argv:?} at euid {euid}");
+            }
+        }
     }
 }

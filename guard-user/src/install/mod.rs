@@ -57,9 +57,11 @@
 //! - systemd "is running" when `/run/systemd/system` exists (what `sd_booted(3)` tests).
 //!   `GUARD_SYSTEMD_RUNNING=1|0` overrides that answer (tests run without systemd, with a fake
 //!   `systemctl` first in `PATH`; `systemctl` is always looked up in `PATH`).
-//! - A leaked daemon is a process whose argv is `guard-user run …` (or bare `guard-user [--flags]`)
-//!   with `--user <name|uid>` naming the account, or with no `--user` and the account's euid;
-//!   we do not chase `$SUDO_USER` in another process's environment.
+//! - A leaked daemon is a process whose argv, parsed with guard-user's own command line
+//!   ([`guard_cli::Cli`]), is `guard-user run …` (or bare `guard-user [--flags]`) with
+//!   `--user <name|uid>` naming the account, or with no `--user` and the account's euid; any
+//!   other subcommand, and an argv the command line refuses, is not a daemon ([`leaked`]). We do
+//!   not chase `$SUDO_USER` in another process's environment.
 //! - **Every path printed is escaped** ([`shown`], [`quoted`]: guard's one escaped form,
 //!   [`crate::escape`]): a home, a source or a link target can hold names the account made,
 //!   and none of them may drive root's terminal or forge a line of `check`'s output.

@@ -6,7 +6,8 @@
 //! memory. The worker bounds every call (connect included) by [`CALL_TIMEOUT`], reconnects with
 //! exponential backoff ([`BACKOFF_INITIAL`] … [`BACKOFF_MAX`]) and reports an outage once through
 //! the `warn` callback: `redis_unreachable endpoint=<redacted>` on the first failure,
-//! `redis_recovered endpoint=<redacted>` on the first success after it.
+//! `redis_recovered endpoint=<redacted>` on the first success after it. Each is a typed
+//! [`Notice`] with the endpoint as a field, so the log escapes it like any value.
 //!
 //! A reply over its budget (`resp::REPLY_BYTES`) closes the connection and is an outage of its
 //! own: `redis_reply_rejected endpoint=<redacted> bytes=<n>` once per outage, in place of
@@ -32,6 +33,7 @@ use super::call::{bounded, connect, MirrorError, CALL_TIMEOUT};
 use super::conn::Conn;
 use super::wire::{heartbeat_key, set_heartbeat, xadd, Heartbeat, StreamEvent};
 use super::Endpoint;
+use crate::log::Notice;
 
 /// Events kept while Redis is slow or away; the oldest is dropped beyond this.
 pub const EVENT_QUEUE_CAPACITY: usize = 1024;
@@ -120,7 +122,7 @@ impl Drop for Handle {
 
 impl Mirror {
     /// Starts the worker on the current tokio runtime (panics outside one, like `tokio::spawn`).
-    /// `warn` receives the text of a `WARN` line without the `WARN ` prefix.
+    /// `warn` receives what a `WARN` line says (its event word and typed fields).
     /// `guarded`: the daemon's account, whose listening socket on the endpoint is an account's
     /// whatever its uid (`mirror::listener::is_account`).
     pub fn spawn(
@@ -128,7 +130,7 @@ impl Mirror {
         host: String,
         user: String,
         guarded: Option<u32>,
-        warn: Arc<dyn Fn(String) + Send + Sync>,
+        warn: Arc<dyn Fn(Notice) + Send + Sync>,
     ) -> Mirror {
         let shared = Arc::new(Shared {
             outbox: Mutex::new(Outbox::default()),
@@ -193,7 +195,7 @@ struct Worker {
     user: String,
     key: String,
     shared: Arc<Shared>,
-    warn: Arc<dyn Fn(String) + Send + Sync>,
+    warn: Arc<dyn Fn(Notice) + Send + Sync>,
     /// Dropped after any failure, so a hung or half-closed connection is never reused.
     conn: Option<Conn>,
     /// Between the `redis_unreachable` warning and the next success.
@@ -213,7 +215,7 @@ impl Worker {
                 Ok(()) => {
                     if self.in_outage {
                         self.in_outage = false;
-                        (self.warn)(format!("redis_recovered endpoint={}", self.endpoint.redacted()));
+                        (self.warn)(self.notice("redis_recovered"));
                     }
                     self.backoff = BACKOFF_INITIAL;
                 }
@@ -221,10 +223,9 @@ impl Worker {
                     self.conn = None;
                     if let MirrorError::InvalidEndpoint { .. } = err {
                         // Retrying cannot help: say so once and discard from now on.
-                        (self.warn)(format!("redis_endpoint_invalid endpoint={}", self.endpoint.redacted()));
+                        (self.warn)(self.notice("redis_endpoint_invalid"));
                         return self.discard_forever().await;
                     }
-                    let endpoint = self.endpoint.redacted();
                     match &err {
                         MirrorError::AccountListener { uid, .. } => {
                             self.listener_is_an_account(*uid);
@@ -232,11 +233,11 @@ impl Worker {
                         }
                         MirrorError::ReplyRejected { bytes, .. } if !self.in_outage => {
                             self.in_outage = true;
-                            (self.warn)(format!("redis_reply_rejected endpoint={endpoint} bytes={bytes}"));
+                            (self.warn)(self.notice("redis_reply_rejected").with("bytes", *bytes));
                         }
                         _ if !self.in_outage => {
                             self.in_outage = true;
-                            (self.warn)(format!("redis_unreachable endpoint={endpoint}"));
+                            (self.warn)(self.notice("redis_unreachable"));
                         }
                         _ => {}
                     }
@@ -271,11 +272,18 @@ impl Worker {
         }
     }
 
+    /// A warning about this endpoint: `what endpoint=<redacted>`, the endpoint a typed field so
+    /// the log escapes it like any value (an operator's URL or socket path can hold a quote, a
+    /// newline or `key=value` text).
+    fn notice(&self, what: &str) -> Notice {
+        Notice::new(what).with("endpoint", self.endpoint.redacted())
+    }
+
     /// `redis_listener_owned_by_account`, once per run.
     fn listener_is_an_account(&mut self, uid: u32) {
         if !self.owner_warned {
             self.owner_warned = true;
-            (self.warn)(format!("redis_listener_owned_by_account endpoint={} uid={uid}", self.endpoint.redacted()));
+            (self.warn)(self.notice("redis_listener_owned_by_account").with("uid", uid));
         }
     }
 

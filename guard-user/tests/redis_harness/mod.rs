@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use guard::mirror::Endpoint;
+use guard::{
+    log::{Line, Notice},
+    mirror::Endpoint,
+};
 use redis::aio::MultiplexedConnection;
 
 pub fn free_port() -> u16 {
@@ -130,10 +133,17 @@ impl Drop for HungServer {
 
 pub type Warnings = Arc<Mutex<Vec<String>>>;
 
-pub fn capture_warnings() -> (Arc<dyn Fn(String) + Send + Sync>, Warnings) {
+/// A warn callback for [`guard::mirror::Mirror::spawn`] and what it was told: each warning as
+/// the log writes it after `WARN ` (`what key=value …`, values escaped), through the real
+/// `Line::body`.
+pub fn capture_warnings() -> (Arc<dyn Fn(Notice) + Send + Sync>, Warnings) {
     let lines: Warnings = Arc::default();
     let sink = Arc::clone(&lines);
-    (Arc::new(move |line| sink.lock().unwrap().push(line)), lines)
+    let warn = move |n: Notice| {
+        let body = Line::Warn(n).body();
+        sink.lock().unwrap().push(body.strip_prefix("WARN ").expect("a WARN line").to_string());
+    };
+    (Arc::new(warn), lines)
 }
 
 pub fn warnings(lines: &Warnings) -> Vec<String> {

@@ -176,8 +176,8 @@ as root, the subcommands that act (run, install, uninstall, holders \-\-stop) or
 lines (match, explain) refuse with exit 2 and ask for \-\-user; the others say they read root's.
 .TP
 \fBGUARD_LOG\fR
-The level of the daemon's diagnostics on standard error (error, warn, info, debug, trace;
-default info).
+The level of the daemon's diagnostics on standard error (error, warn, info, debug, trace, off;
+default info), or target=level directives such as guard=debug,warn.
 .TP
 \fBAGENTIHOOKS_HIVE_REDIS_URL\fR, \fBAGENTIHOOKS_SWARM_REDIS_URL\fR, \fBAGENTIHOOKS_LEDGER_MODE\fR
 The optional swarm Redis the daemon mirrors its heartbeat and events to (the first of the two
