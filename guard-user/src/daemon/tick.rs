@@ -23,10 +23,11 @@ use super::{
 use crate::{
     budget::{Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
+    domain::NameStatus,
     log::{Kind, Line, Notice},
     policy::{memory::Input, AccountView, Memory, Now},
     safefs::FsIdentity,
-    status::{self, NameStatus},
+    status,
 };
 
 /// What a tick tells the supervisor.
@@ -209,7 +210,7 @@ impl Ticker {
             if let Err(e) = &result {
                 tracing::warn!("{e}");
             }
-            if let Some(line) = self.memory.saved(save, &result) {
+            if let Some(line) = self.memory.saved(save, result.is_ok()) {
                 self.fx.log.write(&line);
             }
         }
@@ -374,8 +375,8 @@ struct Done<'a> {
     view: &'a AccountView,
     stats: PumpStats,
     names: Vec<NameStatus>,
-    pegged: Vec<crate::status::PeggedProcess>,
-    offenders: Vec<crate::status::RepeatOffender>,
+    pegged: Vec<crate::domain::PeggedProcess>,
+    offenders: Vec<crate::domain::RepeatOffender>,
     /// `None` when the config was invalid.
     config: Option<&'a Config>,
     config_error: Option<String>,
@@ -384,7 +385,7 @@ struct Done<'a> {
     /// How long the pump took to answer the snapshot.
     pump_lag: Option<f64>,
     /// Sessions, while they are on.
-    sessions: Option<crate::status::SessionsStatus>,
+    sessions: Option<crate::domain::SessionsStatus>,
     /// Slots, while any is configured.
     slots: Option<crate::status::SlotsStatus>,
     /// Command lines this tick could not read in time.

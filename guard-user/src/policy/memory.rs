@@ -21,11 +21,9 @@ use super::{
 };
 use crate::{
     config::{self, Config, StallWatch},
-    enforcer::Outcome,
+    domain::{NameStatus, Outcome, PeggedProcess, RepeatOffender, State},
     event::{ProcId, ProcState},
     log::{Line, Notice},
-    state::{State, StateError},
-    status::{NameStatus, PeggedProcess, RepeatOffender},
 };
 
 /// The flag clocks and the incidents as the daemon holds them: every time on the monotonic clock
@@ -139,13 +137,14 @@ impl Memory {
     }
 
     /// The state file as read (wall times). One that cannot be read or breaks a bound is treated
-    /// as empty (it delays enforcement by one `timeout`) and said: `ERROR <why>`.
-    pub fn load(&mut self, file: Result<State, StateError>, now: Now) -> Option<Line> {
+    /// as empty (it delays enforcement by one `timeout`) and said: `ERROR <why>`, the notice the
+    /// state file's reader gave (`state_malformed …` or `state_rejected …`).
+    pub fn load(&mut self, file: Result<State, Notice>, now: Now) -> Option<Line> {
         let (held, line) = match file {
             Ok(st) => (Held::from_state(time::to_memory(&st, now)), None),
-            Err(e) => {
+            Err(why) => {
                 self.errors += 1;
-                (Held::default(), Some(Line::Error(Notice::new(e.to_string()))))
+                (Held::default(), Some(Line::Error(why)))
             }
         };
         self.held = Some(held);
@@ -242,18 +241,17 @@ impl Memory {
         self.held.as_ref() != Some(next) || !current
     }
 
-    /// What came of writing `save`. A write that failed is tried again next tick and said:
-    /// `ERROR state_unwritable path=<path>` (enforcement goes on from memory). A file that
-    /// could not be replaced for another reason is only traced.
-    pub fn saved(&mut self, save: &Save, result: &Result<(), StateError>) -> Option<Line> {
-        match result {
-            Ok(()) => {
+    /// Whether writing `save` succeeded (`written`). A write that failed is tried again next tick
+    /// and said: `ERROR state_unwritable path=<path>` (enforcement goes on from memory; the
+    /// shell traces the error itself).
+    pub fn saved(&mut self, save: &Save, written: bool) -> Option<Line> {
+        match written {
+            true => {
                 self.persisted_at = Some((save.path.clone(), save.offset));
                 None
             }
-            Err(e) => {
+            false => {
                 self.persisted_at = None;
-                let StateError::Write(_) = e else { return None };
                 self.errors += 1;
                 let path = save.path.as_os_str().as_encoded_bytes();
                 Some(Line::Error(Notice::new("state_unwritable").with("path", path)))

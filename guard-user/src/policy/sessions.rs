@@ -25,7 +25,7 @@ use crate::log::{Kind, Line, Notice};
 use crate::{
     comm::Comm,
     config::{Config, Leftovers, Sessions},
-    enforcer::Outcome,
+    domain::Outcome,
     event::{ProcId, ProcState},
     lineage::{Caps, LineageCmd, SessionId, SessionRow, SessionsView},
 };
