@@ -27,7 +27,7 @@ use crate::{
     comm::Comm,
     domain::{cap_repeats, FlagClocks, RepeatHistory, State, MAX_REPEAT_ENTRIES, MAX_REPEAT_NAMES, MAX_REPEAT_TOTAL},
     escape,
-    log::Notice,
+    log::{Notice, What},
     safefs::{atomic_write, read_account_file, Follow, FsIdentity, ReadError, SafeFsError},
 };
 
@@ -70,9 +70,14 @@ pub enum StateError {
 
 impl StateError {
     /// The `ERROR` line's notice: `state_malformed …` or `state_rejected …` (the daemon's
-    /// `Memory::load` says it and counts it; the file is then an empty state).
+    /// `Memory::load` says it and counts it; the file is then an empty state). A write error
+    /// comes from a save, never a load: its line is `state_unwritable`.
     pub fn notice(&self) -> Notice {
-        Notice::new(self.to_string())
+        match self {
+            StateError::Malformed { .. } => Notice::reason(What::StateMalformed, self.to_string()),
+            StateError::Rejected { .. } => Notice::reason(What::StateRejected, self.to_string()),
+            StateError::Write(e) => Notice::new(What::StateUnwritable).with("error", e.to_string()),
+        }
     }
 }
 

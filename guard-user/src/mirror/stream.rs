@@ -105,7 +105,7 @@ mod tests {
     use super::*;
     use crate::{
         comm::Comm,
-        log::{line::Ended, Notice},
+        log::{line::Ended, Notice, What},
     };
 
     fn fields(ev: &StreamEvent) -> Vec<(String, String)> {
@@ -204,6 +204,6 @@ mod tests {
         assert_eq!(StreamEvent::of(&Line::Flagged { name, count: 5, minutes_ago: Some(1) }, 1.0), None);
         let skipped = StreamEvent::of(&Line::Skipped { pid: 3, name, reason: "identity_changed" }, 1.0).unwrap();
         assert_eq!((skipped.pid, skipped.reason.as_str()), (Some(3), "identity_changed"));
-        assert_eq!(StreamEvent::of(&Line::Warn(Notice::new("redis_unreachable")), 1.0), None);
+        assert_eq!(StreamEvent::of(&Line::Warn(Notice::new(What::RedisUnreachable)), 1.0), None);
     }
 }

@@ -113,7 +113,7 @@ fn the_state_is_saved_when_it_changed_moved_or_the_wall_clock_stepped_and_not_ot
 fn an_unreadable_state_file_is_treated_as_empty_said_and_counted_once() {
     let mut m = Memory::default();
     assert!(m.needs_state());
-    let bad = Notice::new("state_malformed").with("path", "/h/.guard-state.json");
+    let bad = Notice::new(What::StateMalformed).with("path", "/h/.guard-state.json");
     let line = m.load(Err(bad), Now::same(5.0)).expect("said");
     assert_eq!(line.body(), "ERROR state_malformed path=/h/.guard-state.json");
     assert!(!m.needs_state(), "read once per run, not every tick");
@@ -152,7 +152,7 @@ fn a_config_error_tick_says_why_ends_nothing_and_keeps_the_clocks() {
     let mut m = Memory::default();
     m.load(Ok(State::default()), Now::same(0.0));
     tick(&mut m, &config, 3, Now::same(10.0), Outcome::Verified);
-    let [error, complete] = m.config_error("config_malformed threshold value=0".into());
+    let [error, complete] = m.config_error(What::ConfigMalformed, "config_malformed threshold value=0".into());
     assert_eq!(error.body(), "ERROR config_malformed threshold value=0");
     assert_eq!(complete.body(), "TICK_COMPLETE flagged=0 kills=0 errors=1");
     assert_eq!(m.clocks().get(&Comm::new(b"pile")), Some(&10.0));
