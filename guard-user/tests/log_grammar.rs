@@ -18,6 +18,7 @@ use guard::{
         line::{Ended, ResyncReason, StopReason, UnflagReason},
         Kind, Line as LogLine, Logger, Notice, What,
     },
+    mirror::wire::StreamEvent,
     safefs::FsIdentity,
 };
 use guard_test::{guard_test, rng::Rng};
@@ -344,6 +345,16 @@ fn one_of_each_writes_every_kind_of_line() {
         one_of_each(Comm::new(b"x")).iter().map(|l| l.kind().word()).collect();
     let all: std::collections::BTreeSet<&str> = Kind::ALL.iter().map(|k| k.word()).collect();
     assert_eq!(written, all, "one_of_each misses a kind of line");
+}
+
+#[guard_test]
+fn the_stream_decision_is_line_streams_alone() {
+    // Every kind of line (`one_of_each` holds each, test above), both FLAGGED forms included:
+    // the stream entry exists exactly when `Line::stream` names one, under that event.
+    for line in one_of_each(Comm::new(b"x")) {
+        let entry = StreamEvent::of(&line, 1_700_000_000.0).map(|e| e.event);
+        assert_eq!(entry.as_deref(), line.stream(), "{}", line.body());
+    }
 }
 
 #[guard_test]
