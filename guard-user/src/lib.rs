@@ -5,7 +5,9 @@
 //! the operator excluded. docs/ (configuration, log, operations, architecture) says what it promises.
 //!
 //! # Layout
-//! - [`policy`]: the pure rules: `decide` turns (table view, config, flag clocks, now, command-line
+//! - [`domain`]: the guard's own vocabulary (what survives a restart, what came of a signal, the
+//!   rows a tick reports), apart from the files and outputs that carry it.
+//! - [`policy`]: the pure rules, on [`domain`]'s types and no output or IO module: `decide` turns (table view, config, flag clocks, now, command-line
 //!   verdicts) into a tick plan (lines, signals, clocks, status rows). Start reading here.
 //! - [`config`], [`duration`], [`pattern`]: the operator's configuration, validated into types;
 //!   `excludeCommands` patterns with bash's `[[ =~ ]]` meaning (libc `regcomp`).
@@ -42,6 +44,7 @@ pub mod comm;
 pub mod config;
 pub mod daemon;
 pub mod diag;
+pub mod domain;
 pub mod duration;
 pub mod ebpf;
 pub mod enforcer;

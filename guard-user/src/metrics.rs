@@ -328,7 +328,7 @@ fn slots(w: &mut Writer, s: &crate::status::SlotsStatus) {
     );
 }
 
-fn sessions(w: &mut Writer, s: &crate::status::SessionsStatus) {
+fn sessions(w: &mut Writer, s: &crate::domain::SessionsStatus) {
     use Kind::{Counter, Gauge};
     w.family("guard_sessions", Gauge, "Session roots: live, or ended with their leftovers still to deal with.");
     w.sample("guard_sessions", &[("stage", "live")], s.live as f64);

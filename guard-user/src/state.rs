@@ -17,7 +17,6 @@
 //! bounds allow, whatever the file holds. The writer never writes more than the reader takes
 //! ([`bounded`]).
 use std::{
-    collections::BTreeMap,
     os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
 };
@@ -26,7 +25,9 @@ use serde_json::{json, Map, Value};
 
 use crate::{
     comm::Comm,
+    domain::{cap_repeats, FlagClocks, RepeatHistory, State, MAX_REPEAT_ENTRIES, MAX_REPEAT_NAMES, MAX_REPEAT_TOTAL},
     escape,
+    log::{Notice, What},
     safefs::{atomic_write, read_account_file, Follow, FsIdentity, ReadError, SafeFsError},
 };
 
@@ -35,11 +36,6 @@ mod bounds_tests;
 mod parse;
 
 pub use parse::{ParseError, Rejection};
-
-/// Flag clocks: name → when it first reached the threshold, keyed by the name's bytes. In the
-/// file (and in [`State`]) unix seconds with ms precision; the daemon holds them on its
-/// monotonic clock (see `policy::time`).
-pub type FlagClocks = BTreeMap<Comm, f64>;
 
 /// The format version this guard writes.
 pub const STATE_VERSION: u64 = 2;
@@ -58,18 +54,6 @@ pub const MAX_STATE_BYTES: u64 = 4 << 20;
 /// oldest clocks, the ones nearest enforcement: a restart then only restarts the youngest.
 pub const MAX_FLAGGED_NAMES: usize = 4096;
 
-/// Names with a repeat history (`REPEAT`): a respawn loop is one or a few names; the oldest go
-/// first past this.
-pub const MAX_REPEAT_NAMES: usize = 1024;
-
-/// Enforcements kept per name (`repeatAfter` is at most 1000).
-pub const MAX_REPEAT_ENTRIES: usize = 1000;
-
-/// Enforcements kept across every name: 16 names enforced every minute for a day at
-/// `repeatAfter` 1000, or 1024 names enforced 16 times each. An enforcement is ~70 bytes in
-/// the file and 16 in memory; the oldest go first past this.
-pub const MAX_REPEAT_TOTAL: usize = 16_384;
-
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// Logged as `ERROR state_malformed path=<path>` (plus `reason=…` when it could not be
@@ -82,6 +66,19 @@ pub enum StateError {
     Rejected { path: PathBuf, why: Rejection },
     #[error("cannot write the state file: {0}")]
     Write(#[from] SafeFsError),
+}
+
+impl StateError {
+    /// The `ERROR` line's notice: `state_malformed …` or `state_rejected …` (the daemon's
+    /// `Memory::load` says it and counts it; the file is then an empty state). A write error
+    /// comes from a save, never a load: its line is `state_unwritable`.
+    pub fn notice(&self) -> Notice {
+        match self {
+            StateError::Malformed { .. } => Notice::reason(What::StateMalformed, self.to_string()),
+            StateError::Rejected { .. } => Notice::reason(What::StateRejected, self.to_string()),
+            StateError::Write(e) => Notice::new(What::StateUnwritable).with("error", e.to_string()),
+        }
+    }
 }
 
 /// `<token> <limit key>=<n>`: the bound and its value, so the line says what to look for.
@@ -113,71 +110,6 @@ pub fn render(user: &str, clocks: &FlagClocks) -> Vec<u8> {
 
 pub fn save(path: &Path, user: &str, clocks: &FlagClocks, who: FsIdentity) -> Result<(), StateError> {
     Ok(atomic_write(path, &render(user, clocks), who)?)
-}
-
-/// Everything that survives a restart: the flag clocks, and the bookkeeping of warnings and
-/// repeat offenders (issue-level features that must not repeat or forget across a restart).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct State {
-    pub clocks: FlagClocks,
-    /// Names warned about (`WARNING`), with the flag clock they were warned for: one warning
-    /// per incident, an incident being one flag clock.
-    pub warned: FlagClocks,
-    /// Enforcements per name over the last 24 h, for `REPEAT`.
-    pub repeats: BTreeMap<Comm, RepeatHistory>,
-}
-
-/// One name's enforcements within the last 24 h.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RepeatHistory {
-    /// (unix seconds, processes killed) per enforcing tick that killed any, oldest first.
-    pub enforcements: Vec<(f64, u32)>,
-    /// When `REPEAT` was last logged for the name.
-    pub reported: Option<f64>,
-}
-
-impl RepeatHistory {
-    /// The last time anything happened to the name (its newest enforcement or report).
-    pub fn last_seen(&self) -> f64 {
-        self.enforcements.last().map(|(t, _)| *t).into_iter().chain(self.reported).fold(f64::NEG_INFINITY, f64::max)
-    }
-}
-
-/// Keeps `repeats` within [`MAX_REPEAT_NAMES`], [`MAX_REPEAT_ENTRIES`] per name and
-/// [`MAX_REPEAT_TOTAL`] in all, dropping the oldest first. O(n log n) in the entries, whatever
-/// they hold (one sort, never a scan per removal).
-pub fn cap_repeats(repeats: &mut BTreeMap<Comm, RepeatHistory>) {
-    for h in repeats.values_mut() {
-        let over = h.enforcements.len().saturating_sub(MAX_REPEAT_ENTRIES);
-        h.enforcements.drain(..over);
-    }
-    if repeats.len() > MAX_REPEAT_NAMES {
-        let mut by_age: Vec<(f64, Comm)> = repeats.iter().map(|(n, h)| (h.last_seen(), *n)).collect();
-        by_age.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut kept = BTreeMap::new();
-        for (_, name) in &by_age[..MAX_REPEAT_NAMES] {
-            kept.extend(repeats.remove_entry(name));
-        }
-        *repeats = kept;
-    }
-    let total: usize = repeats.values().map(|h| h.enforcements.len()).sum();
-    if total > MAX_REPEAT_TOTAL {
-        // The oldest enforcements across all names go, exactly as many as are over (many names
-        // enforced in one tick share its time, so a cut by time alone could keep too many).
-        let mut all: Vec<(f64, Comm)> =
-            repeats.iter().flat_map(|(n, h)| h.enforcements.iter().map(move |(t, _)| (*t, *n))).collect();
-        all.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let mut dropped: BTreeMap<Comm, usize> = BTreeMap::new();
-        for (_, name) in &all[..total - MAX_REPEAT_TOTAL] {
-            *dropped.entry(*name).or_default() += 1;
-        }
-        for (name, k) in dropped {
-            if let Some(h) = repeats.get_mut(&name) {
-                // Histories are kept oldest first (the daemon appends), so these are its oldest.
-                h.enforcements.drain(..k);
-            }
-        }
-    }
 }
 
 /// `state` within the bounds the reader takes: at most [`MAX_FLAGGED_NAMES`] clocks (the
@@ -290,7 +222,10 @@ pub fn save_state(path: &Path, user: &str, state: &State, who: FsIdentity) -> Re
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::log::Line;
 
     fn c(name: &[u8]) -> Comm {
         Comm::new(name)
@@ -334,6 +269,17 @@ mod tests {
         let only_clocks = render("u", &state.clocks);
         assert_eq!(parse_state(&only_clocks).unwrap(), State { clocks: state.clocks.clone(), ..Default::default() });
         assert_eq!(parse(&render_state("u", &state)).unwrap(), state.clocks, "an older reader still finds its clocks");
+    }
+
+    #[test]
+    fn a_state_error_becomes_its_error_line() {
+        let malformed = StateError::Malformed { path: "/h/my state.json".into(), reason: None };
+        assert_eq!(Line::Error(malformed.notice()).body(), r#"ERROR state_malformed path="/h/my state.json""#);
+        let rejected = StateError::Rejected { path: "/h/s.json".into(), why: Rejection::TooManyRepeats };
+        assert_eq!(
+            Line::Error(rejected.notice()).body(),
+            "ERROR state_rejected path=/h/s.json reason=too_many_repeats limit=1024"
+        );
     }
 
     #[test]

@@ -235,7 +235,7 @@ fn the_monitoring_examples_name_only_metrics_guard_writes() {
     let status = guard::status::Status {
         user: "alice".into(),
         last_tick: 3.0,
-        names: vec![guard::status::NameStatus {
+        names: vec![guard::domain::NameStatus {
             name: "sleep".into(),
             flagged_since: Some(2.0),
             time_left_secs: Some(2.0),

@@ -366,8 +366,8 @@ fn the_scope_drops_dac_capabilities_itself_when_the_kernel_fixup_is_off() {
 fn names_in_an_edited_status_file_come_back_printable() {
     let home = Home::new();
     let mut s = status::Status::default();
-    s.names.push(status::NameStatus { name: "x\n  forged 99\u{1b}[2J".into(), ..Default::default() });
-    s.names.push(status::NameStatus { name: r"q\xff".into(), ..Default::default() });
+    s.names.push(guard::domain::NameStatus { name: "x\n  forged 99\u{1b}[2J".into(), ..Default::default() });
+    s.names.push(guard::domain::NameStatus { name: r"q\xff".into(), ..Default::default() });
     let path = home.file("guard-status.json", &serde_json::to_vec(&s).unwrap());
     let back = prompt("status", || status::read(&path, ACCOUNT)).unwrap();
     assert_eq!(back.names[0].name, r"x\x0a  forged 99\x1b[2J");

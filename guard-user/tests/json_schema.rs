@@ -264,7 +264,7 @@ fn explain_json_has_exactly_the_documented_fields() {
     // Flagged a minute ago (the state file as the daemon writes it), not flagged yet, excluded.
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
     let flagged = home(r#"{"threshold": 2, "timeout": "1h", "excludeCommands": ["gjsonprobe 1000 3$"]}"#);
-    let mut state = guard::state::State::default();
+    let mut state = guard::domain::State::default();
     state.clocks.insert(guard::comm::Comm::new(b"gjsonprobe"), now - 60.0);
     let file = guard::state::render_state(&user(), &state);
     std::fs::write(flagged.path().join("guard-daemon-state.json"), file).unwrap();
@@ -355,7 +355,7 @@ fn tree_json_has_exactly_the_documented_fields() {
     for sessions in [true, false] {
         let mut s = guard::status::Status { uid, last_tick: now, pid: std::process::id(), ..Default::default() };
         if sessions {
-            s.sessions = Some(guard::status::SessionsStatus { leftovers: "report".into(), ..Default::default() });
+            s.sessions = Some(guard::domain::SessionsStatus { leftovers: "report".into(), ..Default::default() });
         }
         s.slots = Some(slots_status(root, kid, None));
         let home = home("{}");

@@ -16,8 +16,9 @@ use guard::{
     comm::Comm,
     log::{
         line::{Ended, ResyncReason, StopReason, UnflagReason},
-        Line as LogLine, Logger, Notice,
+        Kind, Line as LogLine, Logger, Notice, What,
     },
+    mirror::wire::StreamEvent,
     safefs::FsIdentity,
 };
 use guard_test::{guard_test, rng::Rng};
@@ -230,7 +231,7 @@ fn every_hostile_value_round_trips_through_a_real_log_file() {
         let text = String::from_utf8_lossy(v).into_owned();
         lines.push(LogLine::Flagged { name, count: 3, minutes_ago: None });
         lines.push(LogLine::Killed(Ended { pid: 7, name, count: 3, elapsed_secs: 5400.0 }));
-        lines.push(LogLine::Warn(Notice::new("x").with("path", v.as_slice()).with("text", text)));
+        lines.push(LogLine::Warn(Notice::new(What::ConfigUnknownKey).with("path", v.as_slice()).with("text", text)));
     }
     let parsed = written(&lines);
     for (chunk, v) in parsed.chunks(3).zip(&values) {
@@ -245,7 +246,7 @@ fn every_hostile_value_round_trips_through_a_real_log_file() {
         assert_eq!(killed.fields[1], ("name".to_string(), name.as_bytes().to_vec()), "{line}");
         assert_eq!(killed.fields[4].1, b"1.5h", "{line}");
         let (line, warn) = &chunk[2];
-        assert_eq!(warn.event, "WARN x");
+        assert_eq!(warn.event, "WARN config_unknown_key");
         assert_eq!(&warn.fields[0].1, v, "{line}");
         assert_eq!(warn.fields[1].1, String::from_utf8_lossy(v).as_bytes(), "{line}");
     }
@@ -276,9 +277,9 @@ fn one_of_each(name: Comm) -> Vec<LogLine> {
         LogLine::Reload,
         LogLine::Resync { reason: ResyncReason::LostEvents, lost: 3 },
         LogLine::TickComplete { flagged: 1, kills: 1, errors: 0 },
-        LogLine::Warn(Notice::new("redis_unreachable").with("endpoint", "redis://h:6379/0")),
-        LogLine::Warn(Notice::new("sessions_cap").with("what", "sessions").with("limit", 1024usize)),
-        LogLine::Error(Notice::new("state_unwritable").with("path", "/home/u/my state.json")),
+        LogLine::Warn(Notice::new(What::RedisUnreachable).with("endpoint", "redis://h:6379/0")),
+        LogLine::Warn(Notice::new(What::SessionsCap).with("what", "sessions").with("limit", 1024usize)),
+        LogLine::Error(Notice::new(What::StateUnwritable).with("path", "/home/u/my state.json")),
     ]
 }
 
@@ -337,14 +338,56 @@ fn every_kind_of_line_the_daemon_writes_follows_the_grammar_with_its_documented_
 }
 
 #[guard_test]
+fn one_of_each_writes_every_kind_of_line() {
+    // `Kind::ALL` is every kind (declared from one list), so a new kind fails here until
+    // `one_of_each` writes one, and the grammar and docs checks below then see it.
+    let written: std::collections::BTreeSet<&str> =
+        one_of_each(Comm::new(b"x")).iter().map(|l| l.kind().word()).collect();
+    let all: std::collections::BTreeSet<&str> = Kind::ALL.iter().map(|k| k.word()).collect();
+    assert_eq!(written, all, "one_of_each misses a kind of line");
+}
+
+#[guard_test]
+fn the_stream_decision_is_line_streams_alone() {
+    // Every kind of line (`one_of_each` holds each, test above), both FLAGGED forms included:
+    // the stream entry exists exactly when `Line::stream` names one, under that event.
+    for line in one_of_each(Comm::new(b"x")) {
+        let entry = StreamEvent::of(&line, 1_700_000_000.0).map(|e| e.event);
+        assert_eq!(entry.as_deref(), line.stream(), "{}", line.body());
+    }
+}
+
+#[guard_test]
 fn docs_log_md_names_every_kind_of_line() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log.md")).unwrap();
+    for word in Kind::ALL.iter().map(|k| k.word()) {
+        assert!(doc.contains(&format!("{word} ")), "docs/log.md never shows a {word} line");
+    }
     for line in one_of_each(Comm::new(b"x")) {
         let word = line.kind().word();
         assert!(doc.contains(&format!("{word} ")), "docs/log.md never shows a {word} line");
     }
     // Each WARN has its own heading, with its keys.
     assert!(doc.contains("#### `WARN sessions_cap what=<cap> limit=<n>`"), "docs/log.md has no WARN sessions_cap");
+}
+
+#[guard_test]
+fn docs_log_md_documents_every_warning_and_error_token() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log.md")).unwrap();
+    // `What::ALL` is every token the daemon can write (declared from one list), so a new one
+    // fails here until docs/log.md says what it means.
+    for what in What::ALL {
+        let (word, token) = (what.kind().word(), what.token());
+        let documented = match what.kind() {
+            // A heading of its own, with its keys.
+            Kind::Warn => {
+                doc.contains(&format!("#### `WARN {token} ")) || doc.contains(&format!("#### `WARN {token}`"))
+            }
+            // Among the errors, as the line starts.
+            _ => doc.contains(&format!("{word} {token}")),
+        };
+        assert!(documented, "docs/log.md does not document `{word} {token}`");
+    }
 }
 
 #[guard_test]
@@ -389,7 +432,7 @@ fn the_parser_rejects_forgeries_it_would_otherwise_accept() {
 #[guard_test]
 fn an_error_text_is_escaped_like_any_value() {
     let e = std::io::Error::other("bad\nthing");
-    let parsed = written(&[LogLine::Warn(Notice::new("redis_unreachable").with("error", e.to_string()))]);
+    let parsed = written(&[LogLine::Warn(Notice::new(What::RedisUnreachable).with("error", e.to_string()))]);
     assert_eq!(parsed[0].1.event, "WARN redis_unreachable");
     assert_eq!(parsed[0].1.fields[0].1, b"bad\nthing");
 }
@@ -403,7 +446,7 @@ fn config_error_lines(configs: &[String]) -> Vec<Line> {
     let log = Logger::new(path.clone(), FsIdentity::current(), u64::MAX, false);
     for json in configs {
         let e = guard::config::parse(json.as_bytes(), dir.path()).unwrap_err();
-        LogSink::write(&log, &LogLine::Error(Notice::new(e.log_reason())));
+        LogSink::write(&log, &LogLine::Error(Notice::reason(e.what(), e.log_reason())));
     }
     let written = String::from_utf8(std::fs::read(&path).unwrap()).expect("the log is UTF-8");
     let lines: Vec<&str> = written.split_terminator('\n').collect();

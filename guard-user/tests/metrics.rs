@@ -6,8 +6,9 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use guard::comm::Comm;
+use guard::domain::{NameStatus, PeggedProcess};
 use guard::metrics::{render, MetricsInput, TOP_NAMES};
-use guard::status::{escape_for_terminal, NameStatus, PeggedProcess, Status, Vitals};
+use guard::status::{escape_for_terminal, Status, Vitals};
 
 /// One tick's status and what the metrics add to it, as the daemon hands them to `render`.
 #[derive(Clone)]

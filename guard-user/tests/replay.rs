@@ -119,7 +119,7 @@ fn a_restart_resumes_the_flag_clock_from_the_state_file() {
         prepare: &|rec| {
             // alpha was flagged 10 minutes before this daemon started: due at its first tick.
             let clocks = guard::policy::FlagClocks::from([(guard::comm::Comm::new(b"alpha"), 1_800_000_000.0 - 600.0)]);
-            let state = guard::state::State { clocks, ..Default::default() };
+            let state = guard::domain::State { clocks, ..Default::default() };
             rec.state.files.lock().unwrap().insert(PathBuf::from("/state/s.json"), state);
         },
         ..Default::default()

@@ -5,7 +5,8 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use guard::cmd::status::{render_json, render_table};
-use guard::status::{self, Freshness, NameStatus, PeggedProcess, RepeatOffender, Status, Vitals};
+use guard::domain::{NameStatus, PeggedProcess, RepeatOffender};
+use guard::status::{self, Freshness, Status, Vitals};
 
 const NOW: u64 = 1_700_000_000;
 

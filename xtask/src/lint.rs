@@ -2,7 +2,8 @@
 //! `cargo clippy --all-targets -D warnings` over the host workspace, then the same over the BPF
 //! crate with its own nightly toolchain (its `rust-toolchain.toml`), when that toolchain has
 //! clippy and rustfmt (say so and skip otherwise). Before those, [`stray_tests`]: a `#[test]`
-//! in a test binary that guard-test's harness runs would never run.
+//! in a test binary that guard-test's harness runs would never run; and [`policy_imports`]: the
+//! pure rules (`guard-user/src/policy/`) use no output or IO module.
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -44,20 +45,9 @@ pub const HARNESS_TEST_DIRS: &[&str] = &["guard-user/tests", "tests/tests"];
 /// `path:line: text` of every `#[test]` or `#[tokio::test]` under [`HARNESS_TEST_DIRS`]: without
 /// libtest's harness nothing runs them, and rustc says nothing about it.
 pub fn stray_tests(root: &Path) -> anyhow::Result<Vec<String>> {
-    fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                walk(&path, files)?;
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-        Ok(())
-    }
     let mut files = Vec::new();
     for dir in HARNESS_TEST_DIRS {
-        walk(&root.join(dir), &mut files)?;
+        walk_rs(&root.join(dir), &mut files)?;
     }
     files.sort();
     let mut stray = Vec::new();
@@ -98,6 +88,88 @@ pub fn long_files(root: &Path) -> anyhow::Result<Vec<String>> {
     Ok(long)
 }
 
+/// The directory of the pure rules, and the modules it must not use: the files, signals, metrics
+/// and mirror the daemon writes through. What the rules work on lives in `crate::domain`.
+pub const POLICY_DIR: &str = "guard-user/src/policy";
+pub const NOT_IN_POLICY: &[&str] = &[
+    "status", "enforcer", "state", "mirror", "metrics", "daemon", "cmd", "install", "safefs", "procfs", "ebpf",
+    "trace", "holders", "cgroup",
+];
+
+/// The first segment of every path `text` names through `crate::`, groups included:
+/// `crate::a::b`, `crate::{a::b, c::{d, e}}` give `a`, `a`, `c`. Comments are left out.
+pub fn crate_paths(text: &str) -> Vec<String> {
+    let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    let mut found = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("crate::") {
+        let preceded = rest[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_');
+        rest = &rest[at + "crate::".len()..];
+        if preceded {
+            continue; // `my_crate::` (`$crate::` in a macro is this crate, and counts)
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            // The group's top-level items, up to its closing brace.
+            let (mut depth, mut item) = (0usize, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        found.extend(first_segment(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 || item.is_empty() {
+                    item.push(c);
+                }
+            }
+            found.extend(first_segment(&item));
+        } else {
+            found.extend(first_segment(rest));
+        }
+    }
+    found
+}
+
+fn first_segment(path: &str) -> Option<String> {
+    let name: String = path.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    (!name.is_empty() && name != "self").then_some(name)
+}
+
+/// `path: crate::<module>` of every use of a [`NOT_IN_POLICY`] module under [`POLICY_DIR`].
+pub fn policy_imports(root: &Path) -> anyhow::Result<Vec<String>> {
+    let mut files = Vec::new();
+    walk_rs(&root.join(POLICY_DIR), &mut files)?;
+    files.sort();
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let rel = file.strip_prefix(root).unwrap_or(&file);
+        for module in crate_paths(&text) {
+            if NOT_IN_POLICY.contains(&module.as_str()) {
+                found.push(format!("{}: crate::{module}", rel.display()));
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn walk_rs(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            walk_rs(&path, files)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
 pub fn run(opts: Options) -> anyhow::Result<()> {
     let root = build_ebpf::workspace_root();
     println!("lint: no source file over {MAX_LINES} lines");
@@ -112,6 +184,15 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
             "these tests would never run (their binaries run under guard-test's harness): write \
              #[guard_test(needs = [...])] instead\n  {}",
             stray.join("\n  ")
+        );
+    }
+    println!("lint: the rules in {POLICY_DIR} use no output or IO module");
+    let imports = policy_imports(&root)?;
+    if !imports.is_empty() {
+        bail!(
+            "policy/ uses an output or IO module: move the type it needs to guard-user/src/domain/ \
+             (or pass the rule what it needs)\n  {}",
+            imports.join("\n  ")
         );
     }
     step("cargo fmt --all --check", build::host_cargo().args(["fmt", "--all", "--check"]).current_dir(&root))?;
@@ -166,6 +247,32 @@ mod tests {
             stray_tests(&dir).unwrap(),
             ["guard-user/tests/x.rs:3: #[test]", "tests/tests/helpers/mod.rs:2: #[tokio::test]"]
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Also in `cargo xtask test`: the rules stay off the output and IO modules.
+    #[test]
+    fn the_policy_rules_use_no_output_or_io_module() {
+        let found = policy_imports(&build_ebpf::workspace_root()).unwrap();
+        assert!(found.is_empty(), "move these types to guard-user/src/domain/:\n{}", found.join("\n"));
+    }
+
+    #[test]
+    fn every_form_of_a_crate_path_is_seen() {
+        let text = "use crate::status::NameStatus;\n\
+                    use crate::{\n    comm::Comm,\n    domain::{Outcome, State},\n    enforcer::Refusal,\n};\n\
+                    fn f() { let _ = crate::state::load; }\n\
+                    // crate::metrics in a comment is not a use\n\
+                    macro_rules! m { () => { $crate::mirror::x } }\n\
+                    use crate::{self as g, log::Line};\n\
+                    use other_crate::status;";
+        assert_eq!(crate_paths(text), ["status", "comm", "domain", "enforcer", "state", "mirror", "log"]);
+        let dir = tempfile_dir().join("policy-scan");
+        std::fs::create_dir_all(dir.join(POLICY_DIR).join("slots")).unwrap();
+        std::fs::write(dir.join(POLICY_DIR).join("ok.rs"), "use crate::{domain::State, log::Line};\n").unwrap();
+        std::fs::write(dir.join(POLICY_DIR).join("slots/q.rs"), "use crate::{comm::Comm, status::{self, X}};\n")
+            .unwrap();
+        assert_eq!(policy_imports(&dir).unwrap(), [format!("{POLICY_DIR}/slots/q.rs: crate::status")]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -300,7 +300,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let gathered = gather(src, &mut memory, req).expect("a /proc scan is always there");
     for line in &gathered.lines {
         let why = match line {
-            crate::log::Line::Error(n) | crate::log::Line::Warn(n) => n.what.clone(),
+            crate::log::Line::Error(n) | crate::log::Line::Warn(n) => n.head().to_string(),
             other => other.body(),
         };
         eprintln!("guard-user explain: {why} (treated as empty, as the daemon would)");

@@ -165,7 +165,7 @@ pub fn render_table(s: &Status, now: SystemTime) -> String {
 
 /// A `WARNING` given and not yet enforced, from the name's row: the `due_in=` of the line is
 /// the time left rounded up to whole minutes.
-fn warning(n: &status::NameStatus) -> String {
+fn warning(n: &crate::domain::NameStatus) -> String {
     let due = crate::policy::incidents::minutes_up(n.time_left_secs.unwrap_or(0.0));
     let (end, skip) = (n.would_end.unwrap_or(0), n.would_skip.unwrap_or(0));
     format!("{}: enforcement due in {due}m: ends {end}, skips {skip}", text(&n.name))

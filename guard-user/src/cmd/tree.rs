@@ -17,10 +17,11 @@ use serde::Serialize;
 use super::TreeArgs;
 use crate::{
     comm::Comm,
+    domain::{SessionStatus, SessionsStatus},
     duration::human,
     escape,
     event::{ProcId, ProcState},
-    status::{self, SessionStatus, SessionsStatus},
+    status,
 };
 
 /// One process as `tree` shows it.

@@ -397,6 +397,16 @@ fn shown_value(value: &[u8], string: bool) -> String {
 }
 
 impl ConfigError {
+    /// The `ERROR` line's token: the word [`log_reason`](Self::log_reason) starts with.
+    pub fn what(&self) -> crate::log::What {
+        use crate::log::What;
+        match self {
+            ConfigError::Missing { .. } => What::ConfigMissing,
+            ConfigError::Unreadable { .. } => What::ConfigUnreadable,
+            ConfigError::Json { .. } | ConfigError::Value { .. } | ConfigError::Pattern { .. } => What::ConfigMalformed,
+        }
+    }
+
     /// What to do about it, for humans (`check`, `validate`, stderr), beyond the log line's reason.
     pub fn fix(&self) -> &'static str {
         match self {

@@ -431,3 +431,31 @@ fn a_key_written_twice_is_named_with_both_lines_and_the_last_one_is_used() {
     let keys: Vec<String> = parse(json.as_bytes(), &home()).unwrap().repeated_keys.into_iter().map(|r| r.key).collect();
     assert_eq!(keys, ["stallWatch.peggedFor", "sessions.roots"]);
 }
+
+#[test]
+fn every_config_error_line_starts_with_the_token_of_its_what() {
+    let dir = tempfile::tempdir().unwrap();
+    let who = FsIdentity::current();
+    let errors = [
+        load(&dir.path().join("none.json"), &home(), who).unwrap_err(),
+        load(dir.path(), &home(), who).unwrap_err(),
+        parse(b"{\"threshold\": 3,}", &home()).unwrap_err(),
+        parse(br#"{"threshold": "30"}"#, &home()).unwrap_err(),
+        ConfigError::Pattern {
+            list: PatternList::ExcludeCommands,
+            pattern: "(".into(),
+            index: Some(0),
+            why: "unbalanced".into(),
+            fix: "close it",
+        },
+    ];
+    let kinds: Vec<&str> = errors.iter().map(|e| e.what().token()).collect();
+    assert_eq!(
+        kinds,
+        ["config_missing", "config_unreadable", "config_malformed", "config_malformed", "config_malformed"]
+    );
+    for e in &errors {
+        let reason = e.log_reason();
+        assert_eq!(crate::log::What::of_reason(&reason), Some(e.what()), "{reason}");
+    }
+}

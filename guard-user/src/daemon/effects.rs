@@ -10,7 +10,8 @@ use std::{
 use crate::{
     account::Account,
     budget::Budget,
-    enforcer::{Enforcer, Outcome},
+    domain::{Outcome, State},
+    enforcer::Enforcer,
     event::ProcState,
     log::Line,
     log::Logger,
@@ -18,7 +19,7 @@ use crate::{
     pattern::{Limits, Matcher, PatternSetError, Progress, Resume},
     procfs::{self, CmdRead},
     safefs::{atomic_replace, FsIdentity},
-    state::{self, State, StateError},
+    state::{self, StateError},
     status::Status,
 };
 

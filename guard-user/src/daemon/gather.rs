@@ -21,12 +21,13 @@ use super::{
 use crate::{
     budget::{Budget, Pool},
     config::Config,
+    domain::State,
     escape::ShownCmdline,
     event::{ProcId, ProcState},
     log::Line,
     policy::{AccountView, CmdVerdict, Memory, Now},
     procfs::CmdRead,
-    state::{State, StateError},
+    state::StateError,
 };
 
 /// Where the account's processes come from.
@@ -97,7 +98,7 @@ pub fn gather(src: Sources, memory: &mut Memory, req: Request) -> Option<Gathere
     let mut lines = Vec::new();
     if memory.needs_state() {
         let now = src.clock.now();
-        lines.extend(memory.load((src.state)(&req.config.state_file), now));
+        lines.extend(memory.load((src.state)(&req.config.state_file).map_err(|e| e.notice()), now));
     }
     let round_ends = (Instant::now() + req.budget).min(req.ends_by);
     let round_now = src.clock.now();

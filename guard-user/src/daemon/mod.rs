@@ -26,7 +26,7 @@ use crate::{
     account::Account,
     ebpf::{EbpfOptions, EbpfSource},
     log::Logger,
-    log::{line::StopReason, Line, Notice},
+    log::{line::StopReason, Line, Notice, What},
     mirror::{Endpoint, Mirror},
     safefs::FsIdentity,
 };
@@ -116,7 +116,7 @@ fn cred_warning(creds: &crate::ebpf::CredTracking) -> Option<Line> {
              the audit"
         ),
     }
-    Some(Line::Warn(Notice::new("setuid_untracked").with("reason", hook.reason()).with("fallback", fallback)))
+    Some(Line::Warn(Notice::new(What::SetuidUntracked).with("reason", hook.reason()).with("fallback", fallback)))
 }
 
 /// This host's name for the heartbeat key.
@@ -178,7 +178,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
         Some(Ok(s)) => Some(s),
         Some(Err((reason, detail))) if opts.backend == Backend::Auto => {
             tracing::warn!("BPF unavailable, using the procfs backend: {detail}");
-            logger.write(&Line::Warn(Notice::new("backend_fallback").with("reason", reason)));
+            logger.write(&Line::Warn(Notice::new(What::BackendFallback).with("reason", reason)));
             None
         }
         Some(Err((reason, detail))) => {
@@ -191,7 +191,7 @@ pub async fn run(opts: DaemonOptions) -> Result<Stopped, DaemonError> {
     trim::heap();
     if let Some(problem) = source.as_ref().and_then(|s| s.task_iter_problem()) {
         tracing::warn!("start-up, resyncs and CPU samples read /proc instead of the task iterator: {problem}");
-        logger.write(&Line::Warn(Notice::new("task_iter_fallback").with("reason", problem.reason())));
+        logger.write(&Line::Warn(Notice::new(What::TaskIterFallback).with("reason", problem.reason())));
     }
     if let Some(src) = source.as_ref() {
         if let Some(line) = cred_warning(src.cred_tracking()) {

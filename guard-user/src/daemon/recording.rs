@@ -14,14 +14,14 @@ use super::effects::{
 };
 use crate::{
     budget::{Budget, Fill},
-    enforcer::Outcome,
+    domain::{Outcome, State},
     event::ProcState,
     log::Line,
     mirror::{Heartbeat, StreamEvent},
     pattern::{check_static, Limits, MatchOutcome, Pattern, PatternSetError, Progress, Resume},
     procfs::CmdRead,
     safefs::SafeFsError,
-    state::{State, StateError},
+    state::StateError,
     status::Status,
 };
 
@@ -110,7 +110,7 @@ pub struct RecordingSignals {
 impl RecordingSignals {
     fn outcome(&self, pid: u32, dry: bool) -> Outcome {
         if lock(&self.vanished).contains(&pid) {
-            Outcome::Refused(crate::enforcer::Refusal::IdentityChanged)
+            Outcome::Refused(crate::domain::Refusal::IdentityChanged)
         } else if dry {
             Outcome::Verified
         } else if lock(&self.survivors).contains(&pid) {
@@ -142,7 +142,7 @@ impl Signaller for RecordingSignals {
             .iter()
             .map(|t| {
                 if gone.contains(&t.id.pid) {
-                    Outcome::Refused(crate::enforcer::Refusal::IdentityChanged)
+                    Outcome::Refused(crate::domain::Refusal::IdentityChanged)
                 } else {
                     Outcome::Termed
                 }

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 use super::pump::PumpStats;
 use crate::{
     config::Config,
+    domain::NameStatus,
     metrics::MetricsInput,
     mirror::wire::{HEARTBEAT_ERROR_BYTES, HEARTBEAT_FLAGGED},
     mirror::{Heartbeat, StreamEvent},
     policy::AccountView,
-    status::{NameStatus, Status, Vitals},
+    status::{Status, Vitals},
 };
 
 /// Totals since the daemon started.
@@ -43,9 +44,9 @@ pub struct TickFigures<'a> {
     pub totals: Totals,
     pub names: Vec<NameStatus>,
     /// Processes in a stall-watch incident.
-    pub pegged: Vec<crate::status::PeggedProcess>,
+    pub pegged: Vec<crate::domain::PeggedProcess>,
     /// Names enforced `repeatAfter` times within 24 h.
-    pub offenders: Vec<crate::status::RepeatOffender>,
+    pub offenders: Vec<crate::domain::RepeatOffender>,
     /// The config in force; `None` when this tick's config was invalid.
     pub config: Option<&'a Config>,
     pub config_error: Option<String>,
@@ -53,7 +54,7 @@ pub struct TickFigures<'a> {
     pub vitals: Vitals,
     pub mirror_dropped: u64,
     /// Sessions, while they are on.
-    pub sessions: Option<crate::status::SessionsStatus>,
+    pub sessions: Option<crate::domain::SessionsStatus>,
     /// Slots, while any is configured.
     pub slots: Option<crate::status::SlotsStatus>,
     /// Command lines this tick could not read in time.

@@ -25,6 +25,7 @@ use super::{
 use crate::{
     budget::{Held, Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
+    domain::SessionsStatus,
     event::{clock_ticks_per_sec, ProcId, ProcState},
     lineage::{Caps, LineageCmd, SessionsView},
     log::Kind,
@@ -38,7 +39,6 @@ use crate::{
         },
         CmdVerdict, Now, Signal,
     },
-    status::SessionsStatus,
 };
 
 /// The lineage a valid config asks for: on while `sessions` names at least one root.

@@ -24,7 +24,7 @@ use super::{
 use crate::{
     config::{Config, Slot},
     event::Event,
-    log::{Line, Notice},
+    log::{Line, Notice, What},
     policy::slots::{Action, Caps, SlotBook, SlotsView, Verdict},
     table::ProcessTable,
 };
@@ -177,7 +177,7 @@ impl SlotKeeper {
         self.unavailable = Some(reason);
         if !self.said.contains(&reason) {
             self.said.push(reason);
-            setup.log.write(&Line::Warn(Notice::new("slots_unavailable").with("reason", reason)));
+            setup.log.write(&Line::Warn(Notice::new(What::SlotsUnavailable).with("reason", reason)));
         }
     }
 
@@ -335,7 +335,7 @@ pub fn release_leftovers(uid: u32, home: &std::path::Path, log: &dyn LogSink) {
     let mut released = crate::cgroup::sweep::release_instance(&own, &lock_dir);
     released += crate::cgroup::sweep::sweep(&hierarchy, &lock_dir).iter().map(|(_, n)| n).sum::<usize>();
     if released > 0 {
-        log.write(&Line::Warn(Notice::new("slots_leftovers").with("released", released)));
+        log.write(&Line::Warn(Notice::new(What::SlotsLeftovers).with("released", released)));
     }
 }
 

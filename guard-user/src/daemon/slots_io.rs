@@ -33,7 +33,7 @@ use crate::{
     comm::Comm,
     config::Slot,
     event::{ProcId, ProcState},
-    log::{Line, Notice},
+    log::{Line, Notice, What},
     mirror::StreamEvent,
     pattern::{match_all, MatchOutcome, Matcher},
     policy::slots::{TreeId, Verdict},
@@ -336,7 +336,7 @@ impl Holder {
         let available = self.start();
         if let Err(e) = &available {
             tracing::warn!("slots cannot hold anything here, they report only: {e}");
-            let mut n = Notice::new("slots_unavailable").with("reason", e.token());
+            let mut n = Notice::new(What::SlotsUnavailable).with("reason", e.token());
             if let Unavailable::NotWritable { path, .. } = e {
                 n = n.with("path", path.as_str());
             }
@@ -451,7 +451,7 @@ impl Holder {
     fn refuse(&mut self, reason: &'static str) -> bool {
         if !self.said.contains(&reason) {
             self.said.push(reason);
-            self.lines.write(Line::Warn(Notice::new("slot_not_held").with("reason", reason)));
+            self.lines.write(Line::Warn(Notice::new(What::SlotNotHeld).with("reason", reason)));
         }
         false
     }

@@ -16,7 +16,7 @@ use super::{
     pump::PumpHandle,
     tick::{TickReport, Ticker},
 };
-use crate::log::{Line, Notice};
+use crate::log::{Line, Notice, What};
 use std::sync::Arc;
 
 /// What the operator (or a test) tells the running daemon.
@@ -280,7 +280,7 @@ pub async fn tick_loop(
                     r.warned = Some(Instant::now());
                     log.write(
                         &Line::Warn(
-                            Notice::new("tick_overrun")
+                            Notice::new(What::TickOverrun)
                                 .with("elapsed", format!("{}s", r.began.elapsed().as_secs()))
                                 .with("deadline", format!("{}s", deadline.as_secs_f64())),
                         ),

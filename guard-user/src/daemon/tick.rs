@@ -23,10 +23,11 @@ use super::{
 use crate::{
     budget::{Pool, HELD_CMDLINE_BYTES},
     config::{self, Config, ConfigError},
-    log::{Kind, Line, Notice},
+    domain::NameStatus,
+    log::{Kind, Line, Notice, What},
     policy::{memory::Input, AccountView, Memory, Now},
     safefs::FsIdentity,
-    status::{self, NameStatus},
+    status,
 };
 
 /// What a tick tells the supervisor.
@@ -111,7 +112,7 @@ impl Ticker {
         };
         let list = &config.exclude_commands;
         if let Some(index) = self.match_all.check(&mut *self.fx.classifier, list, began + self.deadline / 4) {
-            self.fx.log.write(&Line::Warn(Notice::new("pattern_matches_all").with("index", index)));
+            self.fx.log.write(&Line::Warn(Notice::new(What::PatternMatchesAll).with("index", index)));
         }
         // Compiled once per change of the list, in the sandbox; a list it refuses is a config
         // error (nothing is ended); what a matcher that cannot run means is the policy's.
@@ -141,7 +142,8 @@ impl Ticker {
         // command line) makes the config invalid, as one of `excludeCommands` does; the slots
         // hold nothing until the list changes.
         if let Some(reason) = slots.as_ref().and_then(|r| r.refused.clone()) {
-            return self.config_error_reason(reason, began);
+            // A refused pattern of `slots` (`config::refused_patterns_of`'s reason).
+            return self.config_error_reason(What::ConfigMalformed, reason, began);
         }
         self.fx.log.set_max_bytes(config.log_max_bytes);
         let path = self.opts.config_path.as_os_str().as_encoded_bytes();
@@ -209,7 +211,7 @@ impl Ticker {
             if let Err(e) = &result {
                 tracing::warn!("{e}");
             }
-            if let Some(line) = self.memory.saved(save, &result) {
+            if let Some(line) = self.memory.saved(save, result.is_ok()) {
                 self.fx.log.write(&line);
             }
         }
@@ -277,13 +279,13 @@ impl Ticker {
     }
 
     fn config_error(&mut self, e: &ConfigError, began: Instant) -> TickReport {
-        self.config_error_reason(e.log_reason(), began)
+        self.config_error_reason(e.what(), e.log_reason(), began)
     }
 
     /// [`Ticker::config_error`] from the `ERROR` line's reason.
-    fn config_error_reason(&mut self, reason: String, began: Instant) -> TickReport {
+    fn config_error_reason(&mut self, what: What, reason: String, began: Instant) -> TickReport {
         let now = self.fx.clock.now_unix();
-        for line in self.memory.config_error(reason.clone()) {
+        for line in self.memory.config_error(what, reason.clone()) {
             self.fx.log.write(&line);
         }
         // The lineage is kept as it is: a broken config must not forget the sessions (nor the
@@ -374,8 +376,8 @@ struct Done<'a> {
     view: &'a AccountView,
     stats: PumpStats,
     names: Vec<NameStatus>,
-    pegged: Vec<crate::status::PeggedProcess>,
-    offenders: Vec<crate::status::RepeatOffender>,
+    pegged: Vec<crate::domain::PeggedProcess>,
+    offenders: Vec<crate::domain::RepeatOffender>,
     /// `None` when the config was invalid.
     config: Option<&'a Config>,
     config_error: Option<String>,
@@ -384,7 +386,7 @@ struct Done<'a> {
     /// How long the pump took to answer the snapshot.
     pump_lag: Option<f64>,
     /// Sessions, while they are on.
-    sessions: Option<crate::status::SessionsStatus>,
+    sessions: Option<crate::domain::SessionsStatus>,
     /// Slots, while any is configured.
     slots: Option<crate::status::SlotsStatus>,
     /// Command lines this tick could not read in time.

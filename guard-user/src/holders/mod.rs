@@ -23,11 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    enforcer::{Enforcer, Outcome},
-    event::ProcState,
-    procfs,
-};
+use crate::{domain::Outcome, enforcer::Enforcer, event::ProcState, procfs};
 
 mod pool;
 mod process;

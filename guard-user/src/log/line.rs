@@ -6,6 +6,7 @@
 //! its row in docs/log.md.
 use std::fmt::Write as _;
 
+pub use super::notice::{FieldValue, Notice, What};
 use crate::comm::Comm;
 
 /// One log line before it is timestamped.
@@ -78,59 +79,51 @@ pub enum Line {
     Error(Notice),
 }
 
-/// The kind of a [`Line`], without its fields: what totals count and tests match on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Flagged,
-    Unflagged,
-    Warning,
-    Killed,
-    DryRun,
-    Skipped,
-    Repeat,
-    Pegged,
-    Recovered,
-    Leftover,
-    Reaped,
-    SlotWait,
-    SlotStart,
-    SlotTimeout,
-    Started,
-    Stopped,
-    Reload,
-    Resync,
-    TickComplete,
-    Warn,
-    Error,
+/// Declares [`Kind`] from one list, so its words and [`Kind::ALL`] cannot disagree.
+macro_rules! kinds {
+    ($($variant:ident => $word:literal,)*) => {
+        /// The kind of a [`Line`], without its fields: what totals count and tests match on.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Kind {
+            $($variant,)*
+        }
+
+        impl Kind {
+            /// Every kind, in docs/log.md's order (the docs checks walk it).
+            pub const ALL: &'static [Kind] = &[$(Kind::$variant),*];
+
+            /// The line's first word.
+            pub fn word(self) -> &'static str {
+                match self {
+                    $(Kind::$variant => $word,)*
+                }
+            }
+        }
+    };
 }
 
-impl Kind {
-    /// The line's first word.
-    pub fn word(self) -> &'static str {
-        match self {
-            Kind::Flagged => "FLAGGED",
-            Kind::Unflagged => "UNFLAGGED",
-            Kind::Warning => "WARNING",
-            Kind::Killed => "KILLED",
-            Kind::DryRun => "DRY_RUN",
-            Kind::Skipped => "SKIPPED",
-            Kind::Repeat => "REPEAT",
-            Kind::Pegged => "PEGGED",
-            Kind::Recovered => "RECOVERED",
-            Kind::Leftover => "LEFTOVER",
-            Kind::Reaped => "REAPED",
-            Kind::SlotWait => "SLOT_WAIT",
-            Kind::SlotStart => "SLOT_START",
-            Kind::SlotTimeout => "SLOT_TIMEOUT",
-            Kind::Started => "STARTED",
-            Kind::Stopped => "STOPPED",
-            Kind::Reload => "RELOAD",
-            Kind::Resync => "RESYNC",
-            Kind::TickComplete => "TICK_COMPLETE",
-            Kind::Warn => "WARN",
-            Kind::Error => "ERROR",
-        }
-    }
+kinds! {
+    Flagged => "FLAGGED",
+    Unflagged => "UNFLAGGED",
+    Warning => "WARNING",
+    Killed => "KILLED",
+    DryRun => "DRY_RUN",
+    Skipped => "SKIPPED",
+    Repeat => "REPEAT",
+    Pegged => "PEGGED",
+    Recovered => "RECOVERED",
+    Leftover => "LEFTOVER",
+    Reaped => "REAPED",
+    SlotWait => "SLOT_WAIT",
+    SlotStart => "SLOT_START",
+    SlotTimeout => "SLOT_TIMEOUT",
+    Started => "STARTED",
+    Stopped => "STOPPED",
+    Reload => "RELOAD",
+    Resync => "RESYNC",
+    TickComplete => "TICK_COMPLETE",
+    Warn => "WARN",
+    Error => "ERROR",
 }
 
 /// A process of a flagged name ended (or, in a dry run, found ready to be).
@@ -181,51 +174,6 @@ impl ResyncReason {
             ResyncReason::LostEvents => "lost_events",
             ResyncReason::Drift => "drift",
         }
-    }
-}
-
-/// The open-ended part of a `WARN` or `ERROR` line: what went wrong, then its `key=value` fields.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Notice {
-    /// Written as it is, after the event word (e.g. `backend_fallback`, or an error's whole
-    /// reason `config_malformed threshold value=0`, whose values the error escaped itself).
-    /// Control characters in it are still escaped, so it can never break the line.
-    pub what: String,
-    /// Escaped as values (docs/log.md). Bytes, because a path or a name need not be UTF-8.
-    pub fields: Vec<(&'static str, Vec<u8>)>,
-}
-
-impl Notice {
-    pub fn new(what: impl Into<String>) -> Notice {
-        Notice { what: what.into(), fields: Vec::new() }
-    }
-
-    /// Adds `key=value`.
-    pub fn with(mut self, key: &'static str, value: impl FieldValue) -> Notice {
-        self.fields.push((key, value.bytes()));
-        self
-    }
-}
-
-/// Anything a [`Notice`] field value can be made from.
-pub trait FieldValue {
-    fn bytes(&self) -> Vec<u8>;
-}
-
-macro_rules! display_value {
-    ($($t:ty),*) => {$(impl FieldValue for $t { fn bytes(&self) -> Vec<u8> { self.to_string().into_bytes() } })*};
-}
-display_value!(u8, u32, u64, usize, i64, String);
-
-impl FieldValue for &str {
-    fn bytes(&self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
-}
-
-impl FieldValue for &[u8] {
-    fn bytes(&self) -> Vec<u8> {
-        self.to_vec()
     }
 }
 
@@ -411,7 +359,7 @@ impl Line {
             }
             Line::Warn(n) | Line::Error(n) => {
                 b.0.push(' ');
-                b.0.push_str(&crate::escape::printable(&n.what));
+                b.0.push_str(&crate::escape::printable(n.head()));
                 for (k, v) in &n.fields {
                     b.bytes(k, v);
                 }

@@ -5,8 +5,10 @@
 //!
 //! What a line says is typed ([`Line`], in [`line`]); this module only timestamps and writes it.
 pub mod line;
+pub mod notice;
 
-pub use line::{Kind, Line, Notice};
+pub use line::{Kind, Line};
+pub use notice::{Notice, What};
 
 use std::{
     io::Write as _,

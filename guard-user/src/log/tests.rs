@@ -22,7 +22,7 @@ fn lines_follow_the_spec_grammar() {
 
 #[test]
 fn a_newline_in_a_value_cannot_forge_a_second_line() {
-    let line = Line::Error(Notice::new("config_malformed").with("pattern", "a\n2026-01-01 00:00:00 KILLED pid=1"));
+    let line = Line::Error(Notice::new(What::ConfigMalformed).with("pattern", "a\n2026-01-01 00:00:00 KILLED pid=1"));
     assert_eq!(line.body(), r#"ERROR config_malformed pattern="a\n2026-01-01 00:00:00 KILLED pid=1""#);
 }
 
@@ -31,8 +31,8 @@ fn a_value_cannot_pass_for_another_key() {
     let name = Comm::new(b"x KILLED pid=1");
     let line = Line::Flagged { name, count: 3, minutes_ago: None };
     assert_eq!(line.body(), r#"FLAGGED name="x KILLED pid=1" count=3 first_flagged=now"#);
-    assert_eq!(Line::Warn(Notice::new("e").with("v", "a=b")).body(), r#"WARN e v="a=b""#);
-    assert_eq!(Line::Warn(Notice::new("e").with("v", "")).body(), r#"WARN e v="""#);
+    assert_eq!(Line::Warn(Notice::new(What::TickOverrun).with("v", "a=b")).body(), r#"WARN tick_overrun v="a=b""#);
+    assert_eq!(Line::Warn(Notice::new(What::TickOverrun).with("v", "")).body(), r#"WARN tick_overrun v="""#);
 }
 
 #[test]
@@ -41,7 +41,10 @@ fn a_comm_is_escaped_from_its_bytes_once_not_from_its_display_twice() {
     assert_eq!(name.to_string(), r"q\xff\\");
     assert!(killed(b"q\xff\\").body().contains(r" name=q\xff\\ "));
     // A string that merely looks escaped is escaped again: it is a different value.
-    assert_eq!(Line::Warn(Notice::new("x").with("name", r"q\xff")).body(), r"WARN x name=q\\xff");
+    assert_eq!(
+        Line::Warn(Notice::new(What::TickOverrun).with("name", r"q\xff")).body(),
+        r"WARN tick_overrun name=q\\xff"
+    );
 }
 
 #[test]
@@ -49,10 +52,10 @@ fn syslog_priorities_follow_the_table() {
     let n = Comm::new(b"x");
     let ended = Ended { pid: 1, name: n, count: 3, elapsed_secs: 0.0 };
     for (line, p) in [
-        (Line::Error(Notice::new("config_missing").with("path", "/x")), 3),
+        (Line::Error(Notice::new(What::ConfigMissing).with("path", "/x")), 3),
         (Line::Stopped(StopReason::Hang), 3),
         (Line::Stopped(StopReason::Error), 3),
-        (Line::Warn(Notice::new("backend_fallback").with("reason", "no_btf")), 4),
+        (Line::Warn(Notice::new(What::BackendFallback).with("reason", "no_btf")), 4),
         (Line::Warning { name: n, count: 3, due_in_secs: 300, ends: 3, skips: 0 }, 4),
         (Line::Killed(ended.clone()), 5),
         (Line::DryRun(ended), 5),
@@ -88,7 +91,7 @@ fn only_the_first_flagged_tick_and_the_incident_lines_are_streamed() {
     assert_eq!(Line::Flagged { name: n, count: 3, minutes_ago: Some(0) }.stream(), None);
     assert_eq!(Line::Recovered { pid: 1, name: n, after_secs: 1 }.stream(), Some("recovered"));
     assert_eq!(Line::TickComplete { flagged: 1, kills: 0, errors: 0 }.stream(), None);
-    assert_eq!(Line::Error(Notice::new("config_missing")).stream(), None, "config events come from the outage");
+    assert_eq!(Line::Error(Notice::new(What::ConfigMissing)).stream(), None, "config events come from the outage");
 }
 
 #[test]
@@ -109,16 +112,19 @@ fn the_journal_prefix_goes_on_stdout_only_when_journal_stream_names_it() {
 }
 
 #[test]
-fn the_log_file_gets_no_prefix_and_a_hand_made_what_stays_one_line() {
+fn the_log_file_gets_no_prefix_and_an_errors_own_reason_stays_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("guard-daemon.log");
     let log = Logger::new(path.clone(), FsIdentity::current(), 1 << 20, false);
-    log.write(&Line::Error(Notice::new("something value=a\nKILLED pid=1\u{85}")));
-    log.write(&Line::Warn(Notice::new("config_unknown_key").with("key", "colour\r\nX")));
+    log.write(&Line::Error(Notice::reason(
+        What::ConfigMalformed,
+        "config_malformed value=a\nKILLED pid=1\u{85}".into(),
+    )));
+    log.write(&Line::Warn(Notice::new(What::ConfigUnknownKey).with("key", "colour\r\nX")));
     let text = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines[0].ends_with(r" ERROR something value=a\x0aKILLED pid=1\xc2\x85"), "{text}");
+    assert!(lines[0].ends_with(r" ERROR config_malformed value=a\x0aKILLED pid=1\xc2\x85"), "{text}");
     assert!(lines[1].ends_with(r" WARN config_unknown_key key=colour\r\nX"), "{text}");
     assert!(!text.contains('<'), "{text}");
 }

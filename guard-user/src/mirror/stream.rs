@@ -6,8 +6,9 @@ use super::wire::StreamEvent;
 use crate::log::Line;
 
 impl StreamEvent {
-    /// The stream entry `line` becomes at `now` (unix seconds), if it becomes one
-    /// ([`Line::stream`]).
+    /// The stream entry `line` becomes at `now` (unix seconds), if it becomes one. Whether it
+    /// does, and under which event, is [`Line::stream`]'s decision alone: this only fills the
+    /// fields (test `the_stream_decision_is_line_streams_alone` in tests/log_grammar.rs).
     pub fn of(line: &Line, now: f64) -> Option<StreamEvent> {
         let event = line.stream()?;
         let mut ev = StreamEvent { event: event.into(), ts: now as i64, ..Default::default() };
@@ -86,7 +87,8 @@ impl StreamEvent {
                 ev.reason = "max_wait".into();
                 ev.extra = extra(&[("slot", slot.clone()), ("waited_secs", waited_secs.to_string())]);
             }
-            // Not streamed (`Line::stream` said so above).
+            // No fields of their own: `Line::stream` does not stream them, so they never get
+            // here. Nothing is decided in this match; an event, once named, is always written.
             Line::Unflagged { .. }
             | Line::Started { .. }
             | Line::Stopped(_)
@@ -94,7 +96,7 @@ impl StreamEvent {
             | Line::Resync { .. }
             | Line::TickComplete { .. }
             | Line::Warn(_)
-            | Line::Error(_) => return None,
+            | Line::Error(_) => {}
         }
         Some(ev)
     }
@@ -105,7 +107,7 @@ mod tests {
     use super::*;
     use crate::{
         comm::Comm,
-        log::{line::Ended, Notice},
+        log::{line::Ended, Notice, What},
     };
 
     fn fields(ev: &StreamEvent) -> Vec<(String, String)> {
@@ -204,6 +206,6 @@ mod tests {
         assert_eq!(StreamEvent::of(&Line::Flagged { name, count: 5, minutes_ago: Some(1) }, 1.0), None);
         let skipped = StreamEvent::of(&Line::Skipped { pid: 3, name, reason: "identity_changed" }, 1.0).unwrap();
         assert_eq!((skipped.pid, skipped.reason.as_str()), (Some(3), "identity_changed"));
-        assert_eq!(StreamEvent::of(&Line::Warn(Notice::new("redis_unreachable")), 1.0), None);
+        assert_eq!(StreamEvent::of(&Line::Warn(Notice::new(What::RedisUnreachable)), 1.0), None);
     }
 }

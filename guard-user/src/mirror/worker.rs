@@ -33,7 +33,7 @@ use super::call::{bounded, connect, MirrorError, CALL_TIMEOUT};
 use super::conn::Conn;
 use super::wire::{heartbeat_key, set_heartbeat, xadd, Heartbeat, StreamEvent};
 use super::Endpoint;
-use crate::log::Notice;
+use crate::log::{Notice, What};
 
 /// Events kept while Redis is slow or away; the oldest is dropped beyond this.
 pub const EVENT_QUEUE_CAPACITY: usize = 1024;
@@ -215,7 +215,7 @@ impl Worker {
                 Ok(()) => {
                     if self.in_outage {
                         self.in_outage = false;
-                        (self.warn)(self.notice("redis_recovered"));
+                        (self.warn)(self.notice(What::RedisRecovered));
                     }
                     self.backoff = BACKOFF_INITIAL;
                 }
@@ -223,7 +223,7 @@ impl Worker {
                     self.conn = None;
                     if let MirrorError::InvalidEndpoint { .. } = err {
                         // Retrying cannot help: say so once and discard from now on.
-                        (self.warn)(self.notice("redis_endpoint_invalid"));
+                        (self.warn)(self.notice(What::RedisEndpointInvalid));
                         return self.discard_forever().await;
                     }
                     match &err {
@@ -233,11 +233,11 @@ impl Worker {
                         }
                         MirrorError::ReplyRejected { bytes, .. } if !self.in_outage => {
                             self.in_outage = true;
-                            (self.warn)(self.notice("redis_reply_rejected").with("bytes", *bytes));
+                            (self.warn)(self.notice(What::RedisReplyRejected).with("bytes", *bytes));
                         }
                         _ if !self.in_outage => {
                             self.in_outage = true;
-                            (self.warn)(self.notice("redis_unreachable"));
+                            (self.warn)(self.notice(What::RedisUnreachable));
                         }
                         _ => {}
                     }
@@ -275,7 +275,7 @@ impl Worker {
     /// A warning about this endpoint: `what endpoint=<redacted>`, the endpoint a typed field so
     /// the log escapes it like any value (an operator's URL or socket path can hold a quote, a
     /// newline or `key=value` text).
-    fn notice(&self, what: &str) -> Notice {
+    fn notice(&self, what: What) -> Notice {
         Notice::new(what).with("endpoint", self.endpoint.redacted())
     }
 
@@ -283,7 +283,7 @@ impl Worker {
     fn listener_is_an_account(&mut self, uid: u32) {
         if !self.owner_warned {
             self.owner_warned = true;
-            (self.warn)(self.notice("redis_listener_owned_by_account").with("uid", uid));
+            (self.warn)(self.notice(What::RedisListenerOwnedByAccount).with("uid", uid));
         }
     }
 

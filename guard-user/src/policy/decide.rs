@@ -15,10 +15,9 @@ use super::{
 use crate::{
     comm::Comm,
     config::Config,
-    enforcer::Outcome,
+    domain::{NameStatus, Outcome},
     event::{ProcId, ProcState},
     log::line::{Ended, Line, UnflagReason},
-    status::NameStatus,
 };
 
 /// The table's view of the account is the tick's input.

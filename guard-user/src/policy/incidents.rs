@@ -9,15 +9,14 @@ use crate::log::Line;
 use crate::{
     comm::Comm,
     config::Config,
-    state::{cap_repeats, RepeatHistory, MAX_REPEAT_ENTRIES},
-    status::RepeatOffender,
+    domain::{cap_repeats, RepeatHistory, RepeatOffender, MAX_REPEAT_ENTRIES},
 };
 
 /// The window of `REPEAT`.
 pub const DAY: f64 = 86_400.0;
 
 /// Names with a repeat history kept at most (the oldest go first): bounds the state file.
-pub use crate::state::MAX_REPEAT_NAMES;
+pub use crate::domain::MAX_REPEAT_NAMES;
 
 /// What the incidents remember between ticks (and restarts: the state file holds it).
 #[derive(Clone, Debug, Default, PartialEq)]

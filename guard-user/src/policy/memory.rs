@@ -21,11 +21,9 @@ use super::{
 };
 use crate::{
     config::{self, Config, StallWatch},
-    enforcer::Outcome,
+    domain::{NameStatus, Outcome, PeggedProcess, RepeatOffender, State},
     event::{ProcId, ProcState},
-    log::{Line, Notice},
-    state::{State, StateError},
-    status::{NameStatus, PeggedProcess, RepeatOffender},
+    log::{Line, Notice, What},
 };
 
 /// The flag clocks and the incidents as the daemon holds them: every time on the monotonic clock
@@ -139,13 +137,14 @@ impl Memory {
     }
 
     /// The state file as read (wall times). One that cannot be read or breaks a bound is treated
-    /// as empty (it delays enforcement by one `timeout`) and said: `ERROR <why>`.
-    pub fn load(&mut self, file: Result<State, StateError>, now: Now) -> Option<Line> {
+    /// as empty (it delays enforcement by one `timeout`) and said: `ERROR <why>`, the notice the
+    /// state file's reader gave (`state_malformed …` or `state_rejected …`).
+    pub fn load(&mut self, file: Result<State, Notice>, now: Now) -> Option<Line> {
         let (held, line) = match file {
             Ok(st) => (Held::from_state(time::to_memory(&st, now)), None),
-            Err(e) => {
+            Err(why) => {
                 self.errors += 1;
-                (Held::default(), Some(Line::Error(Notice::new(e.to_string()))))
+                (Held::default(), Some(Line::Error(why)))
             }
         };
         self.held = Some(held);
@@ -173,7 +172,7 @@ impl Memory {
     pub fn cmdlines_unread(&mut self, unread: usize, slow: usize) -> Option<Line> {
         let first = unread > 0 && !self.cmdlines_unread;
         self.cmdlines_unread |= unread > 0;
-        first.then(|| Line::Warn(Notice::new("cmdline_read_budget").with("unread", unread).with("slow", slow)))
+        first.then(|| Line::Warn(Notice::new(What::CmdlineReadBudget).with("unread", unread).with("slow", slow)))
     }
 
     /// `WARN config_unknown_key` once per key per run, for at most [`config::MAX_UNKNOWN_KEYS`]
@@ -191,12 +190,12 @@ impl Memory {
                 break;
             }
             self.warned_keys.insert(key.clone());
-            lines.push(Line::Warn(Notice::new("config_unknown_key").with("key", key.as_str()).with("path", path)));
+            lines.push(Line::Warn(Notice::new(What::ConfigUnknownKey).with("key", key.as_str()).with("path", path)));
         }
         if over && !self.unknown_keys_capped {
             self.unknown_keys_capped = true;
             lines.push(Line::Warn(
-                Notice::new("config_unknown_keys_unreported")
+                Notice::new(What::ConfigUnknownKeysUnreported)
                     .with("limit", config::MAX_UNKNOWN_KEYS)
                     .with("path", path),
             ));
@@ -213,7 +212,7 @@ impl Memory {
             if self.warned_repeats.insert(r.key.clone()) {
                 let at: Vec<String> = r.lines.iter().map(|l| l.to_string()).collect();
                 lines.push(Line::Warn(
-                    Notice::new("config_repeated_key")
+                    Notice::new(What::ConfigRepeatedKey)
                         .with("key", r.key.as_str())
                         .with("count", r.count)
                         .with("lines", at.join(",").as_str())
@@ -242,21 +241,20 @@ impl Memory {
         self.held.as_ref() != Some(next) || !current
     }
 
-    /// What came of writing `save`. A write that failed is tried again next tick and said:
-    /// `ERROR state_unwritable path=<path>` (enforcement goes on from memory). A file that
-    /// could not be replaced for another reason is only traced.
-    pub fn saved(&mut self, save: &Save, result: &Result<(), StateError>) -> Option<Line> {
-        match result {
-            Ok(()) => {
+    /// Whether writing `save` succeeded (`written`). A write that failed is tried again next tick
+    /// and said: `ERROR state_unwritable path=<path>` (enforcement goes on from memory; the
+    /// shell traces the error itself).
+    pub fn saved(&mut self, save: &Save, written: bool) -> Option<Line> {
+        match written {
+            true => {
                 self.persisted_at = Some((save.path.clone(), save.offset));
                 None
             }
-            Err(e) => {
+            false => {
                 self.persisted_at = None;
-                let StateError::Write(_) = e else { return None };
                 self.errors += 1;
                 let path = save.path.as_os_str().as_encoded_bytes();
-                Some(Line::Error(Notice::new("state_unwritable").with("path", path)))
+                Some(Line::Error(Notice::new(What::StateUnwritable).with("path", path)))
             }
         }
     }
@@ -283,9 +281,9 @@ impl Memory {
 
     /// A tick with an invalid config: `ERROR <reason>`, then `TICK_COMPLETE` with one error
     /// and nothing flagged or ended. Nothing held changes (the clocks survive the outage).
-    pub fn config_error(&mut self, reason: String) -> [Line; 2] {
+    pub fn config_error(&mut self, what: What, reason: String) -> [Line; 2] {
         self.errors = 0;
-        [Line::Error(Notice::new(reason)), complete(0, 0, 1)]
+        [Line::Error(Notice::reason(what, reason)), complete(0, 0, 1)]
     }
 }
 

@@ -2,7 +2,7 @@
 use std::{collections::BTreeMap, path::Path};
 
 use super::*;
-use crate::{comm::Comm, config::parse, safefs::SafeFsError};
+use crate::{comm::Comm, config::parse};
 
 fn cfg(json: &str) -> Config {
     parse(json.as_bytes(), Path::new("/h")).unwrap()
@@ -22,10 +22,6 @@ fn tick(memory: &mut Memory, config: &Config, n: u32, now: Now, outcome: Outcome
     let plan = memory.begin(Input { view: &view, config, now, verdicts: &verdicts, dry_run: false });
     let outcomes = vec![outcome; plan.targets().len()];
     plan.finish(&outcomes)
-}
-
-fn write_failed() -> StateError {
-    StateError::Write(SafeFsError::Unsafe { path: "/h/.guard-state.json".into(), why: "a test" })
 }
 
 #[test]
@@ -87,26 +83,26 @@ fn the_state_is_saved_when_it_changed_moved_or_the_wall_clock_stepped_and_not_ot
     let save = done.save.expect("a new clock is saved");
     assert_eq!(save.path, config.state_file);
     assert_eq!(save.file.clocks.get(&Comm::new(b"pile")), Some(&1000.0), "wall times in the file");
-    assert!(m.saved(&save, &Ok(())).is_none());
+    assert!(m.saved(&save, true).is_none());
     // Nothing changed, same file, same clocks: nothing to write.
     assert_eq!(tick(&mut m, &config, 3, Now::same(1060.0), Outcome::Verified).save, None);
     // The pile dipped below the threshold: its clock is dropped, and that is written.
     let save = tick(&mut m, &config, 2, Now::same(1070.0), Outcome::Verified).save.expect("a dropped clock is saved");
     assert!(save.file.clocks.is_empty());
-    assert!(m.saved(&save, &Ok(())).is_none());
+    assert!(m.saved(&save, true).is_none());
     // Back at the threshold: flagged again, written again.
     let save = tick(&mut m, &config, 3, Now::same(1080.0), Outcome::Verified).save.expect("a new clock is saved");
-    assert!(m.saved(&save, &Ok(())).is_none());
+    assert!(m.saved(&save, true).is_none());
     // The wall clock stepped 2 s (the monotonic one did not): the file's times would be off.
     let stepped = Now { wall: 1122.0, mono: 1120.0 };
     let save = tick(&mut m, &config, 3, stepped, Outcome::Verified).save.expect("a wall step re-dates the file");
-    assert!(m.saved(&save, &Ok(())).is_none());
+    assert!(m.saved(&save, true).is_none());
     // Another stateFile: it does not hold the clocks yet.
     let moved = cfg(r#"{"threshold": 3, "timeout": "1h", "stateFile": "/h/other.json"}"#);
     let later = Now { wall: 1182.0, mono: 1180.0 };
     let save = tick(&mut m, &moved, 3, later, Outcome::Verified).save.expect("a new stateFile is written");
     // The write failed: said, counted, and tried again next tick.
-    let line = m.saved(&save, &Err(write_failed())).expect("a failed write is said");
+    let line = m.saved(&save, false).expect("a failed write is said");
     assert_eq!(line.body(), "ERROR state_unwritable path=/h/other.json");
     let again = Now { wall: 1242.0, mono: 1240.0 };
     assert!(tick(&mut m, &moved, 3, again, Outcome::Verified).save.is_some(), "tried again");
@@ -117,7 +113,7 @@ fn the_state_is_saved_when_it_changed_moved_or_the_wall_clock_stepped_and_not_ot
 fn an_unreadable_state_file_is_treated_as_empty_said_and_counted_once() {
     let mut m = Memory::default();
     assert!(m.needs_state());
-    let bad = StateError::Malformed { path: "/h/.guard-state.json".into(), reason: None };
+    let bad = Notice::new(What::StateMalformed).with("path", "/h/.guard-state.json");
     let line = m.load(Err(bad), Now::same(5.0)).expect("said");
     assert_eq!(line.body(), "ERROR state_malformed path=/h/.guard-state.json");
     assert!(!m.needs_state(), "read once per run, not every tick");
@@ -156,7 +152,7 @@ fn a_config_error_tick_says_why_ends_nothing_and_keeps_the_clocks() {
     let mut m = Memory::default();
     m.load(Ok(State::default()), Now::same(0.0));
     tick(&mut m, &config, 3, Now::same(10.0), Outcome::Verified);
-    let [error, complete] = m.config_error("config_malformed threshold value=0".into());
+    let [error, complete] = m.config_error(What::ConfigMalformed, "config_malformed threshold value=0".into());
     assert_eq!(error.body(), "ERROR config_malformed threshold value=0");
     assert_eq!(complete.body(), "TICK_COMPLETE flagged=0 kills=0 errors=1");
     assert_eq!(m.clocks().get(&Comm::new(b"pile")), Some(&10.0));

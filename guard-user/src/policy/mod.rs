@@ -31,7 +31,7 @@ pub use time::Now;
 
 /// Flag clocks: name → when it first reached the threshold, keyed by the name's bytes. The
 /// policy's are on the daemon's monotonic clock; the state file's are unix seconds ([`time`]).
-pub use crate::state::FlagClocks;
+pub use crate::domain::FlagClocks;
 
 /// How a plan's targets are signalled. The plan carries it, dry run included, so the tick's IO
 /// sends exactly what it is told and decides nothing.

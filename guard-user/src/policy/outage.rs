@@ -1,7 +1,7 @@
 //! Said once per outage: a sandboxed matcher (the `excludeCommands` one, or the roots' one) that
 //! cannot run is logged when the outage starts (`WARN pattern_matcher_down reason=<which>`), not
 //! at every tick it lasts; a tick that finds it running again ends the outage.
-use crate::log::{Line, Notice};
+use crate::log::{Line, Notice, What};
 
 /// One matcher's outage.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -15,7 +15,7 @@ impl Outage {
     pub fn observe(&mut self, up: bool, reason: &'static str) -> Option<Line> {
         let starts = !up && !self.down;
         self.down = !up;
-        starts.then(|| Line::Warn(Notice::new("pattern_matcher_down").with("reason", reason)))
+        starts.then(|| Line::Warn(Notice::new(What::PatternMatcherDown).with("reason", reason)))
     }
 }
 
@@ -32,6 +32,6 @@ mod tests {
             .collect();
         assert_eq!(said, [false, true, false, false, false, true]);
         let line = Outage::default().observe(false, "roots_worker").unwrap();
-        assert_eq!(line, Line::Warn(Notice::new("pattern_matcher_down").with("reason", "roots_worker")));
+        assert_eq!(line, Line::Warn(Notice::new(What::PatternMatcherDown).with("reason", "roots_worker")));
     }
 }

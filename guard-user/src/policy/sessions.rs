@@ -21,11 +21,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{CmdVerdict, Now, Signal};
-use crate::log::{Kind, Line, Notice};
+use crate::log::{Kind, Line, Notice, What};
 use crate::{
     comm::Comm,
     config::{Config, Leftovers, Sessions},
-    enforcer::Outcome,
+    domain::Outcome,
     event::{ProcId, ProcState},
     lineage::{Caps, LineageCmd, SessionId, SessionRow, SessionsView},
 };
@@ -254,7 +254,7 @@ fn cap_lines(view: &SessionsView, book: &mut SessionBook, limits: &SessionLimits
     let mut lines = Vec::new();
     for (what, hit, limit) in hits {
         if hit > 0 && book.warned_caps.insert(what) {
-            lines.push(Line::Warn(Notice::new("sessions_cap").with("what", what).with("limit", limit)));
+            lines.push(Line::Warn(Notice::new(What::SessionsCap).with("what", what).with("limit", limit)));
         }
     }
     lines

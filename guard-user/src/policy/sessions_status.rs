@@ -6,8 +6,8 @@ use super::{
 };
 use crate::{
     config::Sessions,
+    domain::{SessionCaps, SessionProcess, SessionStatus, SessionsStatus},
     lineage::SessionsView,
-    status::{SessionCaps, SessionProcess, SessionStatus, SessionsStatus},
 };
 
 /// Sessions listed in the status file (`tree`); the rest are counted.

@@ -4,8 +4,8 @@ use std::{path::Path, time::Duration};
 use super::*;
 use crate::{
     config::parse,
+    domain::{SessionProcess, SessionsStatus},
     lineage::{Candidate, LineageCounts},
-    status::{SessionProcess, SessionsStatus},
 };
 
 const LIMITS: SessionLimits = SessionLimits { caps: Caps::DAEMON, candidates: 4096, command_bytes: 4 << 20 };
@@ -374,7 +374,7 @@ fn a_leftover_gone_before_its_sigterm_is_skipped_as_identity_changed_and_not_cou
         book: &book,
         limits: LIMITS,
     });
-    let lines = after_reap(&mut plan, &[Outcome::Refused(crate::enforcer::Refusal::IdentityChanged)], &[]);
+    let lines = after_reap(&mut plan, &[Outcome::Refused(crate::domain::Refusal::IdentityChanged)], &[]);
     assert_eq!(
         lines.iter().map(Line::body).collect::<Vec<_>>(),
         ["SKIPPED pid=201 name=watcher reason=identity_changed"]

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use crate::log::Line;
-use crate::{comm::Comm, config::StallWatch, event::ProcId, event::ProcState, status::PeggedProcess};
+use crate::{comm::Comm, config::StallWatch, domain::PeggedProcess, event::ProcId, event::ProcState};
 
 /// How often an incident that lasts is told again.
 pub const REMINDER: f64 = 3600.0;

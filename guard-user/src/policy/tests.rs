@@ -72,7 +72,7 @@ fn log_figures_round_as_the_spec_says() {
 
 #[test]
 fn pruning_170000_repeat_histories_reported_in_the_future_is_fast_and_bounded() {
-    use crate::state::RepeatHistory;
+    use crate::domain::RepeatHistory;
     // What a planted state file held: a quadratic prune took 261 s on it, past the start timeout.
     let repeats = (0..170_000u32)
         .map(|i| (Comm::new(format!("r{i}").as_bytes()), RepeatHistory { enforcements: vec![], reported: Some(9e12) }))

@@ -11,7 +11,7 @@
 //! now); [`to_file`] maps them back with the wall clock of the moment of writing, so a file
 //! written after a step tells the next daemon the elapsed times this one measured.
 use super::FlagClocks;
-use crate::state::State;
+use crate::domain::State;
 
 /// "Now" on both clocks, read together. Seconds: unix time on the wall clock, any origin on the
 /// monotonic one (only differences count).
@@ -71,7 +71,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::{comm::Comm, state::RepeatHistory};
+    use crate::{comm::Comm, domain::RepeatHistory};
 
     #[test]
     fn a_file_time_keeps_its_age_and_a_future_one_is_read_as_now() {

@@ -1,5 +1,5 @@
 //! The state file's bounds: what the reader takes, what it rejects, what the writer writes.
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::*;
 

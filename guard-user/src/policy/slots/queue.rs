@@ -135,7 +135,9 @@ impl SlotBook {
     /// `WARN slots_cap what= limit=`, once per cap.
     pub(super) fn cap(&mut self, what: &'static str, limit: usize) -> Option<Action> {
         self.capped.insert(what).then(|| {
-            Action::Log(Line::Warn(crate::log::Notice::new("slots_cap").with("what", what).with("limit", limit)))
+            Action::Log(Line::Warn(
+                crate::log::Notice::new(crate::log::What::SlotsCap).with("what", what).with("limit", limit),
+            ))
         })
     }
 
