@@ -236,7 +236,7 @@ mod tests {
 
     #[test]
     fn a_stray_test_attribute_is_found_with_its_place() {
-        let dir = tempfile_dir();
+        let dir = tempfile_dir("stray");
         for sub in HARNESS_TEST_DIRS {
             std::fs::create_dir_all(dir.join(sub).join("helpers")).unwrap();
         }
@@ -267,7 +267,7 @@ mod tests {
                     use crate::{self as g, log::Line};\n\
                     use other_crate::status;";
         assert_eq!(crate_paths(text), ["status", "comm", "domain", "enforcer", "state", "mirror", "log"]);
-        let dir = tempfile_dir().join("policy-scan");
+        let dir = tempfile_dir("policy-scan");
         std::fs::create_dir_all(dir.join(POLICY_DIR).join("slots")).unwrap();
         std::fs::write(dir.join(POLICY_DIR).join("ok.rs"), "use crate::{domain::State, log::Line};\n").unwrap();
         std::fs::write(dir.join(POLICY_DIR).join("slots/q.rs"), "use crate::{comm::Comm, status::{self, X}};\n")
@@ -276,8 +276,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn tempfile_dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("xtask-stray-{}", std::process::id()));
+    /// A directory of the test's own (`name`): the tests of this binary run at once.
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
