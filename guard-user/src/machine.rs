@@ -8,11 +8,8 @@
 //! (in the initial pid namespace, where the daemon runs: a container's `/proc` lists its own).
 //! `proc_root.nlink` is the link count of `/proc` itself: 2 plus the subdirectories the kernel
 //! registered there (`proc_register` counts each directory entry it adds), a constant for the
-//! kernel's life except when a module adds or removes a directory under `/proc`. It is counted
-//! from the start of `/proc`'s listing, which gives those entries before any process
-//! (`proc_root_readdir`: the registered entries, then `self`, `thread-self` and the pids), so
-//! the count stops at the first pid: about 60 entries, not one per process of the machine (a
-//! listing of 50,000 processes took the first tick 0.2 s). Counted again every
+//! kernel's life except when a module adds or removes a directory under `/proc`. It is measured
+//! as the link count less the pids of one whole listing (see [`calibrate`]), again every
 //! [`RECALIBRATE`].
 use std::{
     fs,
@@ -60,20 +57,27 @@ fn nlink(proc: &Path) -> Option<u64> {
     fs::metadata(proc).ok().map(|m| m.nlink())
 }
 
-/// `proc_root.nlink`: 2 and the directories among the entries `/proc` lists before its first
-/// process (see the module doc).
+/// `proc_root.nlink`: the link count of `/proc` less the processes its listing has, taken when
+/// nothing forked or exited between the two reads (a few tries; under a storm of forks the last
+/// one, off by the few that came and went). The whole listing, not only the entries before the
+/// first pid: on some kernels (5.10 here) the link count has registered entries the head of the
+/// listing does not show. One listing every [`RECALIBRATE`] (names only: 0.2 s at 50,000
+/// processes), never per tick.
 fn calibrate(proc: &Path) -> Option<u64> {
-    let mut dirs = 0;
-    for e in fs::read_dir(proc).ok()? {
-        let e = e.ok()?;
-        if e.file_name().as_encoded_bytes().first().is_some_and(u8::is_ascii_digit) {
+    let mut last = None;
+    for _ in 0..5 {
+        let before = nlink(proc)?;
+        let pids = fs::read_dir(proc)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().as_encoded_bytes().first().is_some_and(u8::is_ascii_digit))
+            .count() as u64;
+        last = Some(before.saturating_sub(pids));
+        if nlink(proc)? == before {
             break;
         }
-        if e.file_type().ok()?.is_dir() {
-            dirs += 1;
-        }
     }
-    Some(2 + dirs)
+    last
 }
 
 #[cfg(test)]
