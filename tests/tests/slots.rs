@@ -241,11 +241,16 @@ fn a_daemon_killed_with_its_releaser_leaves_nothing_waiting_after_the_next_start
     let mut jobs = Jobs::start(&exe, &file, 3, 800, TEST_UID, &[]);
     assert_eq!(wait_frozen(&jobs.pids(), 2).len(), 2);
     // The daemon and its releaser at once (`systemctl kill -s KILL`): nothing is left to thaw.
+    // The daemon stopped first: killed first, its releaser could see the pipe close and thaw
+    // before its own SIGKILL (a guest under TCG did), and killed second, a running daemon could
+    // start a new releaser in between.
     let releaser = children_of(d.child.id()).into_iter().find(|p| cmdline(*p).contains("__slots-release"));
-    unsafe { libc::kill(d.child.id() as i32, libc::SIGKILL) };
+    assert!(releaser.is_some(), "the daemon runs a releaser while it holds commands");
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGSTOP) };
     if let Some(r) = releaser {
         unsafe { libc::kill(r as i32, libc::SIGKILL) };
     }
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGKILL) };
     let _ = d.child.wait();
     assert_eq!(frozen().len(), 2, "still frozen until a guard starts again");
     let _d = Daemon::start(&home, &[]);
