@@ -186,7 +186,10 @@ run systemd-analyze verify "$UNIT"
 ((RC == 0)) || fail "systemd-analyze verify exited $RC"
 [[ $OUT == *home.conf* ]] && fail "systemd-analyze complained about the drop-in"
 run systemctl show -p ExecStart -p ExecStartPre -p ReadWritePaths -p DropInPaths "$UNIT"
-[[ $(systemctl show -p ExecStartPre --value "$UNIT") == "" ]] || fail "an ExecStartPre= reached the unit"
+# The template's one ExecStartPre= (the slots' releaser, a fixed command line), none from the config.
+PRE=$(systemctl show -p ExecStartPre --value "$UNIT")
+[[ $PRE == *"__slots-release ;"* && $(grep -o 'argv\[\]=' <<<"$PRE" | wc -l) == 1 && $PRE != *pwned* ]] ||
+    fail "an ExecStartPre= other than the releaser reached the unit: $PRE"
 # systemctl shows each path shell-quoted: the template's textfile-collector directory, then the
 # home, and nothing else.
 eval "set -- $(systemctl show -p ReadWritePaths --value "$UNIT")"
