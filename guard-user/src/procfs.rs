@@ -394,7 +394,9 @@ mod tests {
 
     #[test]
     fn cmdline_joins_arguments_with_single_spaces() {
-        let mut child = std::process::Command::new("sh").args(["-c", "sleep 30", "x", ""]).spawn().unwrap();
+        // Two commands, so the shell stays (with one, bash and dash exec it in place of themselves,
+        // and a slow guest read the command line only after that).
+        let mut child = std::process::Command::new("sh").args(["-c", "sleep 30; :", "x", ""]).spawn().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut line = Vec::new();
         while std::time::Instant::now() < deadline {
@@ -406,6 +408,6 @@ mod tests {
         }
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(line, b"sh -c sleep 30 x ");
+        assert_eq!(line, b"sh -c sleep 30; : x ");
     }
 }
