@@ -50,6 +50,12 @@ pub fn bound_sockets() -> io::Result<HashMap<u64, Bound>> {
     }
 }
 
+/// Whether the kernel gives unix socket diagnostics (else [`bound_sockets`] reads
+/// `/proc/net/unix`).
+pub fn has_diagnostics() -> bool {
+    diag_dump().is_ok()
+}
+
 /// `/proc/net/unix` (`Num RefCount Protocol Flags Type St Inode Path`): the socket inode and
 /// the name it was bound by, not the file. A socket bound by an absolute name is taken to be
 /// bound to the socket file at that name now (its device and inode, read with `lstat`); one

@@ -487,10 +487,14 @@ mod tests {
         let file = within(&repo.join("run/s.sock"));
         assert_eq!(place(&file, inside.as_raw_fd()), Place::Inside);
         assert_eq!(place(&file, outside.as_raw_fd()), Place::Outside);
-        // Its file removed and another bound at the same name: the first holds nothing now.
+        // Its file removed and another bound at the same name: the first holds nothing now, as
+        // the socket diagnostics tell (they give each socket's own file). Where the kernel has
+        // none, /proc/net/unix gives only the name, and both sockets are taken to hold the file
+        // there now (unix.rs): a holder too many, never one missed.
         fs::remove_file(repo.join("run/s.sock")).unwrap();
         let _again = std::os::unix::net::UnixListener::bind(repo.join("run/s.sock")).unwrap();
-        assert_eq!(place(&within(&repo), inside.as_raw_fd()), Place::Outside);
+        let expect = if unix::has_diagnostics() { Place::Outside } else { Place::Inside };
+        assert_eq!(place(&within(&repo), inside.as_raw_fd()), expect);
     }
 
     #[test]
