@@ -58,6 +58,15 @@ fn announce(dir: &str, role: &str, pid: u32) {
     let _ = f.write_all(format!("{role} {pid}\n").as_bytes());
 }
 
+/// Points stdout at /dev/null: only the root says `ready` on the test's pipe.
+fn stdout_to_null() {
+    // SAFETY: plain syscalls on fds this process owns.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+        libc::dup2(null, 1);
+    }
+}
+
 /// A child that execs `DIR/<exe>` as one of the root's leftovers.
 fn spawn_exec(dir: &str, exe: &str, role: &str, setsid: bool) {
     // SAFETY: the child only makes syscalls and execs.
@@ -67,9 +76,8 @@ fn spawn_exec(dir: &str, exe: &str, role: &str, setsid: bool) {
             if setsid {
                 libc::setsid();
             }
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
-            libc::dup2(null, 1);
         }
+        stdout_to_null();
         let (path, signals, pids) = (format!("{dir}/{exe}"), format!("{dir}/signals"), format!("{role}={dir}/pids"));
         exec(&path, &[exe, "record", &signals, "announce", &pids]);
     }
@@ -202,10 +210,7 @@ pub fn visitor(args: &[String]) -> ! {
     if unsafe { libc::fork() } == 0 {
         // Only the root says `ready` on the test's pipe: the watchers sgish starts print theirs
         // too, and one read before the root's would let the test go on before they announced.
-        unsafe {
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
-            libc::dup2(null, 1);
-        }
+        stdout_to_null();
         exec(&format!("{dir}/sgish"), &["sgish", "visit", dir]);
     }
     wait_announced(dir, &["visited", "back", "sgish"]);
@@ -223,11 +228,8 @@ pub fn hopper(args: &[String]) -> ! {
     let (dir, ms) = (args[0].as_str(), args[1].as_str());
     // SAFETY: the child only execs.
     if unsafe { libc::fork() } == 0 {
-        // SAFETY: its stdout is not the root's.
-        unsafe {
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
-            libc::dup2(null, 1);
-        }
+        // Its stdout is not the root's.
+        stdout_to_null();
         exec(&format!("{dir}/hopper"), &["hopper", "hop", ms, &format!("{dir}/hops")]);
     }
     ready_then_wait_line();
