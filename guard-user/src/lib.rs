@@ -34,38 +34,56 @@
 //! - [`metrics`]: the Prometheus text file (`--metrics-file`), rendered from one tick's figures.
 //! - [`install`]: the systemd unit and the install/check/uninstall logic.
 //! - [`cmd`]: one file per subcommand, each parsing its arguments and calling the library.
-pub mod account;
-pub mod bounded_json;
-pub mod btf;
-pub mod budget;
-pub mod cgroup;
-pub mod cmd;
-pub mod comm;
-pub mod config;
-pub mod daemon;
-pub mod diag;
-pub mod domain;
-pub mod duration;
-pub mod ebpf;
-pub mod enforcer;
-pub mod escape;
-pub mod event;
-pub mod holders;
-pub mod install;
-pub mod lineage;
-pub mod log;
-pub mod machine;
-pub mod metrics;
-pub mod mirror;
-pub mod pattern;
+/// Declares the crate's modules: `pub` with the `testing` feature (the integration tests, the
+/// examples and the `integration-tests` package reach inside), `pub(crate)` without it, so the
+/// shipped build's public API is [`main`] alone and rustc's dead-code lint sees every item
+/// nothing in the product calls.
+macro_rules! modules {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "testing")]
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        pub(crate) mod $name;
+    )*};
+}
+
+modules!(
+    account,
+    bounded_json,
+    btf,
+    budget,
+    cgroup,
+    cmd,
+    comm,
+    config,
+    daemon,
+    diag,
+    domain,
+    duration,
+    ebpf,
+    enforcer,
+    escape,
+    event,
+    holders,
+    install,
+    lineage,
+    log,
+    machine,
+    metrics,
+    mirror,
+    pattern,
+    policy,
+    procfs,
+    safefs,
+    state,
+    status,
+    table,
+    trace,
+);
 mod pod;
-pub mod policy;
-pub mod procfs;
-pub mod safefs;
-pub mod state;
-pub mod status;
-pub mod table;
-pub mod trace;
+
+/// The binary's whole program (src/main.rs): parse the command line, run the subcommand.
+pub use cmd::main;
 
 /// The version in `STARTED version=…` and the heartbeat.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
