@@ -299,7 +299,7 @@ fn a_fork_bomb_under_a_root_is_reaped_in_one_line_with_bounded_memory() {
     let others: Vec<&str> = log.lines().filter(|l| !l.contains(" LEFTOVER ")).collect();
     assert_eq!(reaped.len(), 1, "{}", others.join("\n"));
     let want = format!("REAPED root={} name=agent-wrapper count={} survivors=0", root.pid(), 2 * forks);
-    assert!(reaped[0].ends_with(&want), "{reaped:?}");
+    assert!(reaped[0].ends_with(&want), "{}", others.join("\n"));
     assert_eq!(lines(&log, "LEFTOVER").len(), 2 * forks);
     assert!(rss_kib > 0 && rss_kib < 64 * 1024, "the daemon's RSS is {rss_kib} KiB (the unit's MemoryMax is 64 MiB)");
     let s = status.sessions.unwrap();

@@ -239,9 +239,12 @@ pub async fn tick_loop(
                     Ok((t, report)) => {
                         idle = Some(t);
                         if !ready_sent {
-                            // Start-up is over: what only it needed leaves the process.
-                            super::trim::startup_pages();
-                            super::trim::heap();
+                            // Start-up is over: what only it needed leaves the process
+                            // (reading /proc/self/smaps walks page tables: off the loop).
+                            tokio::task::spawn_blocking(|| {
+                                super::trim::startup_pages();
+                                super::trim::heap();
+                            });
                         }
                         if !ready_sent || reloading {
                             notifier.ready();

@@ -15,6 +15,30 @@ pub struct Bound {
     pub ino32: u32,
     /// The path it was bound by (relative when the binder gave a relative one).
     pub path: Vec<u8>,
+    /// Known by its name only (`/proc/net/unix` with a relative name, which this process cannot
+    /// look up): `dev` and `ino32` are 0 and any socket file at that name from the holder's
+    /// working directory is taken for it.
+    pub by_name: bool,
+}
+
+/// Why the bound sockets are not all known: a socket fd's place is then unknown (the holder is
+/// reported read in part), never taken for "outside".
+#[derive(Debug, thiserror::Error)]
+pub enum Unlisted {
+    #[error("neither the socket diagnostics nor /proc/net/unix could be read: {0}")]
+    Io(#[from] io::Error),
+    #[error("more than {MAX_SOCKETS} bound unix sockets")]
+    Cap,
+}
+
+impl Unlisted {
+    /// The reason a holder read with an unplaceable socket fd carries.
+    pub fn why(&self) -> &'static str {
+        match self {
+            Unlisted::Io(_) => "the machine's bound unix sockets could not be listed",
+            Unlisted::Cap => "more bound unix sockets than one run lists (1,048,576)",
+        }
+    }
 }
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
@@ -43,9 +67,9 @@ fn from_kernel_dev(dev: u32) -> u64 {
 /// From the socket diagnostics; where the kernel has none for unix sockets (`unix_diag` is a
 /// module on Debian's kernels, and a system without module loading answers ENOENT), from
 /// `/proc/net/unix` (see [`from_proc_net_unix`]), so a socket holder is never missed in silence.
-pub fn bound_sockets() -> io::Result<HashMap<u64, Bound>> {
+pub fn bound_sockets() -> Result<HashMap<u64, Bound>, Unlisted> {
     match diag_dump() {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => from_proc_net_unix(),
+        Err(Unlisted::Io(e)) if e.raw_os_error() == Some(libc::ENOENT) => from_proc_net_unix(),
         other => other,
     }
 }
@@ -60,27 +84,33 @@ pub fn has_diagnostics() -> bool {
 /// `/proc/net/unix` (`Num RefCount Protocol Flags Type St Inode Path`): the socket inode and
 /// the name it was bound by, not the file. A socket bound by an absolute name is taken to be
 /// bound to the socket file at that name now (its device and inode, read with `lstat`); one
-/// bound by a relative name cannot be placed and is left out (the diagnostics place both). A
-/// renamed socket file is then missed, and another socket file put at the old name is taken for
-/// it: the text is the binder's, so this is the fallback, never the first source.
-pub fn from_proc_net_unix() -> io::Result<HashMap<u64, Bound>> {
+/// bound by a relative name is known by that name only ([`Bound::by_name`]: looked up from the
+/// holder's working directory). A renamed socket file is then missed, and another socket file
+/// put at the old name is taken for it: the text is the binder's, so this is the fallback,
+/// never the first source.
+pub fn from_proc_net_unix() -> Result<HashMap<u64, Bound>, Unlisted> {
     use std::{io::BufRead, os::unix::fs::MetadataExt};
     let file = std::fs::File::open("/proc/net/unix")?;
     let mut out = HashMap::new();
     for line in io::BufReader::new(file).split(b'\n').skip(1) {
         let line = line?;
-        if out.len() >= MAX_SOCKETS {
-            break;
-        }
         let Some((ino, path)) = net_unix_line(&line) else { continue };
-        if path.first() != Some(&b'/') {
-            continue; // abstract (`@…`) or relative
+        if out.len() >= MAX_SOCKETS {
+            return Err(Unlisted::Cap);
         }
-        let path_os = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path);
-        let Ok(st) = std::fs::symlink_metadata(path_os) else { continue };
-        if st.mode() & libc::S_IFMT == libc::S_IFSOCK {
-            out.insert(ino, Bound { dev: st.dev(), ino32: st.ino() as u32, path: path.to_vec() });
-        }
+        let bound = match path.first() {
+            Some(b'@') => continue, // abstract: no file
+            Some(b'/') => {
+                let path_os = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path);
+                let Ok(st) = std::fs::symlink_metadata(path_os) else { continue };
+                if st.mode() & libc::S_IFMT != libc::S_IFSOCK {
+                    continue;
+                }
+                Bound { dev: st.dev(), ino32: st.ino() as u32, path: path.to_vec(), by_name: false }
+            }
+            _ => Bound { dev: 0, ino32: 0, path: path.to_vec(), by_name: true },
+        };
+        out.insert(ino, bound);
     }
     Ok(out)
 }
@@ -107,11 +137,11 @@ fn net_unix_line(line: &[u8]) -> Option<(u64, &[u8])> {
     Some((ino, path))
 }
 
-fn diag_dump() -> io::Result<HashMap<u64, Bound>> {
+fn diag_dump() -> Result<HashMap<u64, Bound>, Unlisted> {
     // SAFETY: a new socket whose fd is owned below.
     let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(io::Error::last_os_error().into());
     }
     let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     // nlmsghdr (16 bytes) + unix_diag_req (24 bytes).
@@ -128,7 +158,7 @@ fn diag_dump() -> io::Result<HashMap<u64, Bound>> {
     req.extend_from_slice(&[0u8; 8]); // cookie
                                       // SAFETY: the buffer is valid for its length; the kernel is the default destination.
     if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(io::Error::last_os_error().into());
     }
     let mut out = HashMap::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -136,7 +166,7 @@ fn diag_dump() -> io::Result<HashMap<u64, Bound>> {
         // SAFETY: the buffer is valid for its length.
         let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         if n < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(io::Error::last_os_error().into());
         }
         if n == 0 || parse(&buf[..n as usize], &mut out)? {
             return Ok(out);
@@ -145,21 +175,24 @@ fn diag_dump() -> io::Result<HashMap<u64, Bound>> {
 }
 
 /// Parses one datagram of the dump into `out`; true at its end (`NLMSG_DONE`).
-fn parse(mut b: &[u8], out: &mut HashMap<u64, Bound>) -> io::Result<bool> {
+fn parse(mut b: &[u8], out: &mut HashMap<u64, Bound>) -> Result<bool, Unlisted> {
     while b.len() >= 16 {
         let len = u32_at(b, 0).unwrap_or(0) as usize;
         let kind = u16_at(b, 4).unwrap_or(0);
         if len < 16 || len > b.len() {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "a truncated netlink message"));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a truncated netlink message").into());
         }
         match i32::from(kind) {
             libc::NLMSG_DONE => return Ok(true),
             libc::NLMSG_ERROR => {
                 let errno = u32_at(b, 16).map_or(0, |e| -(e as i32));
-                return Err(io::Error::from_raw_os_error(errno));
+                return Err(io::Error::from_raw_os_error(errno).into());
             }
-            _ if kind == SOCK_DIAG_BY_FAMILY && out.len() < MAX_SOCKETS => {
+            _ if kind == SOCK_DIAG_BY_FAMILY => {
                 if let Some((ino, bound)) = parse_socket(&b[16..len]) {
+                    if out.len() >= MAX_SOCKETS {
+                        return Err(Unlisted::Cap);
+                    }
                     out.insert(ino, bound);
                 }
             }
@@ -194,7 +227,7 @@ fn parse_socket(m: &[u8]) -> Option<(u64, Bound)> {
     if let Some(end) = path.iter().position(|&b| b == 0) {
         path.truncate(end);
     }
-    Some((ino, Bound { dev: from_kernel_dev(vfs_dev), ino32: vfs_ino, path }))
+    Some((ino, Bound { dev: from_kernel_dev(vfs_dev), ino32: vfs_ino, path, by_name: false }))
 }
 
 #[cfg(test)]

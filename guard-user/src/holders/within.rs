@@ -136,7 +136,7 @@ pub struct Within {
     /// `pipe:[…]`, `anon_inode:…`.
     pathless: Mutex<HashSet<u64>>,
     /// Unix sockets bound to a file (`unix`), dumped once, when the first socket fd is read.
-    sockets: OnceLock<HashMap<u64, unix::Bound>>,
+    sockets: OnceLock<Result<HashMap<u64, unix::Bound>, &'static str>>,
     /// Sockets whose file was checked, by socket inode.
     socks: Mutex<HashMap<u64, Place>>,
 }
@@ -249,8 +249,32 @@ impl Within {
     /// when relative) and believed only if it is that very file (its device and inode, of which
     /// the kernel reports the low 32 bits).
     fn place_of_socket(&self, proc_dir: RawFd, sock_ino: u64) -> Place {
-        let sockets = self.sockets.get_or_init(|| unix::bound_sockets().unwrap_or_default());
-        let Some(b) = sockets.get(&sock_ino) else { return Place::Outside };
+        let sockets = self.sockets.get_or_init(|| unix::bound_sockets().map_err(|e| e.why()));
+        let b = match sockets {
+            Ok(all) => match all.get(&sock_ino) {
+                Some(b) => b,
+                None => return Place::Outside,
+            },
+            // Not listed is not "bound to nothing": the fd may be a socket file below PATH.
+            Err(why) => return Place::Unknown(why),
+        };
+        let (named, by_name);
+        by_name = b.by_name;
+        let b = if by_name {
+            // Known by a relative name only: the socket file at that name from the holder's
+            // working directory now (as for the fallback's absolute names), never cached.
+            let at = cstr(&[b"cwd/", &b.path[..]].concat());
+            let st = at.and_then(|at| sys::statx_at(proc_dir, &at, false).ok());
+            match st.filter(|st| st.mode & libc::S_IFMT == libc::S_IFSOCK) {
+                Some(st) => {
+                    named = unix::Bound { dev: st.dev, ino32: st.ino as u32, path: b.path.clone(), by_name: false };
+                    &named
+                }
+                None => return Place::Outside,
+            }
+        } else {
+            b
+        };
         let sb_dev = |st: &Ident| st.mnt_id.and_then(|m| mount_devices().get(&m).copied());
         let same = |st: &Ident| {
             st.mode & libc::S_IFMT == libc::S_IFSOCK
@@ -262,7 +286,7 @@ impl Within {
             let it = same(&t.ident) || (t.sb_dev == Some(b.dev) && same(&Ident { dev: b.dev, ..t.ident }));
             return if it { Place::Inside } else { Place::Outside };
         }
-        if let Some(p) = cached(&self.socks, &sock_ino) {
+        if let Some(p) = cached(&self.socks, &sock_ino).filter(|_| !by_name) {
             return p;
         }
         let paths = if b.path.starts_with(b"/") {
@@ -271,7 +295,9 @@ impl Within {
             vec![(proc_dir, [b"cwd/", &b.path[..]].concat())]
         };
         let place = self.via_parent(&paths, same);
-        remember(&self.socks, sock_ino, place);
+        if !by_name {
+            remember(&self.socks, sock_ino, place);
+        }
         place
     }
 
@@ -495,6 +521,69 @@ mod tests {
         let _again = std::os::unix::net::UnixListener::bind(repo.join("run/s.sock")).unwrap();
         let expect = if unix::has_diagnostics() { Place::Outside } else { Place::Inside };
         assert_eq!(place(&within(&repo), inside.as_raw_fd()), expect);
+    }
+
+    /// A forked child that binds a unix socket by the relative name `rel.sock` in `dir` and
+    /// pauses: its pid and the socket's fd.
+    fn relative_binder(dir: &Path) -> (libc::pid_t, RawFd) {
+        let dir = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in addr.sun_path.iter_mut().zip(b"rel.sock") {
+            *d = *s as libc::c_char;
+        }
+        let mut pipe = [0; 2];
+        // SAFETY: the child makes async-signal-safe calls only, on memory prepared before.
+        unsafe {
+            assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
+            let pid = libc::fork();
+            if pid == 0 {
+                let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                let ok = libc::chdir(dir.as_ptr()) == 0 && libc::bind(s, (&raw const addr).cast(), len) == 0;
+                let out: i32 = if ok { s } else { -1 };
+                libc::write(pipe[1], (&raw const out).cast(), 4);
+                loop {
+                    libc::pause();
+                }
+            }
+            let mut fd = 0i32;
+            assert_eq!(libc::read(pipe[0], (&raw mut fd).cast(), 4), 4);
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+            assert!(fd >= 0, "the child could not bind its socket");
+            (pid, fd)
+        }
+    }
+
+    #[test]
+    fn a_socket_known_by_a_relative_name_or_not_listed_at_all_is_never_taken_for_outside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        fs::create_dir_all(repo.join("run")).unwrap();
+        fs::create_dir_all(tmp.path().join("elsewhere")).unwrap();
+        let (pid, fd) = relative_binder(&repo.join("run"));
+        let proc_dir = sys::open_path(sys::CWD, &CString::new(format!("/proc/{pid}")).unwrap(), true).unwrap();
+        let link = CString::new(format!("fd/{fd}")).unwrap();
+        let with = |path: &Path, listing: Result<HashMap<u64, unix::Bound>, &'static str>| {
+            let w = within(path);
+            w.sockets.set(listing).unwrap();
+            w.place_of_link(proc_dir.as_raw_fd(), &link).unwrap()
+        };
+        let fallback = || unix::from_proc_net_unix().map_err(|e| e.why());
+        assert!(fallback().unwrap().values().any(|b| b.by_name && b.path == b"rel.sock"), "{:?}", fallback());
+        // Without socket diagnostics, the relative name is looked up from the holder's cwd.
+        assert_eq!(with(&repo, fallback()), Place::Inside);
+        assert_eq!(with(&repo.join("run/rel.sock"), fallback()), Place::Inside);
+        assert_eq!(with(&tmp.path().join("elsewhere"), fallback()), Place::Outside);
+        // No listing at all: the holder is read in part, not cleared.
+        assert_eq!(with(&repo, Err("unlisted")), Place::Unknown("unlisted"));
+        assert_eq!(with(&tmp.path().join("elsewhere"), Err("unlisted")), Place::Unknown("unlisted"));
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
     }
 
     #[test]

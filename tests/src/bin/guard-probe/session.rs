@@ -11,7 +11,7 @@
 //!   root exec itself (`session-after-reexec DIR`), which forks one more watcher (`late`) and
 //!   waits for a second line.
 //! - `bomb DIR N`: forks N children, each of which forks one more (2N processes, none execs),
-//!   prints `ready`, waits for a line and exits.
+//!   prints `ready` once all 2N exist, waits for a line and exits.
 //! - `visitor DIR`: forks a child that execs `DIR/sgish visit DIR` (a set-user-ID-root copy of
 //!   the probe: see `visit`), waits until it announced `visited`, `back` and `sgish`, prints
 //!   `ready`, waits for a line and exits.
@@ -309,17 +309,36 @@ pub fn many(args: &[String]) -> ! {
 
 pub fn bomb(args: &[String]) -> ! {
     let n: usize = args[1].parse().unwrap();
+    // Each child writes a byte once its own fork returned: `ready` means all 2N processes exist
+    // (under TCG a child can wait seconds for its first turn, and one stopped before it forked
+    // would leave its grandchild unborn and the count short).
+    let mut pipe = [0; 2];
+    // SAFETY: `pipe` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
     for _ in 0..n {
-        // SAFETY: the children only fork once more and pause.
+        // SAFETY: the children only fork once more, write one byte and pause.
         if unsafe { libc::fork() } == 0 {
             // SAFETY: as above.
             unsafe {
-                libc::fork();
+                if libc::fork() != 0 {
+                    libc::write(pipe[1], b"+".as_ptr().cast(), 1);
+                }
+                libc::close(pipe[0]);
+                libc::close(pipe[1]);
                 loop {
                     libc::pause();
                 }
             }
         }
+    }
+    // SAFETY: closing our copy of the write end, so a read sees the end if a child died early.
+    unsafe { libc::close(pipe[1]) };
+    let (mut got, mut buf) = (0, [0u8; 64]);
+    while got < n {
+        // SAFETY: `buf` is valid for its length.
+        let r = unsafe { libc::read(pipe[0], buf.as_mut_ptr().cast(), buf.len()) };
+        assert!(r > 0, "a bomb child ended before it forked ({got} of {n} forked)");
+        got += r as usize;
     }
     ready_then_wait_line();
     std::process::exit(0)
