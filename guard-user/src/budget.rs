@@ -94,6 +94,7 @@ impl Budget {
     }
 
     /// When reading must stop, if it must.
+    #[cfg(test)]
     pub fn ends(&self) -> Option<Instant> {
         self.ends
     }
@@ -206,12 +207,9 @@ impl Pool {
     }
 
     /// The most ever held at once.
+    #[cfg(test)]
     pub fn peak(&self) -> usize {
         self.inner.peak.load(Ordering::Relaxed)
-    }
-
-    pub fn cap(&self) -> usize {
-        self.inner.cap
     }
 }
 

@@ -47,6 +47,7 @@ impl Comm {
         Comm::new(&buf[..len])
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn to_kernel(self) -> [u8; COMM_LEN] {
         let mut out = [0u8; COMM_LEN];
         out[..self.len as usize].copy_from_slice(self.as_bytes());

@@ -15,6 +15,7 @@ pub enum DurationError {
 
 impl DurationError {
     /// The text that was given.
+    #[cfg(test)]
     pub fn text(&self) -> &str {
         match self {
             DurationError::Malformed { text } | DurationError::TooLong { text, .. } => text,

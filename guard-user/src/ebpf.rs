@@ -61,6 +61,7 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gu
 /// Whether this build carries its BPF programs: a plain `cargo build` without `cargo xtask
 /// build-ebpf`'s object embeds none (build.rs warns), and the ebpf backend then refuses
 /// ([`EbpfError::NoObject`]). The tests ask it to ignore (or fail) what needs the backend.
+#[cfg(any(test, feature = "testing"))]
 pub fn object_embedded() -> bool {
     !OBJECT.is_empty()
 }
@@ -398,6 +399,7 @@ impl EbpfSource {
 /// `sched_process_fork` (`cargo xtask bench`, the `bpf` figure, runs it beside a daemon: with
 /// `kernel.bpf_stats_enabled` every run's time includes the kernel's clock reads around it, and
 /// this program's time is only that). The programs stay attached while the returned value lives.
+#[cfg(any(test, feature = "testing"))]
 pub fn load_noop_probe() -> Result<Ebpf, EbpfError> {
     if OBJECT.is_empty() {
         return Err(EbpfError::NoObject);

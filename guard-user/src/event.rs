@@ -2,7 +2,9 @@
 //!
 //! One decoder turns ring-buffer bytes into an [`Event`] or a [`DecodeError`]; [`Event::encode`]
 //! is its inverse so tests can record and replay traces without a kernel.
-use guard_common::{kind, RawEvent, COMM_LEN};
+#[cfg(any(test, feature = "testing"))]
+use guard_common::COMM_LEN;
+use guard_common::{kind, RawEvent};
 
 use crate::{comm::Comm, pod};
 
@@ -50,11 +52,13 @@ impl StateKind {
     }
 
     /// The kind a trace names, if it is one.
+    #[cfg(any(test, feature = "testing"))]
     pub fn from_token(token: &str) -> Option<StateKind> {
         [StateKind::Exec, StateKind::Rename, StateKind::Setuid].into_iter().find(|k| k.token() == token)
     }
 
     /// `RawEvent::kind` of the kernel's record.
+    #[cfg(any(test, feature = "testing"))]
     fn raw(self) -> u32 {
         match self {
             StateKind::Exec => kind::EXEC,
@@ -137,6 +141,7 @@ impl Event {
     }
 
     /// The record the kernel would have written for this event (start time in whole ticks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn encode(&self) -> [u8; RawEvent::SIZE] {
         let (k, state, aux) = match *self {
             Event::Fork { child, parent_pid } => (kind::FORK, Some(child), parent_pid),

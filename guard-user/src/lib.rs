@@ -26,54 +26,87 @@
 //!   with the account's rights, never following a planted link; the log grammar of docs/log.md; flag
 //!   clocks; the status file. [`escape`]: the one text form of account-controlled bytes.
 //!   [`bounded_json`]: parsing the account's JSON without building more than a bound.
-//! - [`trace`]: recorded process traces (`guard-user record`) and their replay through the daemon.
+//! - [`trace`]: recorded process traces (`guard-user record`) and their replay through the daemon
+//!   (the replay: `testing` only).
 //! - [`account`]: the guarded account (passwd lookup).
 //! - [`daemon`]: the pump that owns the table, the supervised tick loop, the tick's effects.
 //! - [`diag`]: the daemon's own diagnostics (`tracing` to stderr, `GUARD_LOG`).
 //! - [`mirror`]: the optional swarm Redis heartbeat and event stream, off the tick's path.
 //! - [`metrics`]: the Prometheus text file (`--metrics-file`), rendered from one tick's figures.
 //! - [`install`]: the systemd unit and the install/check/uninstall logic.
-//! - [`cmd`]: one file per subcommand, each parsing its arguments and calling the library.
-pub mod account;
-pub mod bounded_json;
-pub mod btf;
-pub mod budget;
-pub mod cgroup;
-pub mod cmd;
-pub mod comm;
-pub mod config;
-pub mod daemon;
-pub mod diag;
-pub mod domain;
-pub mod duration;
-pub mod ebpf;
-pub mod enforcer;
-pub mod escape;
-pub mod event;
-pub mod holders;
-pub mod install;
-pub mod lineage;
-pub mod log;
-pub mod machine;
-pub mod metrics;
-pub mod mirror;
-pub mod pattern;
-mod pod;
-pub mod policy;
-pub mod procfs;
-pub mod safefs;
-pub mod state;
-pub mod status;
-pub mod table;
-pub mod trace;
+//! - [`cmd`]: one file per subcommand, each parsing its arguments and calling the library;
+//!   [`cmd::main`] is the binary's whole program.
+//!
+//! # The `testing` feature
+//! The library is the binary's, not a product of its own: without the `testing` feature its one
+//! public item is [`main`], every module is `pub(crate)`, and rustc's dead-code lint sees whatever
+//! the binary never calls (`cargo xtask lint` denies it). With `testing`, the modules are `pub`
+//! and test support compiles in: the replay (`trace::TraceSource`, `daemon::recording`) and the
+//! few items only tests call (each marked `#[cfg(any(test, feature = "testing"))]`). The
+//! integration tests and examples get it through guard-user's dev-dependency on itself, the
+//! `integration-tests` package through its dependency; a build of the binary never has it
+//! (`cargo build -p guard-user`, `cargo xtask build`, `cargo xtask dist`).
+/// Declares the crate's modules: `pub` with the `testing` feature (the integration tests, the
+/// examples and the `integration-tests` package reach inside), `pub(crate)` without it, so the
+/// shipped build's public API is [`main`] alone and rustc's dead-code lint sees every item
+/// nothing in the product calls.
+macro_rules! modules {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "testing")]
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        pub(crate) mod $name;
+    )*};
+}
 
-/// The version in `STARTED version=…` and the heartbeat.
+modules!(
+    account,
+    bounded_json,
+    btf,
+    budget,
+    cgroup,
+    cmd,
+    comm,
+    config,
+    daemon,
+    diag,
+    domain,
+    duration,
+    ebpf,
+    enforcer,
+    escape,
+    event,
+    holders,
+    install,
+    lineage,
+    log,
+    machine,
+    metrics,
+    mirror,
+    pattern,
+    policy,
+    procfs,
+    safefs,
+    state,
+    status,
+    table,
+    trace,
+);
+mod pod;
+
+/// The binary's whole program (src/main.rs): parse the command line, run the subcommand.
+pub use cmd::main;
+
+/// The version in `STARTED version=…` and the heartbeat (public for the tests that build one).
+#[cfg(feature = "testing")]
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+#[cfg(not(feature = "testing"))]
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// `GUARD_TRACE_STARTUP=1`: the daemon reports how long each start-up phase took, through
 /// `tracing` to stderr (`guard-user: info: startup <phase> +<ms> ms (at <ms> ms, process CPU <ms> ms)`),
 /// for the bootstrap breakdown in docs/BENCH.md and for operators asking why a start is slow.
-pub fn startup_phase(phase: &str) {
+pub(crate) fn startup_phase(phase: &str) {
     use std::{sync::Mutex, time::Instant};
     static LAST: Mutex<Option<(Instant, Instant)>> = Mutex::new(None);
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -16,6 +16,7 @@ pub(crate) fn read<T: Pod>(bytes: &[u8]) -> Option<T> {
 }
 
 /// The bytes of `value`, as the kernel lays the record out (native endianness).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn bytes<T: Pod>(value: &T) -> &[u8] {
     // SAFETY: `Pod` types have no padding, so all `size_of::<T>()` bytes are initialized, and
     // the slice borrows `value`.

@@ -94,20 +94,24 @@ fn rejection_fields(why: Rejection) -> String {
 }
 
 /// Reads the flag clocks as the account `who`. A missing file is an empty state, not an error.
+#[cfg(any(test, feature = "testing"))]
 pub fn load(path: &Path, who: FsIdentity) -> Result<FlagClocks, StateError> {
     load_state(path, who).map(|st| st.clocks)
 }
 
 /// The clocks of a state file's bytes, or `None` when they are not a state file (or break a
 /// bound).
+#[cfg(test)]
 pub fn parse(bytes: &[u8]) -> Option<FlagClocks> {
     parse::parse(bytes).ok().map(|st| st.clocks)
 }
 
+#[cfg(test)]
 pub fn render(user: &str, clocks: &FlagClocks) -> Vec<u8> {
     render_state(user, &State { clocks: clocks.clone(), ..Default::default() })
 }
 
+#[cfg(test)]
 pub fn save(path: &Path, user: &str, clocks: &FlagClocks, who: FsIdentity) -> Result<(), StateError> {
     Ok(atomic_write(path, &render(user, clocks), who)?)
 }

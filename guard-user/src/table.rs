@@ -46,6 +46,7 @@ pub struct Scope {
 
 impl Scope {
     /// The account's processes, the daemon's own included (tools, tests).
+    #[cfg(any(test, feature = "testing"))]
     pub fn account(account: u32) -> Scope {
         Scope { account, ignore_pid: None }
     }
@@ -87,6 +88,7 @@ impl ProcessTable {
         t
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn scope(&self) -> Scope {
         self.scope
     }
@@ -181,10 +183,12 @@ impl ProcessTable {
         v
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.procs.len()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.procs.is_empty()
     }

@@ -1,9 +1,10 @@
 //! `cargo xtask lint`: the gate CI runs before the tests — `cargo fmt --check` and
-//! `cargo clippy --all-targets -D warnings` over the host workspace, then the same over the BPF
-//! crate with its own nightly toolchain (its `rust-toolchain.toml`), when that toolchain has
-//! clippy and rustfmt (say so and skip otherwise). Before those, [`stray_tests`]: a `#[test]`
-//! in a test binary that guard-test's harness runs would never run; and [`policy_imports`]: the
-//! pure rules (`guard-user/src/policy/`) use no output or IO module.
+//! `cargo clippy --all-targets -D warnings` over the host workspace, again over guard-user's
+//! library and binary as shipped (without the `testing` feature, so dead code is an error),
+//! then the same over the BPF crate with its own nightly toolchain (its `rust-toolchain.toml`),
+//! when that toolchain has clippy and rustfmt (say so and skip otherwise). Before those,
+//! [`stray_tests`]: a `#[test]` in a test binary that guard-test's harness runs would never run;
+//! and [`policy_imports`]: the pure rules (`guard-user/src/policy/`) use no output or IO module.
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -199,6 +200,16 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     step(
         "cargo clippy --workspace --all-targets -- -D warnings",
         build::host_cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]).current_dir(&root),
+    )?;
+    // The run above builds guard-user with its `testing` feature (its tests and the
+    // integration-tests package ask for it), where the library's inside is public API and so
+    // never dead. The shipped build has no such feature: linted on its own, whatever the binary
+    // does not call is dead code, and an error.
+    step(
+        "cargo clippy -p guard-user --lib --bins -- -D warnings (as shipped: no testing feature)",
+        build::host_cargo()
+            .args(["clippy", "-p", "guard-user", "--lib", "--bins", "--", "-D", "warnings"])
+            .current_dir(&root),
     )?;
     if opts.host_only {
         return Ok(());

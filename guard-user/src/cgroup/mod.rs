@@ -47,10 +47,6 @@ pub enum Unavailable {
     NoFreezer,
     #[error("cannot create {path}: {why} (the unit must not set ProtectControlGroups=, and the top of the hierarchy is created by its ExecStartPre=)")]
     NotWritable { path: String, why: String },
-    #[error("the procfs backend sees no execs")]
-    ProcfsBackend,
-    #[error("the guarded account is root: slots never hold root's processes")]
-    RootAccount,
     #[error("the releaser process could not start: {0}")]
     Releaser(String),
 }
@@ -62,8 +58,6 @@ impl Unavailable {
             Unavailable::CgroupNamespace => "cgroup_namespace",
             Unavailable::NoFreezer => "no_freezer",
             Unavailable::NotWritable { .. } => "cgroup_not_writable",
-            Unavailable::ProcfsBackend => "procfs_backend",
-            Unavailable::RootAccount => "root_account",
             Unavailable::Releaser(_) => "releaser",
         }
     }

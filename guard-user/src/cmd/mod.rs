@@ -25,6 +25,10 @@ macro_rules! eprintln {
     ($($arg:tt)*) => { $crate::cmd::say(&format!($($arg)*)) };
 }
 
+use std::process::ExitCode;
+
+use clap::Parser;
+
 use crate::account::{Account, Chosen, Purpose};
 
 pub mod check;
@@ -41,6 +45,39 @@ pub mod status;
 pub mod tree;
 pub mod unit;
 pub mod validate;
+
+/// `guard-user`'s whole program: parse the command line, run the subcommand, and turn its
+/// error into the exit status (2, or 141 when stdout's reader went away).
+pub fn main() -> ExitCode {
+    crate::diag::init();
+    crate::startup_phase("main");
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Run(cli.run)) {
+        Command::Run(args) => run::main(args),
+        Command::Match(args) => matches::main(args),
+        Command::Explain(args) => explain::main(args),
+        Command::Status(args) => status::main(args),
+        Command::Tree(args) => tree::main(args),
+        Command::Holders(args) => holders::main(args),
+        Command::Check(args) => check::main(args),
+        Command::Install(args) => install::main(args),
+        Command::Uninstall(args) => install::uninstall(args),
+        Command::Record(args) => record::main(args),
+        Command::Validate(args) => validate::main(args),
+        Command::Unit(args) => unit::main(args),
+        Command::PatternWorker => return crate::pattern::worker::main(),
+        Command::SlotsRelease(args) => slots_release::main(args),
+    };
+    match result {
+        Ok(code) => code,
+        // `explain X | head`: the reader went away, which is not an error of ours.
+        Err(err) if is_stdout_gone(&err) => ExitCode::from(STDOUT_GONE),
+        Err(err) => {
+            say(&format!("guard-user: {err:#}"));
+            ExitCode::from(2)
+        }
+    }
+}
 
 /// The account `command` names (`--user`, else `$SUDO_USER` as root, else the invoking user:
 /// [`Account::resolve`]), held to what `purpose` allows ([`Resolved::for_purpose`]: an implicit

@@ -68,6 +68,7 @@ pub struct Problem {
 
 impl Problem {
     /// The ERROR line's reason (`None` for a warning).
+    #[cfg(any(test, feature = "testing"))]
     pub fn error(&self) -> Option<&ConfigError> {
         self.error.as_ref()
     }

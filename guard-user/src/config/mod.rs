@@ -219,15 +219,6 @@ pub enum SlotMode {
     Queue,
 }
 
-impl SlotMode {
-    pub fn token(self) -> &'static str {
-        match self {
-            SlotMode::Report => "report",
-            SlotMode::Queue => "queue",
-        }
-    }
-}
-
 /// Slots one config may name: each is a queue and a metric series; a host has a few kinds of
 /// heavy command.
 pub const MAX_SLOTS: usize = 16;
@@ -250,6 +241,7 @@ pub const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 impl Config {
     /// The configuration with every key at its default (`home` expands `~`).
+    #[cfg(any(test, feature = "testing"))]
     pub fn defaults(home: &Path) -> Config {
         parse(b"{}", home).expect("the defaults are valid")
     }

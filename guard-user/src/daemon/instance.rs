@@ -32,7 +32,6 @@ pub enum InstanceError {
 #[derive(Debug)]
 pub struct InstanceLock {
     _file: File,
-    pub path: PathBuf,
 }
 
 /// FNV-1a, 64 bits: a stable short name for a path (not a security boundary: the directory is).
@@ -129,7 +128,7 @@ pub fn acquire(dir: &Path, uid: u32, user: &str, home: &Path) -> Result<Instance
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
     writeln!(file, "{}\n{}", std::process::id(), home.display()).map_err(io)?;
-    Ok(InstanceLock { _file: file, path })
+    Ok(InstanceLock { _file: file })
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@
 //! - [`gather`]: the gather step the tick and `explain` share (snapshot, state, verdicts).
 //! - [`verdicts`]: the command-line verdicts a tick gathers, and their cache; [`cmdlines`]: the
 //!   one reader of command lines, with its deadline and the pool of bytes held for the matcher.
-//! - [`effects`]: the tick's effects behind small traits; [`recording`]: recording ones.
+//! - [`effects`]: the tick's effects behind small traits; `recording`: recording ones, for the
+//!   replay tests (with the `testing` feature and in unit tests only).
 //! - [`supervise`]: the tick loop, deadlines, hang detection, watchdog, SIGHUP, stop.
 //! - [`trim`]: memory given back after start-up and rebuilds.
 //! - [`instance`]: one daemon per (account, home).
@@ -41,6 +42,7 @@ pub mod keeper;
 pub mod match_all;
 pub mod pump;
 pub mod rebuild;
+#[cfg(any(test, feature = "testing"))]
 pub mod recording;
 pub mod report;
 pub mod sessions;

@@ -54,7 +54,6 @@ pub enum IoJob {
         tree: TreeId,
         line: Option<Line>,
     },
-    Log(Line),
     /// Put back everything still held, then answer.
     Stop(std::sync::mpsc::Sender<()>),
 }
@@ -402,7 +401,6 @@ impl Holder {
                     self.lines.write(l);
                 }
             }
-            IoJob::Log(line) => self.lines.write(line),
             IoJob::Stop(_) => unreachable!("handled by run"),
         }
     }

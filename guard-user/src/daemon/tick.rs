@@ -36,8 +36,6 @@ pub struct TickReport {
     /// The earliest enforcement deadline still ahead (on the monotonic clock, `Clock::now_mono`),
     /// for the deadline timer.
     pub next_deadline: Option<f64>,
-    /// Wall time the tick took.
-    pub took: Duration,
     /// The account's live processes, for `STATUS=`.
     pub tracked: u64,
     /// Names at/over the threshold.
@@ -175,7 +173,7 @@ impl Ticker {
         };
         let Some(gathered) = gather(src, &mut self.memory, req) else {
             tracing::error!("the event pump is gone; this tick cannot see the table");
-            return TickReport { took: began.elapsed(), ..Default::default() };
+            return TickReport::default();
         };
         tracing::debug!(work = ?gathered.work, cached = self.verdicts.len(), "command-line verdicts");
         for line in &gathered.lines {
@@ -257,7 +255,7 @@ impl Ticker {
         };
         let next_deadline = next_deadline.filter(|_| self.opts.deadline_timer);
         let flagged = done.counts.flagged;
-        TickReport { next_deadline, took: began.elapsed(), tracked: snap.view.tracked_account(), flagged }
+        TickReport { next_deadline, tracked: snap.view.tracked_account(), flagged }
     }
 
     /// The stall watch: one CPU sample of the account's processes, its lines (report only). Its
@@ -311,7 +309,7 @@ impl Ticker {
             slots: slots.map(|r| super::slots::status_of(&r, both)),
             cmdlines_unread: 0,
         });
-        TickReport { took: began.elapsed(), tracked: view.tracked_account(), ..Default::default() }
+        TickReport { tracked: view.tracked_account(), ..Default::default() }
     }
 
     /// Status file, heartbeat and metrics from one set of figures.

@@ -141,6 +141,7 @@ impl VerdictCache {
         self.entries.len()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

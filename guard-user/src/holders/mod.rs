@@ -32,8 +32,10 @@ mod unix;
 mod within;
 
 pub use pool::Bounds;
-pub use process::{Examined, Holding, Ways};
-pub use within::{Target, TargetError, Within};
+pub use process::{Examined, Holding};
+#[cfg(any(test, feature = "testing"))]
+pub use process::Ways;
+pub use within::{Target, Within};
 
 /// One process that holds PATH.
 #[derive(Clone, Debug, PartialEq)]

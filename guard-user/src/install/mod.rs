@@ -88,11 +88,13 @@ pub mod unit;
 #[cfg(test)]
 mod tests;
 
-pub use apply::{install, links_to, relink, retire_legacy, uninstall, Changes, Outcome};
-pub use check::{check, Report};
-pub use layout::{default_source, installed_accounts, Layout, Provider, Request};
-pub use systemctl::{systemd_running, Systemctl};
-pub use unit::{instance_name, unit_text, DropIn, UNIT_NAME};
+pub use apply::{install, links_to, uninstall, Outcome};
+pub use check::check;
+pub use layout::{installed_accounts, Layout, Request};
+pub use systemctl::Systemctl;
+pub use unit::{instance_name, unit_text};
+#[cfg(any(test, feature = "testing"))]
+pub use {apply::relink, unit::DropIn};
 
 use crate::config::{self, Config, ConfigError};
 

@@ -6,7 +6,7 @@
 //! its row in docs/log.md.
 use std::fmt::Write as _;
 
-pub use super::notice::{FieldValue, Notice, What};
+pub use super::notice::{FieldValue, Notice};
 use crate::comm::Comm;
 
 /// One log line before it is timestamped.
@@ -90,6 +90,7 @@ macro_rules! kinds {
 
         impl Kind {
             /// Every kind, in docs/log.md's order (the docs checks walk it).
+            #[cfg(any(test, feature = "testing"))]
             pub const ALL: &'static [Kind] = &[$(Kind::$variant),*];
 
             /// The line's first word.

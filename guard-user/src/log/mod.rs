@@ -101,10 +101,6 @@ impl Logger {
         }
     }
 
-    pub fn path(&self) -> &std::path::Path {
-        &self.inner.path
-    }
-
     /// Follows the config's `logMaxSizeMB`.
     pub fn set_max_bytes(&self, n: u64) {
         self.inner.max_bytes.store(n, Ordering::Relaxed);

@@ -1,6 +1,7 @@
 //! The open-ended part of a `WARN` or `ERROR` line: what it is about ([`What`], one variant per
 //! token docs/log.md documents, so a misspelt token does not compile), then its `key=value`
 //! fields.
+#[cfg(any(test, feature = "testing"))]
 use super::line::Kind;
 
 /// Declares [`What`] from one list, so its tokens, its lines and [`What::ALL`] cannot disagree
@@ -25,6 +26,7 @@ macro_rules! whats {
             }
 
             /// The line that carries it: [`Kind::Warn`] or [`Kind::Error`].
+            #[cfg(any(test, feature = "testing"))]
             pub fn kind(self) -> Kind {
                 match self {
                     $(What::$variant => Kind::$kind,)*

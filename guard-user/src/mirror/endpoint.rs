@@ -13,6 +13,7 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    #[cfg(any(test, feature = "testing"))]
     pub fn new(url: impl Into<String>) -> Endpoint {
         Endpoint { url: url.into() }
     }

@@ -29,8 +29,9 @@ pub mod stream;
 pub mod wire;
 pub mod worker;
 
-pub use call::{MirrorError, CALL_TIMEOUT};
-pub use endpoint::{Endpoint, DEFAULT_URL};
-pub use query::{check_lines, fleet, read_heartbeat, FLEET_TIMEOUT};
-pub use wire::{heartbeat_key, Heartbeat, SessionCounts, SlotCounts, StreamEvent, STREAM_KEY, STREAM_MAXLEN};
-pub use worker::{Mirror, BACKOFF_INITIAL, BACKOFF_MAX, EVENT_QUEUE_CAPACITY};
+pub use endpoint::Endpoint;
+pub use query::{check_lines, fleet, read_heartbeat};
+pub use wire::{Heartbeat, SessionCounts, SlotCounts, StreamEvent};
+pub use worker::Mirror;
+#[cfg(any(test, feature = "testing"))]
+pub use {call::MirrorError, wire::heartbeat_key, wire::STREAM_KEY, worker::EVENT_QUEUE_CAPACITY};

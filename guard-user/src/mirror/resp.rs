@@ -87,6 +87,7 @@ impl Cmd {
     }
 
     /// The command name first, then the arguments.
+    #[cfg(test)]
     pub fn args(&self) -> &[Vec<u8>] {
         &self.args
     }

@@ -183,6 +183,7 @@ impl Mirror {
     }
 
     /// Events waiting to be sent (at most [`EVENT_QUEUE_CAPACITY`]).
+    #[cfg(any(test, feature = "testing"))]
     pub fn pending_events(&self) -> usize {
         self.handle.shared.outbox().events.len()
     }

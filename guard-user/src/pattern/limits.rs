@@ -174,8 +174,6 @@ impl Source {
     pub const EXCLUDE_COMMANDS: Source = Source { key: "excludeCommands", indexed: true };
     pub const SESSIONS_ROOTS: Source = Source { key: "sessions.roots", indexed: true };
     pub const SLOT_COMMANDS: Source = Source { key: "slots.commands", indexed: true };
-    /// `guard-user match --pattern P`: one pattern, no list.
-    pub const ARGUMENT: Source = Source { key: "--pattern", indexed: false };
 }
 
 /// [`PatternSetError`] named as its list says ([`PatternSetError::in_list`]).

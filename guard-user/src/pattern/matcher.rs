@@ -70,10 +70,9 @@
 //! `Matcher` is `Send` (move it into the tick thread) and needs `&mut`: one caller at a time.
 //! It spawns children, so the daemon must not set SIGCHLD to SIG_IGN (children could not be
 //! reaped, and `wait` would fail).
-use std::{
-    path::{Path, PathBuf},
-    time::Instant,
-};
+#[cfg(any(test, feature = "testing"))]
+use std::path::Path;
+use std::{path::PathBuf, time::Instant};
 
 use super::{
     child::{after, describe_end, Fault, WorkerProcess},
@@ -115,6 +114,7 @@ pub struct MatcherStats {
 }
 
 /// How the current worker hardened itself (from its `Ready` frame).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SandboxState {
     pub pid: u32,
@@ -130,6 +130,7 @@ pub struct SandboxState {
 
 /// The worker's memory in bytes. `anon` is what it adds to the unit's memory: its file pages
 /// are the daemon's binary, already in the page cache.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkerMemory {
     /// `VmRSS`.
@@ -141,6 +142,7 @@ pub struct WorkerMemory {
 }
 
 /// What happened when the worker tried to open a file ([`Matcher::probe_open`]).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProbeOutcome {
     /// The sandbox stopped the call: the worker is gone, replaced at the next use.
@@ -161,8 +163,10 @@ pub struct Matcher {
     pub(crate) list: Vec<String>,
     pub(crate) verdict: Option<Result<(), PatternSetError>>,
     pub(crate) stats: MatcherStats,
-    /// The last thing that went wrong with a worker, in words.
-    pub(crate) last_failure: Option<String>,
+    /// The last thing that went wrong with a worker, in words (for the tests: the product
+    /// reports a failure through the error or verdict it causes).
+    #[cfg(any(test, feature = "testing"))]
+    last_failure: Option<String>,
 }
 
 impl Matcher {
@@ -177,6 +181,7 @@ impl Matcher {
             list: Vec::new(),
             verdict: None,
             stats: MatcherStats::default(),
+            #[cfg(any(test, feature = "testing"))]
             last_failure: None,
         }
     }
@@ -185,16 +190,19 @@ impl Matcher {
         &self.limits
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn stats(&self) -> MatcherStats {
         self.stats
     }
 
     /// The worker's pid, if one runs.
+    #[cfg(any(test, feature = "testing"))]
     pub fn worker_pid(&self) -> Option<u32> {
         self.worker.as_ref().map(WorkerProcess::pid)
     }
 
     /// How the running worker hardened itself.
+    #[cfg(any(test, feature = "testing"))]
     pub fn sandbox(&self) -> Option<SandboxState> {
         self.worker.as_ref().map(|w| {
             let r = &w.ready;
@@ -209,9 +217,20 @@ impl Matcher {
         })
     }
 
-    /// The last worker failure in words (a start-up that failed, a crash), for a WARN line.
+    /// The last worker failure in words (a start-up that failed, a crash).
+    #[cfg(any(test, feature = "testing"))]
     pub fn last_failure(&self) -> Option<&str> {
         self.last_failure.as_deref()
+    }
+
+    /// Keeps `what` as [`Matcher::last_failure`] where tests can read it; nothing without them.
+    pub(crate) fn failed(&mut self, what: impl FnOnce() -> String) {
+        #[cfg(any(test, feature = "testing"))]
+        {
+            self.last_failure = Some(what());
+        }
+        #[cfg(not(any(test, feature = "testing")))]
+        let _ = what;
     }
 
     /// Sets the list to match against (see the module doc). `Ok` means every pattern is valid
@@ -236,6 +255,7 @@ impl Matcher {
     }
 
     /// The list last set (valid or not).
+    #[cfg(any(test, feature = "testing"))]
     pub fn patterns(&self) -> &[String] {
         &self.list
     }
@@ -254,6 +274,7 @@ impl Matcher {
 
     /// Asks the worker to open `path`: the sandbox self-test (tests, and a daemon that wants to
     /// report its sandbox at start-up).
+    #[cfg(any(test, feature = "testing"))]
     pub fn probe_open(&mut self, path: &Path) -> Result<ProbeOutcome, PatternSetError> {
         let deadline = after(self.limits.spawn);
         self.ensure_worker(deadline).map_err(PatternSetError::Worker)?;
@@ -279,6 +300,7 @@ impl Matcher {
     }
 
     /// The worker's memory now, from /proc/PID/status, for measurements and tests.
+    #[cfg(any(test, feature = "testing"))]
     pub fn worker_memory(&self) -> Option<WorkerMemory> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.worker_pid()?)).ok()?;
         let kib = |key: &str| -> Option<u64> {
@@ -297,7 +319,7 @@ impl Matcher {
             }
             let spawn_by = deadline.min(after(self.limits.spawn));
             let worker = WorkerProcess::spawn(&self.exe, &self.limits, self.page()?, spawn_by).inspect_err(|e| {
-                self.last_failure = Some(e.clone());
+                self.failed(|| e.clone());
             })?;
             self.stats.spawns += 1;
             self.worker = Some(worker);
@@ -306,7 +328,7 @@ impl Matcher {
         if !holds_list && matches!(self.verdict, Some(Ok(()))) && !self.list.is_empty() {
             self.compile_list(Some(deadline)).map_err(|e| {
                 let text = format!("recompiling the list in a new worker failed: {e}");
-                self.last_failure = Some(text.clone());
+                self.failed(|| text.clone());
                 text
             })?;
         }
@@ -320,7 +342,8 @@ impl Matcher {
             self.stats.deaths += 1;
             let status = self.worker.take().and_then(|mut w| w.kill());
             if let Some(page) = &self.page {
-                self.last_failure = Some(format!("the worker died between calls: {}", describe_end(status, page)));
+                let what = format!("the worker died between calls: {}", describe_end(status, page));
+                self.failed(|| what);
             }
         }
     }
@@ -389,7 +412,7 @@ impl Matcher {
                         },
                     }),
                     _ => {
-                        self.last_failure = Some(format!("compiling: {fault}: {detail}"));
+                        self.failed(|| format!("compiling: {fault}: {detail}"));
                         Err(PatternSetError::Worker(format!("the worker failed while compiling: {detail}")))
                     }
                 }
@@ -403,7 +426,7 @@ impl Matcher {
             w.kill();
         }
         self.stats.kills += 1;
-        self.last_failure = Some(what.clone());
+        self.failed(|| what.clone());
         PatternSetError::Worker(what)
     }
 

@@ -71,10 +71,10 @@ mod round;
 mod sandbox;
 pub mod worker;
 
-pub use limits::{check_static, CostReason, InList, Limits, PatternSetError, Source};
-pub use matcher::{
-    MatchOutcome, Matcher, MatcherStats, ProbeOutcome, Progress, Resume, Round, SandboxState, WorkerMemory,
-};
+pub use limits::{check_static, Limits, PatternSetError, Source};
+pub use matcher::{MatchOutcome, Matcher, Progress, Resume};
+#[cfg(any(test, feature = "testing"))]
+pub use {limits::CostReason, matcher::ProbeOutcome};
 
 /// Why a configured pattern cannot be used.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -148,6 +148,7 @@ impl Pattern {
 
     /// Whether `[[ $text =~ $pattern ]]` would succeed. `text` may be any bytes, of any length
     /// (see the module doc for a NUL inside it).
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_match(&self, text: &[u8]) -> bool {
         self.match_code(text) == 0
     }
@@ -211,6 +212,7 @@ impl Pattern {
     }
 
     /// The pattern as configured.
+    #[cfg(any(test, feature = "testing"))]
     pub fn as_str(&self) -> &str {
         &self.source
     }

@@ -128,6 +128,7 @@ impl<'m> Round<'m> {
         Round { matcher, deadline, strikes: vec![0; n], undecidable: vec![false; n], unexplained_deaths: 0 }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -440,7 +441,8 @@ impl<'m> Round<'m> {
         let blamed = (state == STATE_MATCHING && (pattern as usize) < n)
             .then(|| inflight.iter().position(|&(s, _)| s == seq))
             .flatten();
-        self.matcher.last_failure = Some(format!("the worker died ({fault}): {}", describe_end(status, page)));
+        let what = format!("the worker died ({fault}): {}", describe_end(status, page));
+        self.matcher.failed(|| what);
         let mut unanswered: Vec<Job> = inflight.drain(..).map(|(_, job)| job).collect();
         match blamed {
             Some(at) => {

@@ -15,9 +15,6 @@ use crate::{
 /// The window of `REPEAT`.
 pub const DAY: f64 = 86_400.0;
 
-/// Names with a repeat history kept at most (the oldest go first): bounds the state file.
-pub use crate::domain::MAX_REPEAT_NAMES;
-
 /// What the incidents remember between ticks (and restarts: the state file holds it).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Incidents {

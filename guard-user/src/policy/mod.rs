@@ -6,7 +6,9 @@
 //! [`time`] the two clocks (elapsed time is monotonic, the state file's times are wall times);
 //! [`memory`] what the policy remembers between ticks (clocks, incidents, stall, warn-once) and
 //! the tick's `begin → Plan → finish`; [`cmdline`] which command lines need the matcher.
-use crate::{comm::Comm, config::Config, pattern::Pattern};
+#[cfg(any(test, feature = "testing"))]
+use crate::pattern::Pattern;
+use crate::{comm::Comm, config::Config};
 
 pub mod cmdline;
 pub mod decide;
@@ -24,8 +26,9 @@ pub mod stall;
 mod tests;
 pub mod time;
 
-pub use decide::{after_signals, complete, decide, AccountView, AfterSignals, CmdVerdict, TickInput, TickPlan};
-pub use incidents::Incidents;
+pub use decide::{AccountView, CmdVerdict};
+#[cfg(any(test, feature = "testing"))]
+pub use {decide::decide, decide::TickInput, incidents::Incidents};
 pub use memory::Memory;
 pub use time::Now;
 
@@ -124,6 +127,7 @@ pub fn plan(counts: &[(Comm, u32)], config: &Config, clocks: &FlagClocks, now: f
 }
 
 /// The verdict of compiled `excludeCommands` patterns on one command line, matched in-process.
+#[cfg(any(test, feature = "testing"))]
 pub fn classify(cmdline: &[u8], patterns: &[Pattern]) -> CmdVerdict {
     match patterns.iter().position(|p| p.is_match(cmdline)) {
         Some(index) => CmdVerdict::Excluded { index },

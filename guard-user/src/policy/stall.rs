@@ -118,6 +118,7 @@ impl StallState {
     }
 
     /// Processes tracked (for the benchmark and tests).
+    #[cfg(any(test, feature = "testing"))]
     pub fn tracked(&self) -> usize {
         self.tracks.len()
     }

@@ -81,7 +81,7 @@ fn pruning_170000_repeat_histories_reported_in_the_future_is_fast_and_bounded() 
     let began = std::time::Instant::now();
     incidents::prune(&mut inc, &FlagClocks::new(), 1000.0);
     eprintln!("prune of 170,000 names: {:?}", began.elapsed());
-    assert_eq!(inc.repeats.len(), incidents::MAX_REPEAT_NAMES);
+    assert_eq!(inc.repeats.len(), crate::domain::MAX_REPEAT_NAMES);
     assert!(inc.repeats.values().all(|h| h.reported == Some(1000.0)), "a report in the future counts from now");
     // A day later they are gone, as any report is.
     incidents::prune(&mut inc, &FlagClocks::new(), 1000.0 + incidents::DAY);

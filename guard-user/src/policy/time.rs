@@ -23,6 +23,7 @@ pub struct Now {
 
 impl Now {
     /// Both clocks at `t`: a one-shot reader (`explain`) and tests, where no step can happen.
+    #[cfg(any(test, feature = "testing"))]
     pub fn same(t: f64) -> Now {
         Now { wall: t, mono: t }
     }

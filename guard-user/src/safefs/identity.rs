@@ -100,6 +100,7 @@ fn current_fsuid() -> u32 {
 
 impl FsIdentity {
     /// The identity this process has (its effective uid and gid).
+    #[cfg(any(test, feature = "testing"))]
     pub fn current() -> FsIdentity {
         // SAFETY: geteuid/getegid cannot fail.
         unsafe { FsIdentity { uid: libc::geteuid(), gid: libc::getegid() } }
@@ -178,6 +179,7 @@ impl From<&crate::account::Account> for FsIdentity {
 }
 
 /// This thread's effective capability bits (for tests that prove the scope drops them).
+#[cfg(any(test, feature = "testing"))]
 pub fn thread_effective_caps() -> u64 {
     capget().map(|c| c[0].effective as u64 | (c[1].effective as u64) << 32).unwrap_or(0)
 }

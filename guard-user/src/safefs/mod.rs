@@ -17,8 +17,12 @@
 mod identity;
 mod read;
 
-pub use identity::{thread_effective_caps, FsIdentity, FsScope, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH};
-pub use read::{read_account_file, FileKind, Follow, ReadError};
+pub use identity::FsIdentity;
+#[cfg(any(test, feature = "testing"))]
+pub use identity::{thread_effective_caps, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH};
+pub use read::{read_account_file, Follow, ReadError};
+#[cfg(any(test, feature = "testing"))]
+pub use read::FileKind;
 
 use std::{
     ffi::OsString,
