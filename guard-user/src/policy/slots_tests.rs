@@ -323,3 +323,38 @@ fn a_line_never_lets_a_command_name_pose_as_a_key() {
     assert_eq!(line, r#"SLOT_WAIT slot=build pid=2 name="x position=9\n" position=1 mode=queue"#);
     assert!(matches!(&acts[..], [.., Action::Hold { line: Line::SlotWait { .. }, .. }]));
 }
+
+/// `heavyjob -c 'sleep 3; true'`: the shell forks `sleep` and the child execs before either
+/// verdict came. The child's exec is judged on its own (no slot's), then goes back into the
+/// shell's tree: held with it, whichever verdict comes first, so a waiting command's work waits.
+#[test]
+fn a_child_that_execs_before_the_verdicts_waits_with_its_tree() {
+    for child_first in [false, true] {
+        let mut b = book(&[slot("build", 1, SlotMode::Queue)]);
+        run(&mut b, 1, None, "heavyjob", Some("build"), 1.0);
+        let shell = b.on_event(&Event::State { kind: StateKind::Exec, state: st(10, "heavyjob") }, 2.0);
+        b.on_event(&Event::Fork { child: st(11, "heavyjob"), parent_pid: 10 }, 2.0);
+        let child = b.on_event(&Event::State { kind: StateKind::Exec, state: st(11, "sleep") }, 2.0);
+        let ((shell_tree, _), (child_tree, _)) = (classify_of(&shell), classify_of(&child));
+        let shell_verdict = |b: &mut SlotBook| b.verdict(shell_tree, 0, Comm::new(b"heavyjob"), &Verdict::Slot("build".into()), 2.0);
+        let child_verdict = |b: &mut SlotBook| b.verdict(child_tree, 0, Comm::new(b"sleep"), &Verdict::Other, 2.0);
+        let held_pids: Vec<u32> = if child_first {
+            assert!(child_verdict(&mut b).is_empty(), "its shell's tree does not wait yet");
+            held(&shell_verdict(&mut b))
+        } else {
+            let first = held(&shell_verdict(&mut b));
+            let more: Vec<u32> = child_verdict(&mut b)
+                .iter()
+                .flat_map(|a| match a {
+                    Action::HoldMore { tree, procs } if *tree == shell_tree => procs.iter().map(|p| p.pid).collect(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            first.into_iter().chain(more).collect()
+        };
+        assert_eq!(held_pids, [10, 11], "child's verdict first: {child_first}");
+        // The holder ends: the shell's tree starts, one turn for one end.
+        let started = lines(&exit(&mut b, 1, 5.0));
+        assert_eq!(started, ["SLOT_START slot=build pid=10 waited=3s reason=turn"]);
+    }
+}

@@ -23,8 +23,8 @@ impl SlotBook {
         self.pending -= 1;
         let parent = t.parent;
         let Some(slot) = slot else {
-            self.dissolve(tree, parent);
-            return Vec::new();
+            // Its processes go back to the tree it was forked in: held too if that one waits.
+            return self.dissolve(tree, parent);
         };
         // A matching exec inside a slot tree (through a pending one) is part of that tree.
         if let Some(outer) = self.slot_ancestor(parent) {
