@@ -17,8 +17,8 @@ use std::{path::PathBuf, process::Command};
 use anyhow::{bail, Context as _};
 
 use crate::{
+    build_ebpf::is_root,
     build_ebpf::{run_checked, which},
-    run::is_root,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

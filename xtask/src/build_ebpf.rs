@@ -323,6 +323,20 @@ fn install_bpf_linker(nightly: &Nightly) -> anyhow::Result<()> {
     run_checked(&mut cargo, "cargo install bpf-linker")
 }
 
+/// Whether xtask runs with effective uid 0. `/proc/self` is owned by the effective uid, which
+/// spares xtask a libc dependency; `id -u` is the fallback.
+pub fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata("/proc/self") {
+        Ok(meta) => meta.uid() == 0,
+        Err(_) => std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+            .unwrap_or(false),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::llvm_major_of;

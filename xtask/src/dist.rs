@@ -37,8 +37,8 @@ use anyhow::{bail, Context as _};
 use crate::{
     arch::Arch,
     build,
+    build_ebpf::is_root,
     build_ebpf::{self, run_checked, which},
-    run::is_root,
 };
 
 mod check;

@@ -7,7 +7,7 @@ use std::{ffi::OsString, os::unix::process::CommandExt as _, process::Command};
 
 use anyhow::Context as _;
 
-use crate::{build, build_ebpf};
+use crate::{build, build_ebpf, build_ebpf::is_root};
 
 #[derive(clap::Args, Debug)]
 pub struct Options {
@@ -38,18 +38,4 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     command.args(&opts.args);
     let err = command.exec();
     Err(err).with_context(|| format!("starting {}", binary.display()))
-}
-
-/// Whether xtask runs with effective uid 0. `/proc/self` is owned by the effective uid, which
-/// spares xtask a libc dependency; `id -u` is the fallback.
-pub fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    match std::fs::metadata("/proc/self") {
-        Ok(meta) => meta.uid() == 0,
-        Err(_) => Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-            .unwrap_or(false),
-    }
 }

@@ -11,7 +11,7 @@
 //! `cargo xtask vm`.
 use std::{ffi::OsString, process::Command};
 
-use crate::{build, build_ebpf, run::is_root};
+use crate::{build, build_ebpf, build_ebpf::is_root};
 
 #[derive(clap::Args, Debug)]
 pub struct Options {

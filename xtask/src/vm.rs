@@ -25,6 +25,7 @@ pub(crate) mod apt;
 mod cpio;
 mod initramfs;
 pub(crate) mod kernels;
+mod matrix;
 mod package;
 mod payload;
 mod qemu;

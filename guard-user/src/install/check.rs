@@ -53,7 +53,9 @@ pub fn check(layout: &Layout, sc: &Systemctl, now: SystemTime) -> Report {
         }
     }
     units(layout, &mut r);
-    super::defaults::check(layout, sc, &mut r);
+    let defaults = super::defaults::check(layout, sc);
+    r.drift.extend(defaults.drift);
+    r.flags = defaults.flags;
     if let Provider::Source { .. } = layout.provider {
         // A packaged binary is the running one (that is how the host was recognised).
         let same_binary = match (fs::read(layout.bin_path()), fs::read(&layout.exe)) {

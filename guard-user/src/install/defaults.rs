@@ -14,7 +14,6 @@ use std::{
 };
 
 use super::{
-    check::Report,
     escape::AccountName,
     shown,
     unit::{ARGS_VAR, DEFAULTS_FILE},
@@ -150,16 +149,25 @@ pub fn validate(layout: &Layout, words: &[String]) -> Result<(), String> {
     crate::daemon::flags::run_flags(&args, &layout.user.to_string()).map(|_| ()).map_err(|e| e.to_string())
 }
 
-/// `check`'s part: the flags in force ([`Report::flags`]), flags the service would not start
-/// with (drift), and a running daemon started with other flags than the files now say (drift:
-/// `systemctl restart` applies them).
-pub fn check(layout: &Layout, sc: &Systemctl, r: &mut Report) {
+/// What `check` learns from the defaults files: its drift lines, and the flags in force.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub drift: Vec<String>,
+    /// `flags: … (GUARD_ARGS from …)`, when any flag is in force.
+    pub flags: Option<String>,
+}
+
+/// `check`'s part: the flags in force, flags the service would not start with (drift), and a
+/// running daemon started with other flags than the files now say (drift: `systemctl restart`
+/// applies them).
+pub fn check(layout: &Layout, sc: &Systemctl) -> Findings {
+    let mut r = Findings::default();
     let files = files(&layout.defaults_root, &layout.user);
     let flags = match read(&files) {
         Ok(f) => f,
         Err(why) => {
             r.drift.push(format!("{why}, so the unit cannot read its GUARD_ARGS"));
-            return;
+            return r;
         }
     };
     let from = flags.from.as_deref().map(|p| shown(p).to_string());
@@ -190,6 +198,7 @@ pub fn check(layout: &Layout, sc: &Systemctl, r: &mut Report) {
     if !in_force.is_empty() {
         r.flags = Some(format!("flags: {} ({origin})", shown_words(&in_force)));
     }
+    r
 }
 
 /// The words a running instance got beyond its drop-in's command line: `None` when it does not

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use super::kernels::KERNELS;
+use super::matrix::KERNELS;
 use crate::{
     arch::Arch,
     build_ebpf::{run_checked, target_dir},

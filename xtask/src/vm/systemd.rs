@@ -38,8 +38,8 @@ mod package;
 
 use crate::{
     arch::Arch,
+    build_ebpf::is_root,
     build_ebpf::{self, run_checked, which},
-    run::is_root,
 };
 
 const SUITE: &str = "bookworm";
