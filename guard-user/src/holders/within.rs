@@ -258,8 +258,8 @@ impl Within {
             // Not listed is not "bound to nothing": the fd may be a socket file below PATH.
             Err(why) => return Place::Unknown(why),
         };
-        let (named, by_name);
-        by_name = b.by_name;
+        let by_name = b.by_name;
+        let named;
         let b = if by_name {
             // Known by a relative name only: the socket file at that name from the holder's
             // working directory now (as for the fallback's absolute names), never cached.
