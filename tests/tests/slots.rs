@@ -433,7 +433,11 @@ fn a_slot_pattern_that_matches_everything_or_that_bash_refuses_is_a_config_error
         let (home, exe, file) =
             home_with(&format!(r#"{{"commands": [{pattern:?}], "max": 1, "mode": "queue", "maxWait": "1h"}}"#));
         let _d = Daemon::start(&home, &[]);
-        let log = home.wait_log(WAIT, |l| l.contains("ERROR config_malformed slots.commands"));
+        // The slots' matcher refuses the pattern off the tick: the tick after it counts the error.
+        let log = home.wait_log(WAIT, |l| {
+            l.contains("ERROR config_malformed slots.commands")
+                && l.contains("TICK_COMPLETE flagged=0 kills=0 errors=1")
+        });
         let error = lines(&log, "ERROR").into_iter().next().unwrap_or_else(|| panic!("{pattern}: {log}")).to_string();
         assert!(error.contains(why) && error.contains("index=0"), "{pattern}: {error}");
         assert!(log.contains("TICK_COMPLETE flagged=0 kills=0 errors=1"), "{pattern}: {log}");
