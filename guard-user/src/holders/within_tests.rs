@@ -6,11 +6,14 @@ fn within(p: &Path) -> Within {
     Within::new(Target::open(p).unwrap())
 }
 
-fn link_place(w: &Within, p: &Path) -> Place {
-    // This process's own fd to `p`, through its /proc link, as a holder's would be read.
-    let f = fs::File::open(p).unwrap();
-    let link = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+/// Where this process's own `fd` is, through its /proc link, as a holder's would be read.
+fn fd_place(w: &Within, fd: RawFd) -> Place {
+    let link = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
     w.place_of_link(sys::CWD, &link).unwrap()
+}
+
+fn link_place(w: &Within, p: &Path) -> Place {
+    fd_place(w, fs::File::open(p).unwrap().as_raw_fd())
 }
 
 #[test]
@@ -56,10 +59,7 @@ fn a_removed_file_or_directory_is_below_nothing_and_a_renamed_one_is_where_it_we
     // A new file where the removed one was: another inode, not what is held.
     fs::write(repo.join("f"), b"new").unwrap();
     fs::rename(repo.join("moved"), tmp.path().join("moved")).unwrap();
-    let place = |f: &fs::File| {
-        let link = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
-        w.place_of_link(sys::CWD, &link).unwrap()
-    };
+    let place = |f: &fs::File| fd_place(&w, f.as_raw_fd());
     assert_eq!(place(&held_dir), Place::Outside);
     assert_eq!(place(&held_file), Place::Outside);
     assert_eq!(place(&held_moved), Place::Outside);
@@ -107,10 +107,7 @@ fn a_socket_is_held_where_the_file_it_is_bound_to_is() {
     let inside = std::os::unix::net::UnixListener::bind(repo.join("run/s.sock")).unwrap();
     let outside = std::os::unix::net::UnixListener::bind(tmp.path().join("s.sock")).unwrap();
     let unbound = std::os::unix::net::UnixStream::pair().unwrap().0;
-    let place = |w: &Within, fd: RawFd| {
-        let link = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
-        w.place_of_link(sys::CWD, &link).unwrap()
-    };
+    let place = fd_place;
     let w = within(&repo);
     assert_eq!(place(&w, inside.as_raw_fd()), Place::Inside);
     assert_eq!(place(&w, outside.as_raw_fd()), Place::Outside);
