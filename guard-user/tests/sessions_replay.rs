@@ -446,3 +446,31 @@ fn the_kill_rounds_go_on_while_a_leftover_keeps_moving_to_new_pids() {
 }
 
 guard_test::main!();
+
+/// 2,001 reported leftovers of one root, beside 70 live sessions (more than the 64 live ones the
+/// status lists): every leftover is listed under its ended root, so `tree` never leaves the log
+/// as the only list; only live sessions are cut, and counted.
+#[guard_test]
+fn two_thousand_reported_leftovers_are_all_listed_beside_more_live_sessions_than_are_shown() {
+    let mut t = Lines::default();
+    for i in 0..70u32 {
+        t.spawn(1.0, 100, 10_000 + i, 10_000 + u64::from(i), "sleep", "agent-wrapper fake");
+    }
+    t.spawn(1.0, 100, 200, 500, "agent-wrapper", "agent-wrapper --session a");
+    for i in 0..2001u32 {
+        t.fork(70.5, 200, 20_000 + i, 20_000 + u64::from(i), UID, "worker");
+    }
+    t.exit(80.0, 200, 500);
+    let config = r#"{"sessions": {"roots": ["(^|/)agent-wrapper( |$)"], "leftovers": "report", "grace": "10s"}}"#;
+    let r = replay_trace(t.trace(), config, 150, false, Duration::from_secs(60));
+    assert_eq!(r.lines(&["LEFTOVER"]).len(), 2001);
+    let s = last_status(&r).sessions.unwrap();
+    assert_eq!((s.live, s.reported, s.reported_leftovers), (70, 1, 2001));
+    let ended: Vec<_> = s.sessions.iter().filter(|row| row.stage == "reported").collect();
+    assert_eq!(ended.len(), 1);
+    assert_eq!((ended[0].root_pid, ended[0].processes.len(), ended[0].processes_omitted), (200, 2001, 0));
+    let listed: std::collections::BTreeSet<u32> = ended[0].processes.iter().map(|p| p.pid).collect();
+    assert_eq!(listed, (20_000..22_001).collect());
+    assert_eq!(s.sessions.iter().filter(|row| row.stage == "live").count(), 64);
+    assert_eq!(s.sessions_omitted, 6);
+}

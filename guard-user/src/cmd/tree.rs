@@ -211,7 +211,7 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
         if s.processes_not_shown > 0 {
             let _ = writeln!(
                 out,
-                "  … and {} more (over the {} listed per session, or gone since the last tick; the log's LEFTOVER lines name each leftover)",
+                "  … and {} more (over the {} listed per live session, or gone since the last tick)",
                 s.processes_not_shown,
                 crate::policy::sessions::MAX_STATUS_PROCESSES
             );
@@ -220,7 +220,7 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
     if all.sessions_omitted > 0 {
         let _ = writeln!(
             out,
-            "\n… and {} more sessions (over the {} listed; guard-user status --json counts them)",
+            "\n… and {} more live sessions (over the {} listed; every ended one is listed above; guard-user status --json counts them)",
             all.sessions_omitted,
             crate::policy::sessions::MAX_STATUS_SESSIONS
         );

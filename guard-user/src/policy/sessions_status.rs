@@ -10,9 +10,13 @@ use crate::{
     lineage::SessionsView,
 };
 
-/// Sessions listed in the status file (`tree`); the rest are counted.
+/// Live sessions listed in the status file (`tree`); the rest are counted. An ended session
+/// (in its grace, being stopped, or with reported leftovers) is always listed, with every one of
+/// its processes, so the log is never the only list of leftovers: the lineage's own caps
+/// (1,024 sessions, 1,024 reported, 16,384 members, each root's command cut to 256 bytes) bound
+/// that list to a few MiB, inside what `tree` and `status` read.
 pub const MAX_STATUS_SESSIONS: usize = 64;
-/// Processes listed per session in the status file; the rest are counted.
+/// Processes listed per live session in the status file; the rest are counted.
 pub const MAX_STATUS_PROCESSES: usize = 256;
 
 /// The status of `view` (the lineage after this tick's answers) with what `book` remembers.
@@ -21,7 +25,18 @@ pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages
     let wall = |mono: f64| now.wall_of(mono);
     let c = view.counts;
     let mut rows = Vec::new();
-    for row in view.sessions.iter().take(MAX_STATUS_SESSIONS) {
+    let (mut live_listed, mut live_omitted) = (0, 0u64);
+    for row in &view.sessions {
+        // Leftovers (ended sessions) are listed whole; live sessions up to the caps.
+        let whole = row.ended || row.reported;
+        if !whole {
+            if live_listed == MAX_STATUS_SESSIONS {
+                live_omitted += 1;
+                continue;
+            }
+            live_listed += 1;
+        }
+        let listed = if whole { row.members.len() } else { MAX_STATUS_PROCESSES };
         let ended = book.ended.get(&row.id);
         let info = match ended {
             Some(e) => Some(&e.root),
@@ -49,10 +64,10 @@ pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages
             processes: row
                 .members
                 .iter()
-                .take(MAX_STATUS_PROCESSES)
+                .take(listed)
                 .map(|p| SessionProcess { pid: p.id.pid, start: p.id.start_ticks, name: p.comm.to_string() })
                 .collect(),
-            processes_omitted: row.members.len().saturating_sub(MAX_STATUS_PROCESSES) as u64,
+            processes_omitted: row.members.len().saturating_sub(listed) as u64,
         });
     }
     let leftovers_of = |reported: bool| {
@@ -84,7 +99,7 @@ pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages
         unclassified_total: c.unclassified_total,
         roots_refused_total: c.roots_refused_total,
         caps,
-        sessions_omitted: view.sessions.len().saturating_sub(MAX_STATUS_SESSIONS) as u64,
+        sessions_omitted: live_omitted,
         sessions: rows,
     }
 }

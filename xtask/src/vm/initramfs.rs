@@ -37,7 +37,8 @@ use crate::build_ebpf::{self, which};
 const HOST_TOOLS: &[&str] = &["bash", "sleep", "true", "cat", "env", "id", "grep", "ls", "mkdir", "rm"];
 /// Copied in when the host has them; without redis-server the guests do not require `redis`,
 /// without lsof the holders tests check their expected holders alone, and without script the
-/// slots' interactive-shell test says it was not run.
+/// slots' interactive-shell test fails saying so (a guest of another architecture takes both
+/// from its own packages, [`super::userland::PACKAGES`]).
 const OPTIONAL_HOST_TOOLS: &[&str] = &["unshare", "setpriv", "redis-server", "redis-cli", "lsof", "script"];
 /// Workspace directories tests read through `env!("CARGO_MANIFEST_DIR")`; copied to the same
 /// absolute path in the guest.

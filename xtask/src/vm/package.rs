@@ -114,9 +114,25 @@ has "backend=ebpf"
 has "KILLED"
 killed=$(grep -c "KILLED .*name=$PROBE" "$LOG")
 [[ $killed == "$PROBES" ]] || fail "$killed KILLED lines for $PROBE, expected $PROBES"
+grep -q ' ERROR ' "$LOG" && fail "the daemon logged an ERROR"
+# The credential hook: Debian's arm64 kernels before 6.4 cannot attach fentry programs (no
+# direct calls on arm64 until then), so the daemon must say it tracks through the syscall
+# tracepoints; from 6.4 on the hook must attach and nothing be said.
+release=$(uname -r)
+major=${release%%.*} rest=${release#*.} minor=${rest%%.*}
+if (( major < 6 || (major == 6 && minor < 4) )); then
+    grep -q 'WARN setuid_untracked reason=attach_failed fallback=syscall_tracepoints' "$LOG" ||
+        fail "kernel $release: no WARN setuid_untracked reason=attach_failed fallback=syscall_tracepoints"
+    say "kernel $release: the credential hook's fallback, as logged"
+else
+    grep -q 'setuid_untracked' "$LOG" && fail "kernel $release: the credential hook did not attach"
+    say "kernel $release: the credential hook attached"
+fi
 kill -TERM "$DAEMON"
 wait "$DAEMON"
-say "the daemon stopped (exit $?)"
+RC=$?
+ok "the daemon's exit after SIGTERM"
+say "the daemon stopped (exit $RC)"
 
 run dpkg -r guard-user
 ok "dpkg -r"

@@ -29,7 +29,9 @@ use crate::{
 };
 
 /// What the guests run besides guard's own binaries: the shell and coreutils the tests call,
-/// grep, sed, find and diff (Essential packages, so nothing depends on them; dpkg wants diff), util-linux (`unshare`, `setpriv`), Redis (server and cli, for parity with the x86_64
+/// grep, sed, find and diff (Essential packages, so nothing depends on them; dpkg wants diff), util-linux (`unshare`, `setpriv`),
+/// bsdutils (`script`, the pty of the slots' interactive-shell test), lsof (what the holders tests
+/// compare `holders` with, as on the x86_64 guests), Redis (server and cli, for parity with the x86_64
 /// guests, whose image has them when the host does), dpkg (and libc-bin's `ldconfig`, which dpkg
 /// insists on finding) for the package scenario, and the C library and libgcc the Rust binaries
 /// link.
@@ -41,6 +43,8 @@ pub const PACKAGES: &[&str] = &[
     "findutils",
     "diffutils",
     "util-linux",
+    "bsdutils",
+    "lsof",
     "redis-tools",
     "dpkg",
     "libc-bin",
