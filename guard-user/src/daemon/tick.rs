@@ -220,6 +220,7 @@ impl Ticker {
             view: snap.sessions.as_ref(),
             config: &config,
             verdicts: &gathered.verdicts,
+            cache: &self.verdicts,
             now: gathered.round_now,
             dry_run: self.opts.dry_run,
             deadline: self.deadline,

@@ -31,6 +31,7 @@ use crate::{
 };
 
 pub use super::roots::{RootVerdict, MAX_ROOT_COMMAND};
+pub use super::sessions_chase::{chase, chase_asks};
 pub use super::sessions_status::{status, MAX_STATUS_PROCESSES, MAX_STATUS_SESSIONS};
 
 /// Seconds from SIGTERM to SIGKILL (systemd's `TimeoutStopSec` role).
@@ -546,29 +547,6 @@ pub fn record(book: &mut SessionBook, targets: &[ReapTarget], outcomes: &[Outcom
             }
         }
     }
-}
-
-/// The chase between rounds: the doomed members (see [`LineageCmd::Doom`]: forked from a member
-/// the stop signalled, no exec since) of each session being stopped that nothing signalled yet,
-/// with the signal of the session's phase, SIGTERM or SIGKILL. Never in a dry run (nothing is
-/// doomed then), never a name in `excludes`.
-pub fn chase(view: &SessionsView, book: &SessionBook, config: &Config) -> Vec<(ReapTarget, Signal)> {
-    let mut out = Vec::new();
-    for row in view.sessions.iter().filter(|r| r.ended && !r.reported) {
-        let Some(e) = book.ended.get(&row.id) else { continue };
-        let signal = match e.phase {
-            Phase::Grace => continue,
-            Phase::Term { .. } => Signal::Term,
-            Phase::Kill { .. } => Signal::Kill,
-        };
-        for p in row.members.iter().filter(|p| row.doomed.contains(&p.id)) {
-            if e.signalled.contains(&p.id) || e.protected.contains(&p.id) || config.is_excluded(&p.comm) {
-                continue;
-            }
-            out.push((ReapTarget { proc: *p, session: row.id, root_pid: e.root.root.id.pid }, signal));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
