@@ -169,7 +169,7 @@ pub struct MatchArgs {
     /// A bash extended regex, as in excludeCommands.
     #[arg(long, value_name = "P")]
     pub pattern: String,
-    /// Try P as a sessions.roots pattern: refused (exit 2) when it matches every command line or the empty one, as validate and the daemon refuse it.
+    /// Try P as a sessions.roots pattern: refused (exit 2) when it matches every ordinary command line or the empty one, as validate and the daemon refuse it.
     #[arg(long)]
     pub roots: bool,
     /// A command line to test; repeatable; prints match, other or budget for each. Without it, every live process of the account.

@@ -211,7 +211,8 @@ fn reported_leftovers_stay_listed_after_their_leftover_line_until_they_exit() {
 /// leftover: the config is refused, named under its own key, and nothing is reported or ended.
 #[guard_test]
 fn a_roots_pattern_matching_everything_is_refused_and_sessions_stay_off() {
-    for pattern in ["^", ".*", "a||b", "^$", "."] {
+    // `[a-z]` and `[[:alnum:]]` leave odd lines alone, but no ordinary one.
+    for pattern in ["^", ".*", "a||b", "^$", ".", "[a-z]", "[[:alnum:]]"] {
         let config =
             format!(r#"{{"sessions": {{"roots": ["(^|/)agent-wrapper( |$)", "{pattern}"], "leftovers": "stop"}}}}"#);
         let r = replay("handmade-session.trace", &config, 150, false, Duration::from_secs(60));
@@ -230,6 +231,11 @@ fn a_roots_pattern_matching_everything_is_refused_and_sessions_stay_off() {
         assert!(r.lines(&["LEFTOVER", "DRY_RUN", "REAPED", "SKIPPED"]).is_empty(), "{pattern}: {:#?}", r.log);
         assert!(r.terms().is_empty() && r.kills().is_empty());
     }
+    // One that leaves an ordinary command line alone (`apt update`) names roots, however odd.
+    let config = r#"{"sessions": {"roots": ["^[^a]"], "leftovers": "report"}}"#;
+    let r = replay("handmade-session.trace", config, 150, false, Duration::from_secs(60));
+    assert!(r.lines(&["ERROR"]).is_empty(), "{:#?}", r.log);
+    assert!(!r.lines(&["LEFTOVER"]).is_empty(), "{:#?}", r.log);
 }
 
 /// `sg GROUP -c CMD` run by a member: the set-user-ID exec makes it root's (its real uid stays the

@@ -40,8 +40,11 @@ fn word(o: MatchOutcome) -> &'static str {
 pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     let limits = Limits::default();
     let mut matcher = Matcher::new(PathBuf::from("/proc/self/exe"), limits.clone());
+    // With --roots the pattern is tried as one of `sessions.roots`: its errors are named so, as
+    // validate and the daemon name them.
+    let list = if args.roots { "sessions.roots: " } else { "" };
     if let Err(e) = matcher.set_patterns(std::slice::from_ref(&args.pattern)) {
-        eprintln!("guard-user match: {}", refused(&args.pattern, &e));
+        eprintln!("guard-user match: {list}{}", refused(&args.pattern, &e));
         return Ok(ExitCode::from(2));
     }
     let habits = habits::habits(&args.pattern);
@@ -58,7 +61,7 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         if match_all::too_broad_for_roots(&probes) {
             // The daemon's and validate's words for it, about --pattern.
             let p = crate::config::too_broad_root(Some(0), &args.pattern);
-            eprintln!("guard-user match: sessions.roots: --pattern {}; {}", p.what, p.fix);
+            eprintln!("guard-user match: {list}--pattern {}; {}", p.what, p.fix);
             return Ok(ExitCode::from(2));
         }
     }
