@@ -62,6 +62,8 @@ pub struct RootInfo {
     pub root: ProcState,
     /// Its command line when it was classified, cut to [`MAX_ROOT_COMMAND`] bytes.
     pub command: Vec<u8>,
+    /// That command line's whole length (the status says how many bytes were left out).
+    pub command_len: usize,
     /// When it was recognised (unix seconds: shown, never timed).
     pub since: f64,
 }
@@ -267,8 +269,9 @@ fn classify(input: &SessionsInput, plan: &mut SessionPlan) {
     for c in &view.candidates {
         let cmd = match roots.verdicts.get(&c.session) {
             Some(RootVerdict::Root { command }) => {
-                let command = command[..command.len().min(MAX_ROOT_COMMAND)].to_vec();
-                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, since: now.wall });
+                let command_len = command.len();
+                let command = command[..command_len.min(MAX_ROOT_COMMAND)].to_vec();
+                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, command_len, since: now.wall });
                 LineageCmd::Classified { session: c.session, root: true }
             }
             Some(RootVerdict::Other) => LineageCmd::Classified { session: c.session, root: false },
@@ -327,6 +330,7 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
             root: book.roots.get(&row.id).cloned().unwrap_or(RootInfo {
                 root: ProcState { id: row.root, euid: 0, comm: Comm::new(b"") },
                 command: Vec::new(),
+                command_len: 0,
                 since: clocks.wall,
             }),
             ended_at: now,

@@ -144,6 +144,41 @@ fn a_candidate_is_a_root_only_when_its_command_line_matched() {
         "an unread candidate waits for the next tick"
     );
     assert_eq!(plan.book.roots[&7].command.len(), MAX_ROOT_COMMAND);
+    assert_eq!(plan.book.roots[&7].command_len, 1000);
+}
+
+/// The status keeps the root's first 256 bytes, escaped once, and says how many were left out
+/// (`tree` shows `…[+N bytes]`).
+#[test]
+fn the_status_shows_a_root_command_escaped_once_and_the_bytes_left_out() {
+    let cfg = config("report", 10);
+    let mut v = view(false, &[]);
+    v.sessions.clear();
+    v.candidates = vec![cand(7, p(ROOT, "wrapper")), cand(8, p(201, "wrapper"))];
+    let mut long = b"wrapper \\ \x1b".to_vec();
+    long.resize(1000, b'w');
+    let roots = read([
+        (7, RootVerdict::Root { command: long }),
+        (8, RootVerdict::Root { command: b"wrapper a\\b".to_vec() }),
+    ]);
+    let plan = decide_sessions(&SessionsInput {
+        view: &v,
+        config: &cfg,
+        sessions: cfg.sessions.as_ref().unwrap(),
+        now: Now::same(5.0),
+        dry_run: false,
+        ages: Ages { boot_unix: 0.0, ticks_per_sec: 100 },
+        roots: &roots,
+        verdicts: &HashMap::new(),
+        book: &SessionBook::default(),
+        limits: LIMITS,
+    });
+    let mut v = view(false, &[]);
+    v.sessions.push(SessionRow { id: 8, root: p(201, "wrapper").id, ..v.sessions[0].clone() });
+    let st = status_of(&cfg, &v, &plan.book, 6.0);
+    let shown: Vec<(&str, u64)> = st.sessions.iter().map(|r| (&r.command[..12], r.command_omitted_bytes)).collect();
+    assert_eq!(shown, [("wrapper \\\\ \\", 744), ("wrapper a\\\\b", 0)]);
+    assert!(st.sessions[0].command.starts_with("wrapper \\\\ \\x1bwww"), "{}", st.sessions[0].command);
 }
 
 #[test]
