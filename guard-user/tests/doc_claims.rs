@@ -440,6 +440,25 @@ fn the_readme_usage_shows_every_visible_subcommand() {
     assert_eq!(shown, visible, "README's Usage against the subcommands of --help");
 }
 
+/// README's Usage never shows `holders --stop` without the `--user` it requires (as root, a stop
+/// without it would be refused; the hint it prints always carries it).
+#[guard_test]
+fn the_readme_usage_shows_holders_stop_with_its_user() {
+    let readme = read("README.md");
+    let usage = readme.split("## Usage").nth(1).unwrap().split("```").nth(1).unwrap();
+    let holders: Vec<&str> = usage.lines().filter(|l| l.starts_with("guard-user holders ")).collect();
+    assert!(!holders.is_empty());
+    for l in &holders {
+        assert!(l.starts_with("guard-user holders PATH "), "PATH may be a file: {l}");
+        let args = l.split('#').next().unwrap();
+        if args.contains("--stop") {
+            assert!(args.contains("--user NAME --stop") || args.contains("--user NAME] --stop"), "{l}");
+            assert!(!args.contains("[--user"), "--stop needs --user: {l}");
+        }
+    }
+    assert!(holders.iter().any(|l| l.contains("--stop")), "{holders:?}");
+}
+
 /// guard-config.json(5) names the keys the packaged config sets; the file sets exactly those.
 #[guard_test]
 fn the_config_man_page_says_which_keys_the_packaged_config_sets() {

@@ -38,7 +38,7 @@ fn candidates<'v>(
                 || e.signalled.contains(&p.id)
                 || e.protected.contains(&p.id)
                 || config.is_excluded(&p.comm);
-            (!skip).then(|| (ReapTarget { proc: *p, session: row.id, root_pid: e.root.root.id.pid }, signal))
+            (!skip).then_some((ReapTarget { proc: *p, session: row.id, root_pid: e.root.root.id.pid }, signal))
         })
     })
 }
