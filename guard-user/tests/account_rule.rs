@@ -164,6 +164,23 @@ fn check_as_root_with_no_account_named_checks_the_installed_instances_never_root
     assert!(out.lines().filter(|l| l.ends_with(".service:")).count() == 1, "{out}");
     assert!(!out.contains("root"), "root's instance was checked: {out}");
     assert_eq!(o.status.code(), Some(1), "an instance that differs is drift: {o:?}");
+
+    // An account removed without uninstall (listed first): said as drift, and the next
+    // instance is checked all the same.
+    let gone = units.path().join("guard-user@aaguardgone.service.d");
+    fs::create_dir(&gone).unwrap();
+    fs::write(gone.join("home.conf"), "[Service]\n").unwrap();
+    let o = guard()
+        .args(["check", "--unit-dir", dir, "--bin-dir", dir])
+        .env("GUARD_SYSTEMD_RUNNING", "0")
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "guard-user@aaguardgone.service:", "{out}");
+    assert!(lines[1].starts_with("the account aaguardgone no longer exists, yet its guard is installed ("), "{out}");
+    assert!(lines.contains(&"guard-user@guardtest1.service:"), "the next instance was not checked: {out}");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
 }
 
 #[guard_test(needs = [root])]

@@ -514,6 +514,11 @@ fn check_shows_the_flags_of_the_defaults_file_and_refuses_those_run_would_not_st
         ("--colour", "(unexpected argument '--colour' found)"),
         ("--user root", "(the argument '--user <NAME|UID>' cannot be used multiple times)"),
         ("--metrics-file /srv/guard.txt", "(--metrics-file /srv/guard.txt: node_exporter's textfile collector"),
+        (
+            "--config /srv/other.json --interval 30s",
+            "(--config is set per instance by guard-user install --config FILE",
+        ),
+        ("--config=/srv/other.json", "(--config is set per instance by guard-user install --config FILE"),
     ] {
         fs::write(&own, format!("GUARD_ARGS='{args}'\n")).unwrap();
         let out = host.run("check");
