@@ -15,7 +15,12 @@ use std::{
 use guard_test::guard_test;
 
 fn guard() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_guard-user"));
+    guard_at(Path::new(env!("CARGO_BIN_EXE_guard-user")))
+}
+
+/// [`guard`] from `bin`.
+fn guard_at(bin: &Path) -> Command {
+    let mut c = Command::new(bin);
     // Nothing of this test's own environment decides the account, and no Redis is asked.
     c.env_remove("SUDO_USER")
         .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
@@ -190,7 +195,9 @@ fn a_run_for_another_account_without_root_is_refused_before_it_starts() {
     test_account("guardtest2", 4202);
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::chown(dir.path(), Some(me.uid), Some(me.gid)).unwrap();
-    let o = guard()
+    // As the account: from where it can run guard-user (a copy when the clone is out of its reach).
+    let bin = guard_test::child::runnable_by_accounts(Path::new(env!("CARGO_BIN_EXE_guard-user")));
+    let o = guard_at(&bin)
         .args(["run", "--user", "guardtest2", "--dry-run", "--backend", "procfs", "--home"])
         .arg(dir.path())
         .uid(me.uid)

@@ -456,8 +456,8 @@ fn check_does_not_report_a_guard_user_that_is_not_a_daemon() {
     host.answer("MainPID", "0");
     // This test binary as the account, idle, under the argv `guard-user <args>`.
     let start = |args: &[&str]| {
-        let mut cmd = Child::helper_command("idle");
-        cmd.arg0("guard-user").args(args).uid(TEST_UID).gid(TEST_UID);
+        let mut cmd = Child::helper_command_as("idle", TEST_UID);
+        cmd.arg0("guard-user").args(args);
         let mut child = Child::spawn(&mut cmd);
         child.expect_line("ready");
         child
