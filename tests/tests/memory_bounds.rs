@@ -114,6 +114,8 @@ fn explain_over_processes_sharing_a_huge_command_line_stays_small() {
         if json {
             cmd.arg("--json");
         }
+        // Reaped below by wait4, for its resource usage (which Child::wait does not give).
+        #[allow(clippy::zombie_processes)]
         let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
         let mut out = Vec::new();
         std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut out).unwrap();
