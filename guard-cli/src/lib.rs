@@ -125,8 +125,8 @@ pub struct SlotsReleaseArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct AccountArgs {
     /// The account, by name or uid (default: $SUDO_USER as root through sudo, else the invoking user;
-    /// as root with neither, a command that acts or prints command lines asks for --user, and one
-    /// that reads says it read root's).
+    /// as root with neither, a command that acts or prints command lines asks for --user, check
+    /// checks every installed instance, and one that only reads says it read root's).
     #[arg(long, value_name = "NAME|UID", value_hint = ValueHint::Username)]
     pub user: Option<String>,
     /// Use DIR instead of the account's home for every default path.

@@ -241,6 +241,12 @@ fn the_monitoring_examples_name_only_metrics_guard_writes() {
             time_left_secs: Some(2.0),
             ..Default::default()
         }],
+        // Sessions and slots on: their families are written only then.
+        sessions: Some(Default::default()),
+        slots: Some(guard::status::SlotsStatus {
+            slots: vec![guard::status::SlotStatus { name: "build".into(), max: 2, ..Default::default() }],
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let input = metrics::MetricsInput {

@@ -316,16 +316,25 @@ fn validate_names_what_the_daemon_would_take_silently() {
     let o = validate(dir.path(), r#"{"excludeCommands": ["(?i)claude"]}"#);
     assert!(stdout_lines(&o)[0].contains("for (?i) write each letter as [Aa]"), "{o:?}");
 
-    for (state, outside) in [
+    std::fs::create_dir(dir.path().join("s")).unwrap();
+    std::fs::write(dir.path().join("f"), "").unwrap();
+    for (state, unwritable) in [
         ("/var/lib/guard/state.json", true),
         ("~/../other/state.json", true),
         ("~/s/state.json", false),
         ("state.json", false),
+        // In the home, but in a directory the daemon would not find (it creates none).
+        ("~/nodir/state.json", true),
+        ("~/f/state.json", true),
     ] {
         let o = validate(dir.path(), &format!(r#"{{"stateFile": {state:?}}}"#));
         let lines = stdout_lines(&o);
-        assert_eq!(o.status.code(), Some(if outside { 1 } else { 0 }), "{state}: {lines:?}");
-        assert_eq!(lines[0].starts_with("stateFile: ") && lines[0].contains("state_unwritable"), outside, "{lines:?}");
+        assert_eq!(o.status.code(), Some(if unwritable { 1 } else { 0 }), "{state}: {lines:?}");
+        assert_eq!(
+            lines[0].starts_with("stateFile: ") && lines[0].contains("state_unwritable"),
+            unwritable,
+            "{lines:?}"
+        );
     }
 }
 

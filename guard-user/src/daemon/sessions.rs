@@ -51,7 +51,10 @@ pub fn mode(config: &Config, uid: u32) -> LineageMode {
     }
 }
 
-/// The matching round for roots: at most 2 s, and a quarter of the tick's deadline.
+/// The matching round for roots: at most 2 s, and a quarter of the tick's deadline; it also ends
+/// by [`Ctx::roots_by`] (but never before a quarter of that share), so a stop's signals and
+/// chase after it fit the deadline after a long verdict round (a candidate not read waits for
+/// the next tick).
 fn round_budget(deadline: Duration) -> Duration {
     (deadline / 4).min(Duration::from_secs(2))
 }
@@ -127,9 +130,9 @@ impl SessionsTick {
 
     /// Reads, decides and applies (see the module doc).
     pub fn run(&mut self, ctx: Ctx) -> Done {
-        let Ctx { fx, pump, view, config, verdicts, cache, now, dry_run, deadline, pool } = ctx;
+        let Ctx { fx, pump, view, config, verdicts, cache, now, dry_run, deadline, roots_by, pool } = ctx;
         let (Some(view), Some(sessions)) = (view, config.sessions.as_ref()) else { return Done::default() };
-        let roots = if self.roots_ok { read_roots(fx, pool, view, deadline) } else { RootsRead::default() };
+        let roots = if self.roots_ok { read_roots(fx, pool, view, deadline, roots_by) } else { RootsRead::default() };
         let ages = Ages { boot_unix: fx.procs.boot_unix(), ticks_per_sec: clock_ticks_per_sec() };
         let limits = SessionLimits {
             caps: Caps::DAEMON,
@@ -267,8 +270,11 @@ pub struct Ctx<'a> {
     /// Both clocks: the steps are timed on the monotonic one, the status shows wall times.
     pub now: Now,
     pub dry_run: bool,
-    /// The tick's deadline; the roots round takes a share of what is left.
+    /// The tick's deadline; the roots round takes a share of it.
     pub deadline: Duration,
+    /// When the roots round ends at the latest: three quarters into the tick, leaving the rest
+    /// to a stop's signals (SIGKILL 0.5 s after SIGTERM) and its chase (0.5 s at most).
+    pub roots_by: Instant,
     /// The tick's pool of command-line bytes held for a matcher.
     pub pool: &'a Pool,
 }
@@ -303,10 +309,13 @@ impl roots::CandidateReader for Candidates<'_, '_> {
 
 /// The candidates' command lines, read round-robin through the tick's reader and judged by
 /// `policy::roots`; the texts it asks about are matched in one bounded round and dropped after it.
-fn read_roots(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration) -> RootsRead {
+fn read_roots(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration, by: Instant) -> RootsRead {
     let max = fx.roots.max_text_bytes();
     let now = Instant::now();
-    let ends = now + round_budget(deadline);
+    // Never less than a quarter of its own share: recognition always moves on, even in a tick
+    // whose verdict round took all it could.
+    let share = round_budget(deadline);
+    let ends = (now + share).min(by).max(now + share / 4);
     let mut reader = CmdlineReader::for_phase(&mut *fx.procs, pool.clone(), now, ends);
     let reading = roots::read_candidates(&view.candidates, &mut Candidates { reader: &mut reader, max });
     drop(reader);

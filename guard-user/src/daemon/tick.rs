@@ -224,6 +224,7 @@ impl Ticker {
             now: gathered.round_now,
             dry_run: self.opts.dry_run,
             deadline: self.deadline,
+            roots_by: began + self.deadline * 3 / 4,
             pool: &self.pool,
         });
         self.totals.skipped += sessions.skipped;
