@@ -91,7 +91,7 @@ fn a_daemon_fed_a_huge_state_and_ever_new_unknown_keys_stays_within_64m_and_keep
     assert_eq!(cg.oom_kills(), 0);
 }
 
-/// Root's `explain` over 300 processes sharing one 1 MiB command line (one exec, 299 forks):
+/// Root's `explain` (and `match`) over 300 processes sharing one 1 MiB command line (one exec, 299 forks):
 /// each text is read and matched once and shown cut to its first 4 KiB with the bytes left out,
 /// so root's peak memory stays a few MiB and the output small, in text and in JSON (it peaked at
 /// 616 MB and 2.44 GB, with 312 MB and 624 MB of output, when every row held its whole text).
@@ -108,9 +108,12 @@ fn explain_over_processes_sharing_a_huge_command_line_stays_small() {
     }
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let _probe = Probe::spawn(&exe, &argv, TEST_UID);
-    for json in [false, true] {
+    for (json, what) in [(false, "explain"), (true, "explain"), (false, "match")] {
         let mut cmd = std::process::Command::new(guard_bin());
-        cmd.args(["explain", "gbigargv", "--user", "guardtest1", "--home"]).arg(home.path());
+        match what {
+            "explain" => cmd.args(["explain", "gbigargv", "--user", "guardtest1", "--home"]).arg(home.path()),
+            _ => cmd.args(["match", "--pattern", "^nothing$", "--user", "guardtest1"]),
+        };
         if json {
             cmd.arg("--json");
         }
@@ -126,7 +129,7 @@ fn explain_over_processes_sharing_a_huge_command_line_stays_small() {
         let pid = child.id() as i32;
         assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
         let text = String::from_utf8_lossy(&out);
-        assert!(libc::WIFEXITED(status), "explain (json {json}) did not exit: {status}");
+        assert!(libc::WIFEXITED(status), "{what} (json {json}) did not exit: {status}");
         let peak_mib = usage.ru_maxrss as f64 / 1024.0;
         let rows = if json {
             let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
@@ -141,10 +144,10 @@ fn explain_over_processes_sharing_a_huge_command_line_stays_small() {
             assert!(text.contains("…[+"), "no row says what it left out: {}", &text[..2000]);
             text.lines().filter(|l| l.contains("gbigargv")).count()
         };
-        assert!(rows >= 300, "json {json}: {rows} rows");
-        assert!(peak_mib < 64.0, "explain (json {json}) peaked at {peak_mib:.1} MiB");
-        assert!(out.len() < 8 << 20, "explain (json {json}) wrote {} bytes", out.len());
-        eprintln!("explain (json {json}): {rows} rows, peak {peak_mib:.1} MiB, {} bytes of output", out.len());
+        assert!(rows >= 300, "{what} (json {json}): {rows} rows");
+        assert!(peak_mib < 64.0, "{what} (json {json}) peaked at {peak_mib:.1} MiB");
+        assert!(out.len() < 8 << 20, "{what} (json {json}) wrote {} bytes", out.len());
+        eprintln!("{what} (json {json}): {rows} rows, peak {peak_mib:.1} MiB, {} bytes of output", out.len());
     }
 }
 
