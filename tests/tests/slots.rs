@@ -471,3 +471,27 @@ fn cmdline(pid: u32) -> String {
 }
 
 guard_test::main!();
+
+/// The slots' matcher is the smallest (docs/architecture.md, Bounds): a list it cannot compile,
+/// alone or with `excludeCommands` (each of which the tick's larger matcher takes), is the
+/// slots' config error; nothing waits, the daemon ticks on.
+#[guard_test(needs = [root, ebpf, freezer])]
+fn a_slot_list_too_costly_for_the_slots_matcher_is_a_config_error_and_holds_nothing() {
+    let _serial = setup();
+    for (exclude, pattern) in [("z", "(^|/)heavyjob slot-job y{0,700}"), ("y{0,500}", "(^|/)heavyjob slot-job w{0,500}")] {
+        let (home, exe, file) = home_with(&format!(r#"{{"commands": [{pattern:?}], "max": 1, "mode": "queue"}}"#));
+        let config = fs::read_to_string(home.path().join("guard-config.json")).unwrap();
+        home.write_config(&config.replacen('{', &format!(r#"{{"excludeCommands": [{exclude:?}], "#), 1));
+        let _d = Daemon::start(&home, &[]);
+        let log = home.wait_log(WAIT, |l| {
+            l.contains("ERROR config_malformed slots.commands") && l.contains("TICK_COMPLETE flagged=0 kills=0 errors=1")
+        });
+        let error = lines(&log, "ERROR").into_iter().next().unwrap_or_else(|| panic!("{pattern}: {log}")).to_string();
+        assert!(error.contains("costly"), "{pattern}: {error}");
+        let mut jobs = Jobs::start(&exe, &file, 3, 500, TEST_UID, &[]);
+        assert!(jobs.wait_all(WAIT).iter().all(|c| *c == Some(0)));
+        assert_eq!(most_at_once(&file), 3, "{pattern}");
+        let log = home.wait_log(WAIT, |l| l.matches("TICK_COMPLETE").count() >= 3);
+        assert!(!log.contains("SLOT_WAIT") && !log.contains("PANIC"), "{pattern}: {log}");
+    }
+}
