@@ -483,7 +483,7 @@ guard_test::main!();
 fn a_slot_list_too_costly_for_the_slots_matcher_is_a_config_error_and_holds_nothing() {
     let _serial = setup();
     for (exclude, pattern) in
-        [("z", "(^|/)heavyjob slot-job y{0,700}"), ("y{0,500}", "(^|/)heavyjob slot-job w{0,500}")]
+        [("z", "(^|/)heavyjob slot-job y{0,700}"), ("q y{0,500}", "(^|/)heavyjob slot-job w{0,500}")]
     {
         let (home, exe, file) = home_with(&format!(r#"{{"commands": [{pattern:?}], "max": 1, "mode": "queue"}}"#));
         let config = fs::read_to_string(home.path().join("guard-config.json")).unwrap();
@@ -522,6 +522,7 @@ fn explain_shows_the_slot_place_from_roots_copy_not_from_a_status_the_account_fo
     unsafe { libc::kill(d.child.id() as i32, libc::SIGSTOP) };
     let forged = home.path().join("guard-status.json");
     let mut fake: serde_json::Value = serde_json::from_slice(&fs::read(&forged).unwrap()).unwrap();
+    let real = fake["slots"].clone();
     fake["slots"]["slots"] = serde_json::json!([]);
     let _ = fs::remove_file(&forged);
     fs::write(&forged, serde_json::to_vec(&fake).unwrap()).unwrap();
@@ -533,7 +534,10 @@ fn explain_shows_the_slot_place_from_roots_copy_not_from_a_status_the_account_fo
         .unwrap();
     unsafe { libc::kill(d.child.id() as i32, libc::SIGCONT) };
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("slot build: waiting, 1st in line"), "{text}");
+    let copy = fs::read_dir("/run/guard-user")
+        .ok()
+        .map(|d| d.flatten().map(|e| e.path().display().to_string()).collect::<Vec<_>>());
+    assert!(text.contains("slot build: waiting, 1st in line"), "{text}\n{real}\n{copy:?}");
     assert!(text.contains("slot build: holding it"), "{text}");
     drop(jobs);
 }
