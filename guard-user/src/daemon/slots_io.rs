@@ -10,21 +10,20 @@
 //!   waits for its stdin to close, which happens however the daemon ends (SIGKILL included), and
 //!   then puts back everything the daemon held.
 //!
-//! Lines go through a writer thread of their own: a log in a home that stops answering must not
+//! Lines go through a writer thread of their own ([`Lines`]): a log in a home that stops answering must not
 //! stop a release.
 use std::{
     collections::HashMap,
     process::{Child, ChildStdin},
     sync::{
-        mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError},
-        Arc,
+        mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender},
     },
     time::{Duration, Instant},
 };
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::effects::{Clock, LogSink, MirrorSink};
+pub use super::slots_lines::Lines;
 pub use super::slots_releaser::releaser_main;
 use super::slots_releaser::spawn_releaser;
 use crate::{
@@ -34,7 +33,6 @@ use crate::{
     config::Slot,
     event::{ProcId, ProcState},
     log::{Line, Notice, What},
-    mirror::StreamEvent,
     pattern::{match_all, MatchOutcome, Matcher, PatternSetError},
     policy::slots::{TreeId, Verdict},
 };
@@ -105,68 +103,6 @@ const ROUND_BYTES: usize = 512 << 10;
 /// own memory slow to read) costs this much and one chunk past it, is no slot's, and the next
 /// exec starts a new round.
 const ROUND_READ: Duration = Duration::from_millis(250);
-
-/// The lines' writer: never blocks its callers (a full queue drops the line and counts it).
-#[derive(Clone)]
-pub struct Lines {
-    tx: SyncSender<ToWrite>,
-}
-
-enum ToWrite {
-    Line(Line),
-    /// Answered once every line queued before it is written.
-    Flush(Sender<()>),
-}
-
-impl Lines {
-    pub fn spawn(log: Arc<dyn LogSink>, mirror: Arc<dyn MirrorSink>, clock: Arc<dyn Clock>) -> Lines {
-        let (tx, rx) = mpsc::sync_channel::<ToWrite>(256);
-        std::thread::Builder::new()
-            .name("guard-slot-log".into())
-            .spawn(move || {
-                for item in rx {
-                    match item {
-                        ToWrite::Line(line) => {
-                            log.write(&line);
-                            if let Some(ev) = StreamEvent::of(&line, clock.now_unix()) {
-                                mirror.event(ev);
-                            }
-                        }
-                        ToWrite::Flush(done) => {
-                            let _ = done.send(());
-                        }
-                    }
-                }
-            })
-            .expect("spawn the slots' log writer");
-        Lines { tx }
-    }
-
-    pub fn write(&self, line: Line) {
-        if let Err(TrySendError::Full(ToWrite::Line(line))) = self.tx.try_send(ToWrite::Line(line)) {
-            tracing::warn!("slot line dropped (the log writer is behind): {}", line.body());
-        }
-    }
-
-    /// Waits (at most `within`) until every line queued so far is written: the daemon's last
-    /// lines (`SLOT_START … reason=stop`) come before its `STOPPED`.
-    pub fn flush(&self, within: Duration) {
-        let end = Instant::now() + within;
-        let (tx, rx) = mpsc::channel();
-        let mut item = ToWrite::Flush(tx);
-        loop {
-            match self.tx.try_send(item) {
-                Ok(()) => break,
-                Err(TrySendError::Full(back)) if Instant::now() < end => {
-                    item = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(_) => return,
-            }
-        }
-        let _ = rx.recv_timeout(end.saturating_duration_since(Instant::now()));
-    }
-}
 
 /// Starts the classifier; its answers go to `answers`.
 pub fn spawn_classifier(answers: UnboundedSender<Answer>) -> SyncSender<ClassifyJob> {
