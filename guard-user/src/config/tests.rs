@@ -435,7 +435,7 @@ fn a_key_written_twice_is_named_with_both_lines_and_the_last_one_is_used() {
                 \"max\": 1, \"max\": 3},\n \"build\": {\"commands\": [\"cargo\"], \"max\": 2}}}";
     let c = parse(json.as_bytes(), &home()).unwrap();
     let keys: Vec<(String, Vec<usize>)> = c.repeated_keys.into_iter().map(|r| (r.key, r.lines)).collect();
-    assert_eq!(keys, [("slots.test.max".to_string(), vec![3, 3]), ("slots.build".to_string(), vec![2, 4])]);
+    assert_eq!(keys, [("slots.build".to_string(), vec![2, 4]), ("slots.test.max".to_string(), vec![3, 3])]);
     assert_eq!(c.slots.iter().map(|s| (s.name.as_str(), s.max)).collect::<Vec<_>>(), [("build", 2), ("test", 3)]);
     let listed: Vec<String> = problems(json.as_bytes(), &home()).iter().map(|p| p.to_string()).collect();
     assert!(listed.iter().any(|p| p.starts_with("slots.build: is written 2 times (lines 2 and 4)")), "{listed:?}");

@@ -14,8 +14,8 @@
 //! | `compile` | 2 s | the shipped set compiles in 0.06 ms; patterns within `max_expansion` compile in ≤ ~150 ms. A set that needs more is refused as too costly, once per config change. |
 //! | `per_match` | 250 ms | one pattern on one text. The shipped patterns take ≤ 60 ms on a 1 MiB text, microseconds on a real one (10,000 texts × 4 patterns: 22 ms through the worker); `(a*)*\1` needs seconds on 300 bytes. The worker is killed between 250 and ~315 ms into a regexec (the parent samples the progress page every quarter of it). |
 //! | `strikes` | 3 | after three texts a pattern could not decide in one [`Round`](super::Round), it is skipped for the rest of the round (its texts are `Budget` unless a later pattern matches), so a hostile pattern costs at most ~1 s of a tick, not 250 ms per process. The same count bounds one text: after three patterns overran or ran out of memory on it, it is `Budget` without trying the rest (it is protected whatever they say), so a hostile text costs ~1 s too, not 250 ms per pattern. |
-//! | `memory_bytes` | 16 MiB (the `sessions.roots` worker: 8 MiB, `Limits::roots`; the slots' worker: 4 MiB, `Limits::slots`) | the worker's heap (RLIMIT_DATA above what it had at start). The unit's `MemoryMax=64M` covers the daemon, this worker, the roots worker and the slots' worker, each at its bound at once (docs/architecture.md, "Bounds", adds them up); the worker at rest is 3.9 MB resident, 0.3 MB of it its own. 256 shipped-like patterns compile into ~7 MB; the shipped set matches a 1 MiB text in a few MB. `(a*)*\1` on 100 KiB reaches it in ~0.2 s and gets `Budget`. |
-//! | `stack_bytes` | 2 MiB (slots: 1 MiB) | RLIMIT_STACK. Legitimate patterns recurse a few hundred frames at most (nesting depth ≤ 512 bytes/2); `()(\1\1)+` recurses without end and dies whatever the limit, so the limit only caps what such a crash touches. |
+//! | `memory_bytes` | 14 MiB (the `sessions.roots` worker: 8 MiB, `Limits::roots`; the slots' worker: 4 MiB, `Limits::slots`) | the worker's heap (RLIMIT_DATA above what it had at start). The unit's `MemoryMax=64M` covers the daemon, this worker, the roots worker and the slots' worker, each at its bound at once (docs/architecture.md, "Bounds", adds them up); the worker at rest is 3.9 MB resident, 0.3 MB of it its own. 256 shipped-like patterns compile into ~7 MB; the shipped set matches a 1 MiB text in a few MB. `(a*)*\1` on 100 KiB reaches it in ~0.2 s and gets `Budget`. |
+//! | `stack_bytes` | 4 MiB (roots: 2 MiB, slots: 1 MiB) | RLIMIT_STACK. Legitimate patterns recurse a few hundred frames at most (nesting depth ≤ 512 bytes/2); `()(\1\1)+` recurses without end and dies whatever the limit, so the limit only caps what such a crash touches. |
 //! | `cpu_seconds` | 60 s | RLIMIT_CPU, a backstop should the parent die without killing the worker mid-match. It is cumulative, so the parent replaces a worker that used half of it (after hours of real matching) between calls. |
 //! | `run_as` | 65534:65534 | the identity the worker takes when started as root: `nobody`, not root (it parses hostile input with a C engine) and not the guarded account (which could then signal it). |
 use std::{fmt, time::Duration};
@@ -65,8 +65,8 @@ impl Default for Limits {
             compile: Duration::from_secs(2),
             per_match: Duration::from_millis(250),
             strikes: 3,
-            memory_bytes: 16 << 20,
-            stack_bytes: 2 << 20,
+            memory_bytes: 14 << 20,
+            stack_bytes: 4 << 20,
             cpu_seconds: 60,
             run_as: Some((65534, 65534)),
             seccomp: true,
