@@ -44,13 +44,17 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Show the running guard's status from its status file.
     Status(StatusArgs),
-    /// Show the account's live sessions: each root with its processes, and leftovers waiting for their grace.
-    #[command(long_about = "Show the account's live sessions (the config's `sessions`) as the running guard's \
-                      last tick saw them: each root with its pid, command and age, every process of its session \
-                      with its CPU seconds and age (read from /proc now; a process no longer itself is left out), \
-                      and the sessions whose root ended with when their leftovers are due. Only a running guard \
-                      knows the lineage (it comes from fork events /proc no longer shows): exit 1 when its status \
-                      file is missing or its last tick is stale.")]
+    /// Show the account's sessions: each root with its processes, leftovers waiting, being stopped or reported.
+    #[command(long_about = "Show the account's sessions (the config's `sessions`) as the running guard's \
+                      last tick saw them: each live root with its pid, command (its first 256 bytes, escaped, \
+                      with the bytes left out) and age, every process of its session with its CPU seconds and age \
+                      (read from /proc now; a process no longer itself is left out), the sessions whose root ended \
+                      with when their leftovers are due or that they are being stopped, and the reported leftovers \
+                      (LEFTOVER), listed under their ended root until they exit, so the log is never the only list. \
+                      Run as root it reads the daemon's own copy of the status (in /run/guard-user, where the \
+                      account cannot write), never the file in the account's home. Only a running guard knows the \
+                      lineage (it comes from fork events /proc no longer shows): exit 1 when its status is missing \
+                      or its last tick is stale.")]
     Tree(TreeArgs),
     /// List every process that holds a path (its working or root directory, its executable, an open file or a
     /// mapping there), with the command that stops one account's.
@@ -121,8 +125,8 @@ pub struct SlotsReleaseArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct AccountArgs {
     /// The account, by name or uid (default: $SUDO_USER as root through sudo, else the invoking user;
-    /// as root with neither, a command that acts or prints command lines asks for --user, and one
-    /// that reads says it read root's).
+    /// as root with neither, a command that acts or prints command lines asks for --user, check
+    /// checks every installed instance, and one that only reads says it read root's).
     #[arg(long, value_name = "NAME|UID", value_hint = ValueHint::Username)]
     pub user: Option<String>,
     /// Use DIR instead of the account's home for every default path.
@@ -169,7 +173,7 @@ pub struct MatchArgs {
     /// A bash extended regex, as in excludeCommands.
     #[arg(long, value_name = "P")]
     pub pattern: String,
-    /// Try P as a sessions.roots pattern: refused (exit 2) when it matches every command line or the empty one, as validate and the daemon refuse it.
+    /// Try P as a sessions.roots pattern: refused (exit 2) when it matches every ordinary command line or the empty one, as validate and the daemon refuse it.
     #[arg(long)]
     pub roots: bool,
     /// A command line to test; repeatable; prints match, other or budget for each. Without it, every live process of the account.

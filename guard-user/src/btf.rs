@@ -392,104 +392,110 @@ impl Btf {
 mod tests {
     use super::*;
 
-    /// The running kernel's BTF, where it has one (these tests run with `--ignored`, see
-    /// guard-test's `need::here`).
-    fn kernel_btf() -> Option<Btf> {
-        use guard_test::need::{here, Need};
-        if !here(&[Need::Btf], guard_test::Facts { bpf_object: crate::ebpf::object_embedded() }) {
-            return None;
-        }
-        Some(Btf::from_file(Path::new(VMLINUX)).unwrap())
-    }
+    /// The tests that read the running kernel's BTF (`cargo xtask test` runs them where it has
+    /// one: guard-test's `need::here`).
+    mod needs_btf {
+        use super::*;
 
-    #[test]
-    #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
-    fn the_running_kernels_offsets_resolve_and_are_plausible() {
-        let Some(btf) = kernel_btf() else { return };
-        let o = btf.kernel_offsets().unwrap();
-        assert_eq!(o.task_tgid, o.task_pid + 4, "pid and tgid are adjacent pid_t fields: {o:?}");
-        for (name, v) in [
-            ("flags", o.task_flags),
-            ("comm", o.task_comm),
-            ("cred", o.task_cred),
-            ("start_boottime", o.task_start_boottime),
-            ("group_leader", o.task_group_leader),
-            ("signal", o.task_signal),
-        ] {
-            assert!(v > 0 && v < 16384, "task_struct.{name} at {v}: {o:?}");
+        /// The running kernel's BTF, where it has one (these tests run with `--ignored`, see
+        /// guard-test's `need::here`).
+        fn kernel_btf() -> Option<Btf> {
+            use guard_test::need::{here, Need};
+            if !here(&[Need::Btf], guard_test::Facts { bpf_object: crate::ebpf::object_embedded() }) {
+                return None;
+            }
+            Some(Btf::from_file(Path::new(VMLINUX)).unwrap())
         }
-        // task_struct begins with thread_info/__state; flags is one of the first fields.
-        assert!(o.task_flags < 64, "{o:?}");
-        assert!(o.cred_euid > 0 && o.cred_euid < 64, "{o:?}");
-        assert!(o.signal_live < 64, "{o:?}");
-        assert!(o.task_exit_state > o.task_flags && o.task_exit_state < 16384, "{o:?}");
-        assert!(o.task_sum_exec_runtime > o.task_flags && o.task_sum_exec_runtime < 16384, "{o:?}");
-        assert!(o.signal_sum_sched_runtime > o.signal_live && o.signal_sum_sched_runtime < 4096, "{o:?}");
-        if btf.member("task_struct", "in_execve").is_ok() {
-            assert!(o.in_execve_mask.is_power_of_two() && o.in_execve_mask < 256, "{o:?}");
-            assert!(o.task_in_execve > 0, "{o:?}");
+
+        #[test]
+        #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
+        fn the_running_kernels_offsets_resolve_and_are_plausible() {
+            let Some(btf) = kernel_btf() else { return };
+            let o = btf.kernel_offsets().unwrap();
+            assert_eq!(o.task_tgid, o.task_pid + 4, "pid and tgid are adjacent pid_t fields: {o:?}");
+            for (name, v) in [
+                ("flags", o.task_flags),
+                ("comm", o.task_comm),
+                ("cred", o.task_cred),
+                ("start_boottime", o.task_start_boottime),
+                ("group_leader", o.task_group_leader),
+                ("signal", o.task_signal),
+            ] {
+                assert!(v > 0 && v < 16384, "task_struct.{name} at {v}: {o:?}");
+            }
+            // task_struct begins with thread_info/__state; flags is one of the first fields.
+            assert!(o.task_flags < 64, "{o:?}");
+            assert!(o.cred_euid > 0 && o.cred_euid < 64, "{o:?}");
+            assert!(o.signal_live < 64, "{o:?}");
+            assert!(o.task_exit_state > o.task_flags && o.task_exit_state < 16384, "{o:?}");
+            assert!(o.task_sum_exec_runtime > o.task_flags && o.task_sum_exec_runtime < 16384, "{o:?}");
+            assert!(o.signal_sum_sched_runtime > o.signal_live && o.signal_sum_sched_runtime < 4096, "{o:?}");
+            if btf.member("task_struct", "in_execve").is_ok() {
+                assert!(o.in_execve_mask.is_power_of_two() && o.in_execve_mask < 256, "{o:?}");
+                assert!(o.task_in_execve > 0, "{o:?}");
+            }
+            let comm = btf.member("task_struct", "comm").unwrap();
+            assert_eq!(btf.size_of(comm.type_id), Some(COMM_LEN as u32));
         }
-        let comm = btf.member("task_struct", "comm").unwrap();
-        assert_eq!(btf.size_of(comm.type_id), Some(COMM_LEN as u32));
-    }
 
-    #[test]
-    #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
-    fn a_missing_member_is_an_error_naming_the_path_and_member() {
-        let Some(btf) = kernel_btf() else { return };
-        let e = btf.member_offset("task_struct", "no_such_member").unwrap_err();
-        let text = e.to_string();
-        assert!(text.contains(VMLINUX) && text.contains("task_struct.no_such_member"), "{text}");
-        assert!(matches!(btf.tracepoint_params("no_such_tracepoint"), Err(BtfError::Tracepoint { .. })));
-    }
-
-    #[test]
-    #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
-    fn members_inside_anonymous_unions_are_found() {
-        // cred.euid is plain, but task_struct wraps many fields in anonymous structs (the
-        // randomized-layout block); `__state` sits outside, `pid` inside on most configs.
-        let Some(btf) = kernel_btf() else { return };
-        // `state` became `__state` in Linux 5.14.
-        let outer =
-            btf.member_offset("task_struct", "__state").or_else(|_| btf.member_offset("task_struct", "state")).unwrap();
-        let pid = btf.member_offset("task_struct", "pid").unwrap();
-        assert!(pid > outer);
-    }
-
-    #[test]
-    #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
-    fn exit_tracepoint_variant_matches_the_kernel_version() {
-        let Some(btf) = kernel_btf() else { return };
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-        let mut it = release.trim().split(['.', '-']).map(|s| s.parse::<u32>().unwrap_or(0));
-        let (major, minor) = (it.next().unwrap(), it.next().unwrap());
-        let o = btf.kernel_offsets().unwrap();
-        // Distribution kernels may backport the change, so only check the newer direction.
-        if (major, minor) >= (6, 16) {
-            assert_eq!(o.exit_has_group_dead, 1, "{release}");
+        #[test]
+        #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
+        fn a_missing_member_is_an_error_naming_the_path_and_member() {
+            let Some(btf) = kernel_btf() else { return };
+            let e = btf.member_offset("task_struct", "no_such_member").unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains(VMLINUX) && text.contains("task_struct.no_such_member"), "{text}");
+            assert!(matches!(btf.tracepoint_params("no_such_tracepoint"), Err(BtfError::Tracepoint { .. })));
         }
-        let params = btf.tracepoint_params("sched_process_fork").unwrap();
-        assert_eq!(params.len(), 3, "ctx, parent, child");
-    }
 
-    #[test]
-    #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
-    fn the_aya_stub_keeps_the_kernels_ids_for_what_aya_looks_up() {
-        let Some(btf) = kernel_btf() else { return };
-        let blob = btf.stub_blob(&["sched_process_fork", "task_rename"], &["bpf_iter_task", "commit_creds"]).unwrap();
-        let stub = Btf::parse(Path::new("stub"), blob.clone()).unwrap();
-        for (name, kind) in [
-            ("btf_trace_sched_process_fork", KIND_TYPEDEF),
-            ("btf_trace_task_rename", KIND_TYPEDEF),
-            ("bpf_iter_task", KIND_FUNC),
-            ("commit_creds", KIND_FUNC),
-        ] {
-            assert_eq!(stub.find(name, kind), btf.find(name, kind), "{name}");
-            assert!(stub.find(name, kind).is_some(), "{name}");
+        #[test]
+        #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
+        fn members_inside_anonymous_unions_are_found() {
+            // cred.euid is plain, but task_struct wraps many fields in anonymous structs (the
+            // randomized-layout block); `__state` sits outside, `pid` inside on most configs.
+            let Some(btf) = kernel_btf() else { return };
+            // `state` became `__state` in Linux 5.14.
+            let outer =
+                btf.member_offset("task_struct", "__state").or_else(|_| btf.member_offset("task_struct", "state")).unwrap();
+            let pid = btf.member_offset("task_struct", "pid").unwrap();
+            assert!(pid > outer);
         }
-        assert!(blob.len() < 12 * btf.types.len() + 1024, "fillers are 12 bytes each");
-        btf.aya_stub(&["sched_process_fork"], &["bpf_iter_task", "no_such_function"]).expect("aya parses the stub");
-        assert!(matches!(btf.aya_stub(&["no_such_tracepoint"], &[]), Err(BtfError::Tracepoint { .. })));
+
+        #[test]
+        #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
+        fn exit_tracepoint_variant_matches_the_kernel_version() {
+            let Some(btf) = kernel_btf() else { return };
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            let mut it = release.trim().split(['.', '-']).map(|s| s.parse::<u32>().unwrap_or(0));
+            let (major, minor) = (it.next().unwrap(), it.next().unwrap());
+            let o = btf.kernel_offsets().unwrap();
+            // Distribution kernels may backport the change, so only check the newer direction.
+            if (major, minor) >= (6, 16) {
+                assert_eq!(o.exit_has_group_dead, 1, "{release}");
+            }
+            let params = btf.tracepoint_params("sched_process_fork").unwrap();
+            assert_eq!(params.len(), 3, "ctx, parent, child");
+        }
+
+        #[test]
+        #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
+        fn the_aya_stub_keeps_the_kernels_ids_for_what_aya_looks_up() {
+            let Some(btf) = kernel_btf() else { return };
+            let blob = btf.stub_blob(&["sched_process_fork", "task_rename"], &["bpf_iter_task", "commit_creds"]).unwrap();
+            let stub = Btf::parse(Path::new("stub"), blob.clone()).unwrap();
+            for (name, kind) in [
+                ("btf_trace_sched_process_fork", KIND_TYPEDEF),
+                ("btf_trace_task_rename", KIND_TYPEDEF),
+                ("bpf_iter_task", KIND_FUNC),
+                ("commit_creds", KIND_FUNC),
+            ] {
+                assert_eq!(stub.find(name, kind), btf.find(name, kind), "{name}");
+                assert!(stub.find(name, kind).is_some(), "{name}");
+            }
+            assert!(blob.len() < 12 * btf.types.len() + 1024, "fillers are 12 bytes each");
+            btf.aya_stub(&["sched_process_fork"], &["bpf_iter_task", "no_such_function"]).expect("aya parses the stub");
+            assert!(matches!(btf.aya_stub(&["no_such_tracepoint"], &[]), Err(BtfError::Tracepoint { .. })));
+        }
     }
 
     #[test]

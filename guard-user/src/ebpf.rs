@@ -422,55 +422,60 @@ pub fn load_noop_probe() -> Result<Ebpf, EbpfError> {
 
 #[cfg(test)]
 mod tests {
-    use aya::Btf as AyaBtf;
+    /// The tests that load the BPF object (guard-test's `need::here`).
+    mod needs_root {
+        mod needs_ebpf {
+            use aya::Btf as AyaBtf;
 
-    use guard_test::need::{here, Need};
+            use guard_test::need::{here, Need};
 
-    use super::*;
+            use super::super::super::*;
 
-    /// Root, BTF and this build's object (these tests run with `--ignored`, see guard-test).
-    fn kernel() -> bool {
-        here(&[Need::Root, Need::Ebpf], guard_test::Facts { bpf_object: object_embedded() })
-    }
+            /// Root, BTF and this build's object (these tests run with `--ignored`, see guard-test).
+            fn kernel() -> bool {
+                here(&[Need::Root, Need::Ebpf], guard_test::Facts { bpf_object: object_embedded() })
+            }
 
-    /// Kernels before 6.16 get `sched_process_exit_live`, which a newer kernel never loads on its
-    /// own: make sure the verifier accepts it on every kernel (loading checks it; no attach
-    /// needed). `sched_process_exit_gd` loads its `group_dead` argument directly, which only a
-    /// kernel whose tracepoint has it accepts.
-    #[test]
-    #[ignore = "needs root and the ebpf backend: `cargo xtask test` runs it as root (--ignored)"]
-    fn both_exit_variants_pass_the_verifier() {
-        if !kernel() {
-            return;
+            /// Kernels before 6.16 get `sched_process_exit_live`, which a newer kernel never loads on its
+            /// own: make sure the verifier accepts it on every kernel (loading checks it; no attach
+            /// needed). `sched_process_exit_gd` loads its `group_dead` argument directly, which only a
+            /// kernel whose tracepoint has it accepts.
+            #[test]
+            #[ignore = "needs root and the ebpf backend: `cargo xtask test` runs it as root (--ignored)"]
+            fn both_exit_variants_pass_the_verifier() {
+                if !kernel() {
+                    return;
+                }
+                let btf = AyaBtf::from_sys_fs().unwrap();
+                let offsets = Btf::from_file(Path::new(VMLINUX)).unwrap().kernel_offsets().unwrap();
+                let mut ebpf =
+                    EbpfLoader::new().btf(Some(&btf)).override_global("GUARD_OFFSETS", &offsets, true).load(OBJECT).unwrap();
+                let variants: &[&str] = if offsets.exit_has_group_dead != 0 {
+                    &["sched_process_exit_gd", "sched_process_exit_live"]
+                } else {
+                    &["sched_process_exit_live"]
+                };
+                for &prog in variants {
+                    let p: &mut BtfTracePoint = ebpf.program_mut(prog).unwrap().try_into().unwrap();
+                    p.load("sched_process_exit", &btf).unwrap_or_else(|e| panic!("{prog}: {}", describe(&e)));
+                }
+            }
+
+            /// Every event program's skipped runs are readable (they are part of `lost()`).
+            #[test]
+            #[ignore = "needs root and the ebpf backend: `cargo xtask test` runs it as root (--ignored)"]
+            fn the_kernel_reports_each_event_programs_skipped_runs() {
+                if !kernel() {
+                    return;
+                }
+                let src = EbpfSource::load(&EbpfOptions::default()).unwrap();
+                assert!(src.missed.len() >= 4, "{:?}", src.missed.iter().map(|(n, _)| n).collect::<Vec<_>>());
+                for (name, _) in &src.missed {
+                    let fd = src.ebpf.program(name).unwrap().fd().unwrap();
+                    assert!(prog_info::recursion_misses(fd).is_some(), "{name}");
+                }
+                let _ = src.lost();
+            }
         }
-        let btf = AyaBtf::from_sys_fs().unwrap();
-        let offsets = Btf::from_file(Path::new(VMLINUX)).unwrap().kernel_offsets().unwrap();
-        let mut ebpf =
-            EbpfLoader::new().btf(Some(&btf)).override_global("GUARD_OFFSETS", &offsets, true).load(OBJECT).unwrap();
-        let variants: &[&str] = if offsets.exit_has_group_dead != 0 {
-            &["sched_process_exit_gd", "sched_process_exit_live"]
-        } else {
-            &["sched_process_exit_live"]
-        };
-        for &prog in variants {
-            let p: &mut BtfTracePoint = ebpf.program_mut(prog).unwrap().try_into().unwrap();
-            p.load("sched_process_exit", &btf).unwrap_or_else(|e| panic!("{prog}: {}", describe(&e)));
-        }
-    }
-
-    /// Every event program's skipped runs are readable (they are part of `lost()`).
-    #[test]
-    #[ignore = "needs root and the ebpf backend: `cargo xtask test` runs it as root (--ignored)"]
-    fn the_kernel_reports_each_event_programs_skipped_runs() {
-        if !kernel() {
-            return;
-        }
-        let src = EbpfSource::load(&EbpfOptions::default()).unwrap();
-        assert!(src.missed.len() >= 4, "{:?}", src.missed.iter().map(|(n, _)| n).collect::<Vec<_>>());
-        for (name, _) in &src.missed {
-            let fd = src.ebpf.program(name).unwrap().fd().unwrap();
-            assert!(prog_info::recursion_misses(fd).is_some(), "{name}");
-        }
-        let _ = src.lost();
     }
 }

@@ -237,13 +237,6 @@ pub fn exists(pid: u32) -> bool {
     proc_fd().and_then(|p| p.open_at(&path)).is_some()
 }
 
-/// [`read_cmdline`] for tools that show what they read (`record`): whole up to 1 MiB + 1, with no
-/// deadline. `None` when the process is gone.
-pub fn cmdline(pid: u32) -> Option<Vec<u8>> {
-    let max = crate::pattern::Limits::default().max_text_bytes;
-    let mut buf = Vec::new();
-    (read_cmdline(pid, max, &mut Budget::bytes(usize::MAX), &mut buf) == CmdRead::Text).then_some(buf)
-}
 
 /// The live processes of `euid` with their group CPU time in ns (`stat` fields 14 and 15,
 /// utime + stime, in clock ticks): the stall watch's sample where the BPF task iterator is not
@@ -400,7 +393,9 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut line = Vec::new();
         while std::time::Instant::now() < deadline {
-            line = cmdline(child.id()).unwrap();
+            line.clear();
+            let read = read_cmdline(child.id(), 1 << 20, &mut Budget::bytes(usize::MAX), &mut line);
+            assert_eq!(read, CmdRead::Text);
             if line.starts_with(b"sh") {
                 break;
             }

@@ -15,7 +15,12 @@ use std::{
 use guard_test::guard_test;
 
 fn guard() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_guard-user"));
+    guard_at(Path::new(env!("CARGO_BIN_EXE_guard-user")))
+}
+
+/// [`guard`] from `bin`.
+fn guard_at(bin: &Path) -> Command {
+    let mut c = Command::new(bin);
     // Nothing of this test's own environment decides the account, and no Redis is asked.
     c.env_remove("SUDO_USER")
         .env_remove("AGENTIHOOKS_HIVE_REDIS_URL")
@@ -164,6 +169,23 @@ fn check_as_root_with_no_account_named_checks_the_installed_instances_never_root
     assert!(out.lines().filter(|l| l.ends_with(".service:")).count() == 1, "{out}");
     assert!(!out.contains("root"), "root's instance was checked: {out}");
     assert_eq!(o.status.code(), Some(1), "an instance that differs is drift: {o:?}");
+
+    // An account removed without uninstall (listed first): said as drift, and the next
+    // instance is checked all the same.
+    let gone = units.path().join("guard-user@aaguardgone.service.d");
+    fs::create_dir(&gone).unwrap();
+    fs::write(gone.join("home.conf"), "[Service]\n").unwrap();
+    let o = guard()
+        .args(["check", "--unit-dir", dir, "--bin-dir", dir])
+        .env("GUARD_SYSTEMD_RUNNING", "0")
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "guard-user@aaguardgone.service:", "{out}");
+    assert!(lines[1].starts_with("the account aaguardgone no longer exists, yet its guard is installed ("), "{out}");
+    assert!(lines.contains(&"guard-user@guardtest1.service:"), "the next instance was not checked: {out}");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
 }
 
 #[guard_test(needs = [root])]
@@ -173,7 +195,9 @@ fn a_run_for_another_account_without_root_is_refused_before_it_starts() {
     test_account("guardtest2", 4202);
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::chown(dir.path(), Some(me.uid), Some(me.gid)).unwrap();
-    let o = guard()
+    // As the account: from where it can run guard-user (a copy when the clone is out of its reach).
+    let bin = guard_test::child::runnable_by_accounts(Path::new(env!("CARGO_BIN_EXE_guard-user")));
+    let o = guard_at(&bin)
         .args(["run", "--user", "guardtest2", "--dry-run", "--backend", "procfs", "--home"])
         .arg(dir.path())
         .uid(me.uid)

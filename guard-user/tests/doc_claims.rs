@@ -241,6 +241,12 @@ fn the_monitoring_examples_name_only_metrics_guard_writes() {
             time_left_secs: Some(2.0),
             ..Default::default()
         }],
+        // Sessions and slots on: their families are written only then.
+        sessions: Some(Default::default()),
+        slots: Some(guard::status::SlotsStatus {
+            slots: vec![guard::status::SlotStatus { name: "build".into(), max: 2, ..Default::default() }],
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let input = metrics::MetricsInput {
@@ -438,6 +444,25 @@ fn the_readme_usage_shows_every_visible_subcommand() {
     let cli = guard_cli::Cli::command();
     let visible: BTreeSet<&str> = cli.get_subcommands().filter(|s| !s.is_hide_set()).map(|s| s.get_name()).collect();
     assert_eq!(shown, visible, "README's Usage against the subcommands of --help");
+}
+
+/// README's Usage never shows `holders --stop` without the `--user` it requires (as root, a stop
+/// without it would be refused; the hint it prints always carries it).
+#[guard_test]
+fn the_readme_usage_shows_holders_stop_with_its_user() {
+    let readme = read("README.md");
+    let usage = readme.split("## Usage").nth(1).unwrap().split("```").nth(1).unwrap();
+    let holders: Vec<&str> = usage.lines().filter(|l| l.starts_with("guard-user holders ")).collect();
+    assert!(!holders.is_empty());
+    for l in &holders {
+        assert!(l.starts_with("guard-user holders PATH "), "PATH may be a file: {l}");
+        let args = l.split('#').next().unwrap();
+        if args.contains("--stop") {
+            assert!(args.contains("--user NAME --stop") || args.contains("--user NAME] --stop"), "{l}");
+            assert!(!args.contains("[--user"), "--stop needs --user: {l}");
+        }
+    }
+    assert!(holders.iter().any(|l| l.contains("--stop")), "{holders:?}");
 }
 
 /// guard-config.json(5) names the keys the packaged config sets; the file sets exactly those.

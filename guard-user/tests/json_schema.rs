@@ -299,6 +299,11 @@ fn explain_json_has_exactly_the_documented_fields() {
     assert!(verdicts.contains(&(&"skip".into(), &"excluded_command".into())), "{:#}", outputs[0]);
     assert!(verdicts.contains(&(&"end".into(), &Value::Null)), "{:#}", outputs[0]);
     check("explain NAME --json", &outputs);
+    // With no excludeCommands no command line is matched, and each is still shown.
+    let bare = home(r#"{"threshold": 2, "timeout": "1h", "excludeCommands": []}"#);
+    let o = run(&["explain", "gjsonprobe", "--json"], bare.path());
+    let shown: Vec<&Value> = o["processes"].as_array().unwrap().iter().map(|p| &p["cmdline"]).collect();
+    assert!(!shown.is_empty() && shown.iter().all(|c| c.as_str().is_some_and(|c| c.contains("gjsonprobe"))), "{o:#}");
 }
 
 /// The status where `tree` reads it: the daemon's own copy (beside its instance lock in

@@ -349,16 +349,25 @@ fn validate_names_what_the_daemon_would_take_silently() {
     let o = validate(dir.path(), r#"{"excludeCommands": ["(?i)claude"]}"#);
     assert!(stdout_lines(&o)[0].contains("for (?i) write each letter as [Aa]"), "{o:?}");
 
-    for (state, outside) in [
+    std::fs::create_dir(dir.path().join("s")).unwrap();
+    std::fs::write(dir.path().join("f"), "").unwrap();
+    for (state, unwritable) in [
         ("/var/lib/guard/state.json", true),
         ("~/../other/state.json", true),
         ("~/s/state.json", false),
         ("state.json", false),
+        // In the home, but in a directory the daemon would not find (it creates none).
+        ("~/nodir/state.json", true),
+        ("~/f/state.json", true),
     ] {
         let o = validate(dir.path(), &format!(r#"{{"stateFile": {state:?}}}"#));
         let lines = stdout_lines(&o);
-        assert_eq!(o.status.code(), Some(if outside { 1 } else { 0 }), "{state}: {lines:?}");
-        assert_eq!(lines[0].starts_with("stateFile: ") && lines[0].contains("state_unwritable"), outside, "{lines:?}");
+        assert_eq!(o.status.code(), Some(if unwritable { 1 } else { 0 }), "{state}: {lines:?}");
+        assert_eq!(
+            lines[0].starts_with("stateFile: ") && lines[0].contains("state_unwritable"),
+            unwritable,
+            "{lines:?}"
+        );
     }
 }
 
@@ -380,3 +389,43 @@ fn match_names_its_own_pattern_and_what_bash_reads() {
 }
 
 guard_test::main!();
+
+/// `match --roots` tries the pattern as one of `sessions.roots`: one that matches every ordinary
+/// command line or the empty one is refused with exit 2 as validate and the daemon refuse it, an
+/// invalid one is named under `sessions.roots` too, and one that leaves any ordinary line alone is
+/// answered like any pattern.
+#[guard_test]
+fn match_roots_refuses_what_the_daemon_refuses_and_names_sessions_roots() {
+    let run = |pattern: &str, lines: &[&str]| {
+        let mut args = vec!["match", "--roots", "--pattern", pattern];
+        for l in lines {
+            args.extend(["--cmdline", l]);
+        }
+        guard().args(&args).output().unwrap()
+    };
+    for broad in ["^", ".*", "[a-z]", "[[:alnum:]]"] {
+        let o = run(broad, &["x"]);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(2), "{broad}: {err}");
+        let want = format!(
+            "guard-user match: sessions.roots: --pattern \"{broad}\" matches every ordinary command line (or the \
+             empty one), so nearly every process would be a session root and every orphan a leftover; match only \
+             the command lines of the programs that start sessions"
+        );
+        assert!(err.starts_with(&want), "{broad}: {err}");
+        assert!(o.stdout.is_empty(), "{broad}");
+    }
+    let o = run("(", &["x"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("guard-user match: sessions.roots: --pattern \"(\" is not a valid bash extended regex"),
+        "{err}"
+    );
+    // Without --roots, the pattern is only --pattern's.
+    let o = guard().args(["match", "--pattern", "(", "--cmdline", "x"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).starts_with("guard-user match: --pattern \"(\""));
+    let o = run("^[^a]", &["apt update", "bash"]);
+    assert_eq!((o.status.code(), stdout_lines(&o)), (Some(0), vec!["other".to_string(), "match".into()]));
+    assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -152,6 +152,29 @@ async fn a_reply_past_its_budget_closes_the_connection_and_every_reader_goes_on(
     assert!(matches!(fleet(&endpoint).await, Err(MirrorError::ReplyRejected { .. })));
 }
 
+/// The process's peak resident memory so far (`VmHWM`), in KiB.
+fn peak_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A listener that answers every SCAN with a page of one 60 KiB key under the prefix, and a
+/// cursor that never ends: each page is inside a reply's budget, so the keys must be bounded on
+/// their own. `status --fleet` keeps no key a heartbeat could not have, so root's memory stays
+/// flat (it held up to 10,000 × 60 KiB, 600 MB, before).
+#[guard_test(multi_thread)]
+async fn a_listener_paging_huge_keys_never_grows_status_fleet() {
+    let key = format!("agentihooks:host-guard:{}", "k".repeat(60 << 10));
+    let page = format!("*2\r\n$1\r\n1\r\n*1\r\n${}\r\n{key}\r\n", key.len());
+    let fake = Fake::start(Box::leak(page.into_bytes().into_boxed_slice()), None);
+    let before = peak_kib();
+    let got = fleet(&fake.endpoint(None)).await;
+    let grown = peak_kib().saturating_sub(before);
+    assert!(!matches!(&got, Ok(read) if !read.value.beats.is_empty()), "{got:?}");
+    assert!(grown < 64 << 10, "status --fleet grew by {grown} KiB reading one endless page of huge keys");
+}
+
 // Root: the socket is made with another uid's file-system identity.
 #[guard_test(needs = [root], multi_thread)]
 async fn a_listener_an_account_owns_never_gets_the_password_and_is_said_once() {

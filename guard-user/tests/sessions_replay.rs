@@ -211,7 +211,8 @@ fn reported_leftovers_stay_listed_after_their_leftover_line_until_they_exit() {
 /// leftover: the config is refused, named under its own key, and nothing is reported or ended.
 #[guard_test]
 fn a_roots_pattern_matching_everything_is_refused_and_sessions_stay_off() {
-    for pattern in ["^", ".*", "a||b", "^$", "."] {
+    // `[a-z]` and `[[:alnum:]]` leave odd lines alone, but no ordinary one.
+    for pattern in ["^", ".*", "a||b", "^$", ".", "[a-z]", "[[:alnum:]]"] {
         let config =
             format!(r#"{{"sessions": {{"roots": ["(^|/)agent-wrapper( |$)", "{pattern}"], "leftovers": "stop"}}}}"#);
         let r = replay("handmade-session.trace", &config, 150, false, Duration::from_secs(60));
@@ -230,6 +231,11 @@ fn a_roots_pattern_matching_everything_is_refused_and_sessions_stay_off() {
         assert!(r.lines(&["LEFTOVER", "DRY_RUN", "REAPED", "SKIPPED"]).is_empty(), "{pattern}: {:#?}", r.log);
         assert!(r.terms().is_empty() && r.kills().is_empty());
     }
+    // One that leaves an ordinary command line alone (`apt update`) names roots, however odd.
+    let config = r#"{"sessions": {"roots": ["^[^a]"], "leftovers": "report"}}"#;
+    let r = replay("handmade-session.trace", config, 150, false, Duration::from_secs(60));
+    assert!(r.lines(&["ERROR"]).is_empty(), "{:#?}", r.log);
+    assert!(!r.lines(&["LEFTOVER"]).is_empty(), "{:#?}", r.log);
 }
 
 /// `sg GROUP -c CMD` run by a member: the set-user-ID exec makes it root's (its real uid stays the
@@ -253,6 +259,30 @@ fn members_that_visit_another_uid_stay_in_their_session_and_a_root_that_leaves_h
     assert_eq!(
         named,
         ["LEFTOVER pid=202 name=watcher root=200", "LEFTOVER pid=203 name=agent root=200"],
+        "{:#?}",
+        r.log
+    );
+}
+
+/// `exec newgrp` (or an `sg` that does not fork) in the root itself: the root leaves the account
+/// (its session ended), comes back to it in the same pid and execs a watcher that forks. The
+/// process and what it forks are the ended session's leftovers, not members of whatever
+/// session encloses the root.
+#[guard_test]
+fn a_root_that_leaves_and_comes_back_in_the_same_pid_is_its_sessions_leftover() {
+    let mut t = Lines::default();
+    t.spawn(5.0, 100, 200, 500, "agent-wrapper", "agent-wrapper --session a");
+    t.ev(70.0, "exec", 200, 500, 0, "newgrp").ev(70.1, "setuid", 200, 500, UID, "newgrp");
+    t.ev(70.2, "exec", 200, 500, UID, "watcher").cmdline(70.2, 200, "watcher --x");
+    t.fork(70.3, 200, 201, 600, UID, "watcher");
+    // A tick classifies the watcher's exec (not a root) before the grace ends.
+    let config = r#"{"sessions": {"roots": ["(^|/)agent-wrapper( |$)"], "leftovers": "report", "grace": "30s"}}"#;
+    let r = replay_trace(t.trace(), config, 150, false, Duration::from_secs(10));
+    let named: Vec<String> =
+        r.lines(&["LEFTOVER"]).iter().map(|l| l.rsplit_once(" age=").unwrap().0.to_string()).collect();
+    assert_eq!(
+        named,
+        ["LEFTOVER pid=200 name=watcher root=200", "LEFTOVER pid=201 name=watcher root=200"],
         "{:#?}",
         r.log
     );

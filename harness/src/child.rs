@@ -6,10 +6,23 @@
 //! [`HELPER_ENV`] is set. It says lines with [`say`] and waits with [`wait_for_eof`] or
 //! [`next_line`]. Every read on the test side is bounded: a child that says nothing within
 //! [`Child::within`] is killed and the test fails naming it.
+//!
+//! A program a test runs as one of the test accounts must be one the account can reach:
+//! [`runnable_by_accounts`] gives its path, or a copy's where the clone is not (a clone under
+//! `/root` or a 0700 home).
 use std::{
+    collections::HashMap,
+    fs,
+    hash::{Hash as _, Hasher as _},
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::process::CommandExt as _,
+    os::unix::{
+        ffi::OsStrExt as _,
+        fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _},
+        process::CommandExt as _,
+    },
+    path::{Path, PathBuf},
     process::{ChildStdout, Command, Stdio},
+    sync::Mutex,
     time::Duration,
 };
 
@@ -45,7 +58,15 @@ impl Child {
 
     /// [`Child::helper`] with the real and effective uid and gid `uid` (needs root).
     pub fn helper_as(mode: &str, uid: u32) -> Child {
-        Child::spawn(Child::helper_command(mode).uid(uid).gid(uid))
+        Child::spawn(&mut Child::helper_command_as(mode, uid))
+    }
+
+    /// The command [`Child::helper_as`] runs: this test binary where `uid` can run it
+    /// ([`runnable_by_accounts`]), with its uid and gid.
+    pub fn helper_command_as(mode: &str, uid: u32) -> Command {
+        let mut cmd = Command::new(runnable_by_accounts(&std::env::current_exe().expect("the test binary's path")));
+        cmd.env(HELPER_ENV, mode).uid(uid).gid(uid);
+        cmd
     }
 
     /// The command [`Child::helper`] runs, to adjust before [`Child::spawn`].
@@ -117,6 +138,100 @@ impl Drop for Child {
         let _ = self.inner.kill();
         let _ = self.inner.wait();
     }
+}
+
+/// Where every account can run `program` from (a test running a binary of the build as a test
+/// account): `program` itself when every directory above it is searchable by others and the file
+/// executable by others; else a root-owned copy under [`COPIES`], made once per process and
+/// reused across runs while the source keeps its size and modification time. A clone under
+/// `/root` (0700) or a 0700 home otherwise fails every such test with EACCES. Without root no
+/// other account can be run as: `program` itself.
+pub fn runnable_by_accounts(program: &Path) -> PathBuf {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return program.to_path_buf();
+    }
+    static MADE: Mutex<Option<HashMap<PathBuf, PathBuf>>> = Mutex::new(None);
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    let made = made.get_or_insert_with(HashMap::new);
+    if let Some(copy) = made.get(program) {
+        return copy.clone();
+    }
+    let real = fs::canonicalize(program).unwrap_or_else(|e| panic!("{}: {e}", program.display()));
+    let runnable = match reachable_by_others(&real) {
+        true => program.to_path_buf(),
+        false => copy_for_accounts(&real),
+    };
+    made.insert(program.to_path_buf(), runnable.clone());
+    runnable
+}
+
+/// The directory [`runnable_by_accounts`] copies into: root's (the caller's euid), mode 0755.
+pub const COPIES: &str = "/tmp/guard-test-programs";
+
+/// Whether others may execute the file at `real` (a canonical path) and search every
+/// directory above it.
+fn reachable_by_others(real: &Path) -> bool {
+    let others_x = |p: &Path| fs::metadata(p).is_ok_and(|m| m.mode() & 0o001 != 0);
+    real.ancestors().all(others_x)
+}
+
+/// A copy of `real` in [`COPIES`]`/<hash of its path>/<its file name>` (the name kept: a
+/// process's name is its program's), owned by the caller, mode 0755.
+fn copy_for_accounts(real: &Path) -> PathBuf {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let top = PathBuf::from(format!("{COPIES}-{euid}"));
+    // In /tmp anyone may have made that name first: it is used only when it is a directory
+    // (not a link) of ours that nobody else may write to.
+    if fs::DirBuilder::new().mode(0o755).create(&top).is_ok() {
+        fs::set_permissions(&top, fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", top.display()));
+    }
+    let meta = fs::symlink_metadata(&top).unwrap_or_else(|e| panic!("{}: {e}", top.display()));
+    assert!(
+        meta.is_dir() && meta.uid() == euid && meta.mode() & 0o7777 == 0o755,
+        "{} is not a directory of uid {euid} with mode 0755 (it is {:?}, uid {}, mode {:o}): remove it",
+        top.display(),
+        meta.file_type(),
+        meta.uid(),
+        meta.mode() & 0o7777
+    );
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    real.as_os_str().as_bytes().hash(&mut hasher);
+    let dir = top.join(format!("{:016x}", hasher.finish()));
+    if let Err(e) = fs::DirBuilder::new().mode(0o755).create(&dir) {
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "mkdir {}: {e}", dir.display());
+    }
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", dir.display()));
+    let name = real.file_name().expect("a program's path names a file");
+    let copy = dir.join(name);
+    let source = fs::metadata(real).unwrap_or_else(|e| panic!("{}: {e}", real.display()));
+    let same = |m: &fs::Metadata| {
+        m.is_file()
+            && m.uid() == euid
+            && m.mode() & 0o7777 == 0o755
+            && m.len() == source.len()
+            && (m.mtime(), m.mtime_nsec()) == (source.mtime(), source.mtime_nsec())
+    };
+    if fs::symlink_metadata(&copy).is_ok_and(|m| same(&m)) {
+        return copy;
+    }
+    // cp writes it, not this process: a writable descriptor of ours that a thread's fork
+    // inherited would make the exec fail with ETXTBSY until that child execs.
+    let partial = dir.join(format!(".{}.{}", name.to_string_lossy(), std::process::id()));
+    let cp = Command::new("cp")
+        .arg("--preserve=timestamps")
+        .arg(real)
+        .arg(&partial)
+        .status()
+        .unwrap_or_else(|e| panic!("cp: {e}"));
+    assert!(cp.success(), "cp {} {}: {cp}", real.display(), partial.display());
+    fs::set_permissions(&partial, fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", partial.display()));
+    fs::rename(&partial, &copy).unwrap_or_else(|e| panic!("rename to {}: {e}", copy.display()));
+    copy
 }
 
 /// The helper side: one line to the test, flushed.

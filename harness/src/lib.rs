@@ -148,33 +148,22 @@ pub fn run(helpers: Option<fn(&str)>, facts: Facts) -> ExitCode {
         .into_iter()
         .map(|t| {
             let name = t.full_name();
-            let absent: Vec<(Need, String)> = t
-                .needs
-                .iter()
-                .filter_map(|&n| looked.entry(n).or_insert_with(|| n.missing(&facts)).clone().map(|why| (n, why)))
-                .collect();
-            let Some((_, why)) = absent.first().cloned() else {
-                let run = t.run;
-                let trial = libtest_mimic::Trial::test(name, move || {
-                    run();
-                    Ok(())
-                });
-                return trial.with_ignored_flag(t.ignore.is_some());
-            };
-            let demanded = absent.iter().find(|(n, _)| required.contains(n));
-            let trial = match demanded {
-                Some((n, why)) => {
-                    let message = format!("{why} (this run requires `{}`: {}={})", n.name(), need::REQUIRE_ENV, {
-                        required.iter().map(|n| n.name()).collect::<Vec<_>>().join(",")
-                    });
-                    libtest_mimic::Trial::test(name.clone(), move || Err(message.into()))
+            let verdict = decide(t.needs, |n| looked.entry(n).or_insert_with(|| n.missing(&facts)).clone(), &required);
+            match verdict {
+                Verdict::Run => {
+                    let run = t.run;
+                    libtest_mimic::Trial::test(name, move || {
+                        run();
+                        Ok(())
+                    })
+                    .with_ignored_flag(t.ignore.is_some())
                 }
-                None => {
+                Verdict::Fail(message) => libtest_mimic::Trial::test(name, move || Err(message.into())),
+                Verdict::Ignore(why) => {
                     notes.push((name.clone(), why.clone()));
-                    libtest_mimic::Trial::test(name.clone(), move || Err(why.into())).with_ignored_flag(true)
+                    libtest_mimic::Trial::test(name, move || Err(why.into())).with_ignored_flag(true)
                 }
-            };
-            trial
+            }
         })
         .collect::<Vec<_>>();
     let trials: Vec<libtest_mimic::Trial> = match several {
@@ -193,6 +182,34 @@ pub fn run(helpers: Option<fn(&str)>, facts: Facts) -> ExitCode {
         }
     }
     libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// What the runner does with a test: what [`decide`] says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every need is here.
+    Run,
+    /// A need is missing and the run does not require it: ignored (libtest's summary counts
+    /// it), with the reason.
+    Ignore(String),
+    /// A need the run requires is missing: a failed test, with the reason.
+    Fail(String),
+}
+
+/// The rule for a test that needs `needs`, where `missing(n)` says why `n` is missing (`None`:
+/// here) and the run requires `required` (`GUARD_TESTS_REQUIRE`). A skip is never a pass: a
+/// missing need makes the test ignored, or failed where the run requires that need. Also
+/// `cargo xtask test`'s rule for the unit tests of a `mod needs_<need>` ([`need::declared`]).
+pub fn decide(needs: &[Need], mut missing: impl FnMut(Need) -> Option<String>, required: &[Need]) -> Verdict {
+    let absent: Vec<(Need, String)> = needs.iter().filter_map(|&n| missing(n).map(|why| (n, why))).collect();
+    let Some((_, first)) = absent.first() else { return Verdict::Run };
+    match absent.iter().find(|(n, _)| required.contains(n)) {
+        Some((n, why)) => {
+            let named = required.iter().map(|n| n.name()).collect::<Vec<_>>().join(",");
+            Verdict::Fail(format!("{why} (this run requires `{}`: {}={named})", n.name(), need::REQUIRE_ENV))
+        }
+        None => Verdict::Ignore(first.clone()),
+    }
 }
 
 /// libtest's arguments apart from its name filters (the words that are not options or their
@@ -218,6 +235,24 @@ fn split_filters(argv: impl Iterator<Item = String>) -> (Vec<String>, Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_need_is_ignored_or_failed_where_required_and_never_run() {
+        let no_btf = |n: Need| (n == Need::Btf).then(|| "needs BTF".to_string());
+        assert_eq!(decide(&[Need::Root, Need::Btf], no_btf, &[]), Verdict::Ignore("needs BTF".into()));
+        assert_eq!(decide(&[Need::Root, Need::Btf], no_btf, &[Need::Root]), Verdict::Ignore("needs BTF".into()));
+        let Verdict::Fail(why) = decide(&[Need::Root, Need::Btf], no_btf, &[Need::Root, Need::Btf]) else {
+            panic!("a required need that is missing must fail the test")
+        };
+        assert!(why.starts_with("needs BTF (this run requires `btf`: GUARD_TESTS_REQUIRE=root,btf)"), "{why}");
+        assert_eq!(decide(&[Need::Root], no_btf, &[Need::Root, Need::Btf]), Verdict::Run);
+        assert_eq!(decide(&[], no_btf, &[Need::Btf]), Verdict::Run);
+        // The first missing need is the reason; a required one among them decides the failure.
+        let none = |n: Need| Some(format!("no {}", n.name()));
+        assert_eq!(decide(&[Need::Groff, Need::Shells], none, &[]), Verdict::Ignore("no groff".into()));
+        let Verdict::Fail(why) = decide(&[Need::Groff, Need::Shells], none, &[Need::Shells]) else { panic!() };
+        assert!(why.starts_with("no shells (this run requires `shells`"), "{why}");
+    }
 
     #[test]
     fn filters_are_the_words_that_are_no_option_or_value() {

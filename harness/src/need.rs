@@ -109,7 +109,7 @@ impl Need {
     }
 
     /// `None` when this machine has it, else why not and how to get it.
-    pub(crate) fn missing(self, facts: &Facts) -> Option<String> {
+    pub fn missing(self, facts: &Facts) -> Option<String> {
         match self {
             // SAFETY: geteuid cannot fail.
             Need::Root if unsafe { libc::geteuid() } != 0 => {
@@ -178,11 +178,27 @@ impl Need {
 /// Where systemd's binary is, first that exists ([`Need::Systemd`]).
 pub const SYSTEMD: &[&str] = &["/lib/systemd/systemd", "/usr/lib/systemd/systemd"];
 
-/// For a test outside guard-test's harness (a unit test of guard-user's library or of xtask,
-/// marked `#[ignore = "needs …"]` so a plain run lists it as ignored; the runs that must run it
-/// pass `--ignored`): whether `needs` are all here. When one is missing it says why and the test
-/// returns; where the run requires it (`GUARD_TESTS_REQUIRE`) it panics with the reason.
+/// For a test outside guard-test's harness (a unit test of guard-user's library or of xtask):
+/// whether `needs` are all here. Such a test is `#[ignore = "needs …"]` (a plain `cargo test`
+/// lists it as ignored) and sits in a module named for each need, `mod needs_btf { … }` (see
+/// [`declared`]): `cargo xtask test` runs the ignored tests of a need only where [`crate::decide`]
+/// says run or fail, so there a missing need is never a pass. Here a missing need panics where
+/// the run requires it, else says why and returns `false` (a run that did not filter: a guest's
+/// `--include-ignored`, a hand-made `--ignored`). A test that asks for a need its module path
+/// does not declare panics, wherever it runs: the filter would not know it.
 pub fn here(needs: &[Need], facts: Facts) -> bool {
+    // libtest runs each test on a thread named after it.
+    if let Some(test) = std::thread::current().name().filter(|n| n.contains("::")) {
+        let declared = declared(test);
+        for need in needs {
+            assert!(
+                declared.contains(need),
+                "{test} needs `{0}` but is not in a `mod needs_{0}`: `cargo xtask test` ignores a missing need's \
+                 tests by that module",
+                need.name()
+            );
+        }
+    }
     let required = required().unwrap_or_else(|e| panic!("{e}"));
     for &need in needs {
         if let Some(why) = need.missing(&facts) {
@@ -192,6 +208,20 @@ pub fn here(needs: &[Need], facts: Facts) -> bool {
         }
     }
     true
+}
+
+/// The needs a unit test's path declares: one per `needs_<need>` module in it
+/// (`btf::tests::needs_btf::offsets` needs `btf`).
+pub fn declared(test: &str) -> Vec<Need> {
+    test.split("::")
+        .filter_map(|m| m.strip_prefix("needs_"))
+        .filter_map(|name| Need::ALL.iter().copied().find(|n| n.name() == name))
+        .collect()
+}
+
+/// The `--skip` pattern of the unit tests that need `need` ([`declared`]).
+pub fn skip_pattern(need: Need) -> String {
+    format!("::needs_{}::", need.name())
 }
 
 /// What the test binary itself knows and the machine does not say (filled in by `main!`).
@@ -211,7 +241,7 @@ pub fn required() -> Result<Vec<Need>, String> {
     parse_required(&value.to_string_lossy())
 }
 
-pub(crate) fn parse_required(value: &str) -> Result<Vec<Need>, String> {
+pub fn parse_required(value: &str) -> Result<Vec<Need>, String> {
     let mut needs = Vec::new();
     for word in value.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         if word == "all" {
@@ -315,6 +345,15 @@ fn pid_max() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_unit_tests_needs_are_its_needs_modules() {
+        assert_eq!(declared("ebpf::tests::needs_root::needs_ebpf::loads"), [Need::Root, Need::Ebpf]);
+        assert_eq!(declared("a::needs_memory_cgroup::b"), [Need::MemoryCgroup]);
+        assert!(declared("btf::tests::offsets").is_empty());
+        assert!("btf::tests::needs_btf::offsets".contains(&skip_pattern(Need::Btf)));
+        assert!(!"btf::tests::needs_btf_x::offsets".contains(&skip_pattern(Need::Btf)));
+    }
 
     #[test]
     fn all_is_every_need_but_the_guest_and_names_are_checked() {

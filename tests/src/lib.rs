@@ -62,12 +62,17 @@ fn target_dir_bin(name: &str) -> PathBuf {
     exe.parent().and_then(|d| d.parent()).map(|d| d.join(name)).unwrap()
 }
 
+/// guard-user of this build, where the test accounts can run it too (a copy when the clone is
+/// out of their reach: [`guard_test::child::runnable_by_accounts`]).
 pub fn guard_bin() -> PathBuf {
-    std::env::var_os("GUARD_USER_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir_bin("guard-user"))
+    let bin = std::env::var_os("GUARD_USER_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir_bin("guard-user"));
+    guard_test::child::runnable_by_accounts(&bin)
 }
 
+/// guard-probe of this build, where the test accounts can run it too (as [`guard_bin`]).
 pub fn probe_bin() -> PathBuf {
-    std::env::var_os("GUARD_PROBE_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir_bin("guard-probe"))
+    let bin = std::env::var_os("GUARD_PROBE_BIN").map(PathBuf::from).unwrap_or_else(|| target_dir_bin("guard-probe"));
+    guard_test::child::runnable_by_accounts(&bin)
 }
 
 /// A temp home owned by the test account, with a copy of the probe named `name`.

@@ -4,10 +4,12 @@
 //!
 //! The shapes, all started before the control pile so they are flagged first (their names are
 //! read and matched first):
-//! - a 1 MiB command line shared by 100 processes (one exec, 99 forks);
-//! - eight distinct 1 MiB command lines, two longer than the matcher takes, one of a process that
-//!   maps memory and flips its protection in a loop (its command line is slow to read);
-//! - 60 execs of a session root with a 1 MiB command line each (`sessions` on);
+//! - a 1 MiB command line shared by 100 processes (one exec, 99 forks; 300 in the long form);
+//! - nine distinct 1 MiB command lines (six, two longer than the matcher takes, and one of a
+//!   process that maps 1 GiB and flips its protection in a loop, so its command line is slow to
+//!   read; 16 + 2 + 1 of 8 GiB in the long form);
+//! - 60 execs of a session root with a 1 MiB command line each (`sessions` on; 200 in the long
+//!   form);
 //! - six processes with an empty argv, six renamed to a 15-byte name of control bytes;
 //! - costly `excludeCommands` (`(a*)*\1b{0,i}x`) and six processes with 3,000 `a`s in theirs;
 //! - a 4 MiB state file of flag clocks 300 years ahead, and a config rewritten before every tick

@@ -456,8 +456,8 @@ fn check_does_not_report_a_guard_user_that_is_not_a_daemon() {
     host.answer("MainPID", "0");
     // This test binary as the account, idle, under the argv `guard-user <args>`.
     let start = |args: &[&str]| {
-        let mut cmd = Child::helper_command("idle");
-        cmd.arg0("guard-user").args(args).uid(TEST_UID).gid(TEST_UID);
+        let mut cmd = Child::helper_command_as("idle", TEST_UID);
+        cmd.arg0("guard-user").args(args);
         let mut child = Child::spawn(&mut cmd);
         child.expect_line("ready");
         child
@@ -475,6 +475,9 @@ fn check_does_not_report_a_guard_user_that_is_not_a_daemon() {
 
 fn helper_main(mode: &str) {
     assert_eq!(mode, "idle", "unknown helper mode {mode}");
+    // Named as the real binary is (its comm), which is what check looks at before any argv.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"guard-user".as_ptr()) };
     say("ready");
     wait_for_eof();
 }
@@ -514,6 +517,11 @@ fn check_shows_the_flags_of_the_defaults_file_and_refuses_those_run_would_not_st
         ("--colour", "(unexpected argument '--colour' found)"),
         ("--user root", "(the argument '--user <NAME|UID>' cannot be used multiple times)"),
         ("--metrics-file /srv/guard.txt", "(--metrics-file /srv/guard.txt: node_exporter's textfile collector"),
+        (
+            "--config /srv/other.json --interval 30s",
+            "(--config is set per instance by guard-user install --config FILE",
+        ),
+        ("--config=/srv/other.json", "(--config is set per instance by guard-user install --config FILE"),
     ] {
         fs::write(&own, format!("GUARD_ARGS='{args}'\n")).unwrap();
         let out = host.run("check");

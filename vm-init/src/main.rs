@@ -221,7 +221,7 @@ fn run_tests() -> bool {
     let mut failed = Vec::new();
     for binary in &binaries {
         let name = binary.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let own_args = lines_of(&format!("{TEST_OWN_ARGS_DIR}/{name}"));
+        let own_args = own_args(lines_of(&format!("{TEST_OWN_ARGS_DIR}/{name}")), &required);
         if own_args.is_empty() {
             say(&format!("running {name}"));
         } else {
@@ -309,5 +309,36 @@ fn power_off() -> ! {
     say(&format!("reboot(RB_POWER_OFF) failed: {}", std::io::Error::last_os_error()));
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+/// A binary's own arguments as the test binary takes them: `--skip-unless-required=<need>`
+/// (xtask's, for a unit-test binary run with `--include-ignored`) becomes `--skip
+/// ::needs_<need>::` where this guest does not require that need (so it lacks it: every guest
+/// requires what it has), and nothing where it does.
+fn own_args(args: Vec<String>, required: &str) -> Vec<String> {
+    let required: Vec<&str> = required.split(',').map(str::trim).collect();
+    let mut out = Vec::new();
+    for arg in args {
+        match arg.strip_prefix("--skip-unless-required=") {
+            Some(need) if required.contains(&need) => {}
+            Some(need) => out.extend(["--skip".to_string(), format!("::needs_{need}::")]),
+            None => out.push(arg),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_args;
+
+    #[test]
+    fn a_need_the_guest_does_not_require_skips_its_unit_tests() {
+        let args = ["--include-ignored", "--skip-unless-required=btf", "--skip-unless-required=root"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(own_args(args.clone(), "root,no_btf"), ["--include-ignored", "--skip", "::needs_btf::"]);
+        assert_eq!(own_args(args, "root, btf"), ["--include-ignored"]);
     }
 }

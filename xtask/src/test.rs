@@ -11,6 +11,8 @@
 //! `cargo xtask vm`.
 use std::{ffi::OsString, process::Command};
 
+use guard_test::Need;
+
 use crate::{build, build_ebpf, build_ebpf::is_root};
 
 #[derive(clap::Args, Debug)]
@@ -59,17 +61,33 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     }
     // The unit tests that need the machine (root, BTF, the BPF object, groff, promtool, the
     // shells) are `#[ignore = "needs …"]` in libtest's harness, which cannot decide at run time:
-    // a plain `cargo test` lists them as ignored, and this run runs them, under the same
-    // requirements (each says why it returns early, or fails where the run requires the need).
+    // the pass above listed them as ignored. Each sits in a `mod needs_<need>`; this pass runs
+    // them with `--ignored` under guard-test's rule, need by need: a need missing here and not
+    // required is `--skip`ped (its tests stay ignored, with the reason said here), a required one
+    // that is missing runs and fails, a present one runs. So none of them passes by skipping.
+    let required = guard_test::need::parse_required(&requires).map_err(anyhow::Error::msg)?;
+    // The object was built above and is embedded through GUARD_EBPF_OBJ.
+    let facts = guard_test::Facts { bpf_object: true };
+    let skips = unit_test_skips(|n| n.missing(&facts), &required);
+    for (need, why) in &skips {
+        println!("test: ignored, the unit tests in `mod needs_{}`: {why}", need.name());
+    }
+    let skip_args: Vec<String> =
+        skips.iter().flat_map(|(n, _)| ["--skip".to_string(), guard_test::need::skip_pattern(*n)]).collect();
     for (package, target) in UNIT_TESTS_WITH_NEEDS {
         let mut cargo = build::host_cargo();
         cargo
             .args(["test", "-p", package, target, "--", "--ignored"])
+            .args(&skip_args)
             .env("GUARD_EBPF_OBJ", &object)
             .env(REQUIRE_ENV, &requires)
             .current_dir(build_ebpf::workspace_root());
-        println!("test: cargo test -p {package} {target} -- --ignored (the unit tests that need the machine)");
-        build_ebpf::run_checked(&mut cargo, &format!("cargo test -p {package} {target} -- --ignored"))?;
+        let shown = format!(
+            "cargo test -p {package} {target} -- --ignored{}",
+            skip_args.iter().map(|a| format!(" {a}")).collect::<String>()
+        );
+        println!("test: {shown} (the unit tests that need the machine)");
+        build_ebpf::run_checked(&mut cargo, &shown)?;
     }
     Ok(())
 }
@@ -78,6 +96,18 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
 /// `need::here`): guard-user's library (kernel BTF, BPF, tracefs) and xtask (groff, promtool,
 /// zsh and fish). The VM guests run guard-user's with `--include-ignored` (`vm/suite.rs`).
 const UNIT_TESTS_WITH_NEEDS: &[(&str, &str)] = &[("guard-user", "--lib"), ("xtask", "--bins")];
+
+/// The needs whose unit tests (`mod needs_<need>`) this run leaves ignored, each with why:
+/// those guard-test's rule ([`guard_test::decide`]) ignores, missing and not required.
+fn unit_test_skips(missing: impl Fn(Need) -> Option<String>, required: &[Need]) -> Vec<(Need, String)> {
+    Need::ALL
+        .iter()
+        .filter_map(|&n| match guard_test::decide(&[n], &missing, required) {
+            guard_test::Verdict::Ignore(why) => Some((n, why)),
+            guard_test::Verdict::Run | guard_test::Verdict::Fail(_) => None,
+        })
+        .collect()
+}
 
 /// The variable guard-test reads the needs a run requires from.
 const REQUIRE_ENV: &str = "GUARD_TESTS_REQUIRE";
@@ -139,5 +169,17 @@ mod tests {
         assert_eq!(host_requires(true, true, true), "root,btf,ebpf,redis");
         assert_eq!(host_requires(false, true, false), "btf,ebpf");
         assert_eq!(host_requires(true, false, true), "root,redis");
+    }
+
+    #[test]
+    fn a_needs_unit_tests_are_skipped_only_where_it_is_missing_and_not_required() {
+        let no_btf_nor_groff = |n: Need| matches!(n, Need::Btf | Need::Groff).then(|| format!("no {}", n.name()));
+        let skipped = |required: &[Need]| -> Vec<Need> {
+            unit_test_skips(no_btf_nor_groff, required).into_iter().map(|(n, _)| n).collect()
+        };
+        assert_eq!(skipped(&[]), [Need::Btf, Need::Groff]);
+        // Required: not skipped, so its tests run and fail with the reason.
+        assert_eq!(skipped(&[Need::Btf, Need::Root]), [Need::Groff]);
+        assert_eq!(unit_test_skips(no_btf_nor_groff, &[])[0].1, "no btf");
     }
 }

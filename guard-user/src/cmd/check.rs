@@ -33,7 +33,19 @@ pub fn main(args: InstallArgs) -> anyhow::Result<ExitCode> {
     for name in &accounts {
         // The first line names whom it read (no --user was given).
         println!("{}:", install::instance_name(name));
-        let account = Account::by_name(name.as_str())?;
+        // An account removed (userdel) without `uninstall` leaves its instance: drift to say,
+        // and the other instances are checked all the same.
+        let Ok(account) = Account::by_name(name.as_str()) else {
+            let dir = unit_dir.join(format!("{}.d", install::instance_name(name)));
+            println!(
+                "the account {name} no longer exists, yet its guard is installed ({}): systemctl disable --now {} and \
+                 remove that directory",
+                install::shown(&dir),
+                install::instance_name(name)
+            );
+            drift = true;
+            continue;
+        };
         drift |= check_one(&args, &account)? != ExitCode::SUCCESS;
     }
     Ok(if drift { ExitCode::from(1) } else { ExitCode::SUCCESS })

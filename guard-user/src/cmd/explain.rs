@@ -313,8 +313,8 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let plan = memory.begin(input);
     let plan = plan.decided();
     let excluded = config.is_excluded(&name);
-    // An excluded name is not matched; its command lines are read here, one at a time into one
-    // buffer, only to be shown.
+    // What the round did not read (an excluded name is not matched; with no excludeCommands
+    // nothing is) is read here, one at a time into one buffer, only to be shown.
     let shown_only = RefCell::new((Vec::new(), Budget::until(started + 2 * OVERALL)));
     // Slots live in the daemon only: its last status says who holds or waits (as of its last
     // tick). Root reads root's own copy, as `status` and `tree` do: the one in the home is the
@@ -330,7 +330,7 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         age: age(p),
         cmdline: cmdlines.get(&p.id.pid).cloned().unwrap_or_else(|| {
             let (buf, budget) = &mut *shown_only.borrow_mut();
-            let read = excluded && procfs::read_cmdline(p.id.pid, max, budget, buf) == procfs::CmdRead::Text;
+            let read = procfs::read_cmdline(p.id.pid, max, budget, buf) == procfs::CmdRead::Text;
             Arc::new(if read { ShownCmdline::of(buf) } else { ShownCmdline::default() })
         }),
         verdict: verdicts.get(&p.id).copied().unwrap_or(CmdVerdict::Gone),

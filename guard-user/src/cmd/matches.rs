@@ -11,6 +11,7 @@ use std::{
     io::Write,
     path::PathBuf,
     process::ExitCode,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -40,8 +41,11 @@ fn word(o: MatchOutcome) -> &'static str {
 pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
     let limits = Limits::default();
     let mut matcher = Matcher::new(PathBuf::from("/proc/self/exe"), limits.clone());
+    // With --roots the pattern is tried as one of `sessions.roots`: its errors are named so, as
+    // validate and the daemon name them.
+    let list = if args.roots { "sessions.roots: " } else { "" };
     if let Err(e) = matcher.set_patterns(std::slice::from_ref(&args.pattern)) {
-        eprintln!("guard-user match: {}", refused(&args.pattern, &e));
+        eprintln!("guard-user match: {list}{}", refused(&args.pattern, &e));
         return Ok(ExitCode::from(2));
     }
     let habits = habits::habits(&args.pattern);
@@ -58,7 +62,7 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         if match_all::too_broad_for_roots(&probes) {
             // The daemon's and validate's words for it, about --pattern.
             let p = crate::config::too_broad_root(Some(0), &args.pattern);
-            eprintln!("guard-user match: sessions.roots: --pattern {}; {}", p.what, p.fix);
+            eprintln!("guard-user match: {list}--pattern {}; {}", p.what, p.fix);
             return Ok(ExitCode::from(2));
         }
     }
@@ -81,10 +85,9 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
         let row = match reader.read(p.id.pid, limits.max_text_bytes) {
             Read::Gone => continue,
             // Not read within its share of the time: the daemon would protect it too.
-            Read::Deferred(_) => Row { pid: p.id.pid, shown: ShownCmdline::default(), text: None },
+            Read::Deferred(_) => Row { pid: p.id.pid, shown: Arc::default(), text: None },
             Read::Text => {
                 let text = reader.text();
-                let shown = ShownCmdline::of(text);
                 let index = match pending.find(text) {
                     Some(i) => i,
                     None => {
@@ -95,7 +98,8 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
                         pending.add(held)
                     }
                 };
-                Row { pid: p.id.pid, shown, text: Some(index) }
+                // Rows of one text share its shown form: 4 KiB per distinct text, not per process.
+                Row { pid: p.id.pid, shown: Arc::clone(&pending.shown[index]), text: Some(index) }
             }
         };
         pending.rows.push(row);
@@ -107,7 +111,7 @@ pub fn main(args: MatchArgs) -> anyhow::Result<ExitCode> {
 /// One output line waiting for its text's verdict.
 struct Row {
     pid: u32,
-    shown: ShownCmdline,
+    shown: Arc<ShownCmdline>,
     /// Its text in [`Pending::texts`]; `None` when it was not read in time (`budget`).
     text: Option<usize>,
 }
@@ -117,6 +121,8 @@ struct Row {
 struct Pending {
     rows: Vec<Row>,
     texts: Vec<Held>,
+    /// Each text's shown form (its first 4 KiB, escaped), shared by its rows.
+    shown: Vec<Arc<ShownCmdline>>,
     /// Texts by length and hash (a match is confirmed byte for byte).
     by_hash: HashMap<(usize, u64), Vec<usize>>,
     hasher: RandomState,
@@ -134,6 +140,7 @@ impl Pending {
     fn add(&mut self, held: Held) -> usize {
         let i = self.texts.len();
         self.by_hash.entry(self.key(&held)).or_default().push(i);
+        self.shown.push(Arc::new(ShownCmdline::of(&held)));
         self.texts.push(held);
         i
     }
@@ -147,6 +154,7 @@ impl Pending {
             writeln!(out, "{} {} {}", word(outcome), r.pid, r.shown)?;
         }
         self.texts.clear();
+        self.shown.clear();
         self.by_hash.clear();
         Ok(())
     }

@@ -18,6 +18,36 @@ use crate::{
     trace::{Record, Trace},
 };
 
+/// Command-line bytes one recording reads in all (the trace is held until it is written, and the
+/// account decides how long its command lines are), and how long one read may take (a process
+/// can make its memory slow to read).
+const RECORD_CMDLINE_BYTES: usize = 64 << 20;
+const ONE_READ_FOR: Duration = Duration::from_millis(250);
+
+/// Reads command lines for the trace within [`RECORD_CMDLINE_BYTES`] and [`ONE_READ_FOR`] each.
+struct Texts {
+    budget: crate::budget::Budget,
+    unread: u64,
+}
+
+impl Texts {
+    fn read(&mut self, pid: u32) -> Option<Vec<u8>> {
+        let max = crate::pattern::Limits::default().max_text_bytes;
+        let mut one = self.budget.ending(Instant::now() + ONE_READ_FOR);
+        let mut buf = Vec::new();
+        let read = procfs::read_cmdline(pid, max, &mut one, &mut buf);
+        self.budget = crate::budget::Budget::bytes(one.left());
+        match read {
+            procfs::CmdRead::Text => Some(buf),
+            procfs::CmdRead::Gone => None,
+            procfs::CmdRead::Stopped(_) => {
+                self.unread += 1;
+                None
+            }
+        }
+    }
+}
+
 pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let (account, _, _) = super::account(&args.account, "record", crate::account::Purpose::Acts)?;
     let seconds = crate::duration::parse_duration(&args.seconds).context("--seconds")?;
@@ -26,13 +56,14 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let uid = account.uid;
     let began = Instant::now();
     let t = || began.elapsed().as_secs_f64();
+    let mut texts = Texts { budget: crate::budget::Budget::bytes(RECORD_CMDLINE_BYTES), unread: 0 };
     let mut trace = Trace { uid, note: args.note.clone().unwrap_or_default(), records: Vec::new() };
     let scan = account_scan(uid)?;
     let mut mine: HashSet<u32> = scan.iter().map(|p| p.id.pid).collect();
     trace.records.push((t(), Record::Scan(scan.clone())));
     trace.records.push((t(), parents_of(&scan)));
     for p in &scan {
-        if let Some(text) = procfs::cmdline(p.id.pid) {
+        if let Some(text) = texts.read(p.id.pid) {
             trace.records.push((t(), Record::Cmdline { pid: p.id.pid, text }));
         }
     }
@@ -68,7 +99,7 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
                     mine.insert(state.id.pid);
                 }
                 if matches!(e, Event::State { kind: StateKind::Exec, .. } | Event::Fork { .. }) {
-                    if let Some(text) = procfs::cmdline(state.id.pid).filter(|t| !t.is_empty()) {
+                    if let Some(text) = texts.read(state.id.pid).filter(|t| !t.is_empty()) {
                         trace.records.push((t(), Record::Cmdline { pid: state.id.pid, text }));
                     }
                 }
@@ -101,11 +132,20 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let mut live: Vec<u32> = mine.iter().copied().collect();
     live.sort_unstable();
     for pid in live {
-        if let Some(text) = procfs::cmdline(pid).filter(|t| !t.is_empty()) {
+        if let Some(text) = texts.read(pid).filter(|t| !t.is_empty()) {
             if last.get(&pid) != Some(&text) {
                 trace.records.push((t(), Record::Cmdline { pid, text }));
             }
         }
+    }
+    if texts.unread > 0 {
+        eprintln!(
+            "guard-user record: {} command lines were not recorded (over the {} MiB a recording reads, or slower \
+             than {} ms to read)",
+            texts.unread,
+            RECORD_CMDLINE_BYTES >> 20,
+            ONE_READ_FOR.as_millis()
+        );
     }
     let lost = lost_seen - lost_before;
     if lost > 0 {
@@ -129,4 +169,23 @@ fn parents_of(scan: &[crate::event::ProcState]) -> Record {
 /// The account's processes as /proc shows them now.
 fn account_scan(uid: u32) -> std::io::Result<Vec<crate::event::ProcState>> {
     Ok(procfs::snapshot()?.into_iter().filter(|p| p.euid == uid).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recording_reads_command_lines_within_its_bytes_and_counts_what_it_left() {
+        let me = std::process::id();
+        let mut texts = Texts { budget: crate::budget::Budget::bytes(RECORD_CMDLINE_BYTES), unread: 0 };
+        let whole = texts.read(me).expect("this process's command line");
+        assert!(!whole.is_empty() && texts.unread == 0);
+        // What is left is charged: a budget a few bytes short of the text stops the read.
+        texts.budget = crate::budget::Budget::bytes(whole.len() / 2);
+        assert_eq!(texts.read(me), None);
+        assert_eq!(texts.unread, 1);
+        assert_eq!(texts.read(u32::MAX), None, "a process that is not there");
+        assert_eq!(texts.unread, 1, "a gone process is not a command line left unread");
+    }
 }

@@ -38,7 +38,10 @@ struct Shown {
 struct Session {
     root_pid: u32,
     root_name: String,
+    /// Its first 256 bytes, escaped (the daemon's status keeps no more).
     command: String,
+    /// Bytes of the command line after those, not shown (0 when it is shown whole).
+    command_omitted_bytes: u64,
     /// `live`, `grace`, `stopping` or `reported`.
     stage: String,
     root_age_secs: Option<u64>,
@@ -155,6 +158,7 @@ fn session(row: &SessionStatus, uid: u32, now: f64) -> Session {
         root_pid: row.root_pid,
         root_name: row.root_name.clone(),
         command: row.command.clone(),
+        command_omitted_bytes: row.command_omitted_bytes,
         stage: row.stage.clone(),
         root_age_secs: (row.stage == "live").then(|| crate::holders::cpu_and_age(&root).map(|(_, a)| a)).flatten(),
         due_in_secs: row.due_at.map(|at| (at - now).max(0.0)),
@@ -192,7 +196,14 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
             ("reported", _) => "ended, these leftovers were reported (LEFTOVER) and still run".to_string(),
             (other, _) => format!("ended ({})", text(other)),
         };
-        let _ = writeln!(out, "\nroot {} {}  {}  {}", s.root_pid, text(&s.root_name), state, text(&s.command));
+        // The status holds the command in its escaped form already: shown as it is (only what
+        // would hide something is escaped), then how many bytes were left out, as every command
+        // line guard-user shows.
+        let mut command = text(&s.command);
+        if s.command_omitted_bytes > 0 {
+            let _ = write!(command, "…[+{} bytes]", s.command_omitted_bytes);
+        }
+        let _ = writeln!(out, "\nroot {} {}  {}  {}", s.root_pid, text(&s.root_name), state, command);
         if s.processes.is_empty() && s.processes_not_shown == 0 {
             out.push_str("  (no process left)\n");
             continue;
@@ -226,4 +237,34 @@ fn render(all: &SessionsStatus, sessions: &[Session], stale: bool) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The root's command is the status's escaped text shown once (a backslash stays `\\`, as
+    /// every escaped command line shows it, never `\\\\`), then the bytes left out.
+    #[test]
+    fn a_root_command_is_escaped_once_and_says_the_bytes_left_out() {
+        let command = escape::text(b"agent-wrapper a\\b \x1b");
+        let session = |omitted| Session {
+            root_pid: 200,
+            root_name: "agent-wrapper".into(),
+            command: command.clone(),
+            command_omitted_bytes: omitted,
+            stage: "reported".into(),
+            root_age_secs: None,
+            due_in_secs: None,
+            processes: Vec::new(),
+            processes_not_shown: 0,
+        };
+        let all = SessionsStatus::default();
+        let out = render(&all, &[session(744)], false);
+        let want = "root 200 agent-wrapper  ended, these leftovers were reported (LEFTOVER) and still run  \
+                    agent-wrapper a\\\\b \\x1b…[+744 bytes]\n";
+        assert!(out.contains(want), "{out}");
+        let out = render(&all, &[session(0)], false);
+        assert!(out.contains("still run  agent-wrapper a\\\\b \\x1b\n"), "{out}");
+    }
 }

@@ -234,7 +234,7 @@ fn state_file_problem(state_file: &std::path::Path, home: &std::path::Path) -> O
             _ => true,
         };
     if inside {
-        return None;
+        return unwritable_dir(state_file, &file, home);
     }
     let what = format!(
         "{} is outside the home {}: the systemd unit makes only the home writable, so the daemon could not save \
@@ -243,6 +243,33 @@ fn state_file_problem(state_file: &std::path::Path, home: &std::path::Path) -> O
         escape::text(home.as_os_str().as_bytes())
     );
     let fix = "keep it in the home, e.g. \"~/guard-daemon-state.json\" (or leave stateFile out)".to_string();
+    Some(Problem::validate_only("stateFile".into(), what, fix))
+}
+
+/// A `stateFile` in the home whose directory is missing or not the account's to write: the
+/// daemon writes it as the account and creates no directory, so it would log
+/// `ERROR state_unwritable` every tick. Judged only where the home exists (validate of a
+/// repository's config for another machine has none); the account is the home's owner.
+fn unwritable_dir(state_file: &std::path::Path, file: &std::path::Path, home: &std::path::Path) -> Option<Problem> {
+    use std::os::unix::fs::MetadataExt as _;
+    let owner = std::fs::metadata(home).ok().filter(|m| m.is_dir())?.uid();
+    let dir = file.parent()?;
+    let shown = |p: &std::path::Path| escape::text(p.as_os_str().as_bytes());
+    let why = match std::fs::metadata(dir) {
+        Err(_) => "does not exist, and the daemon creates no directory",
+        Ok(m) if !m.is_dir() => "is not a directory",
+        Ok(m) if !((m.uid() == owner && m.mode() & 0o200 != 0) || m.mode() & 0o002 != 0) => {
+            "is not writable by the home's owner, whom the daemon writes it as"
+        }
+        Ok(_) => return None,
+    };
+    let what = format!(
+        "{}: its directory {} {why}, so the daemon could not save its flag clocks there (ERROR state_unwritable \
+         every tick)",
+        shown(state_file),
+        shown(dir)
+    );
+    let fix = format!("create {} as the account, or keep it in the home, e.g. \"~/guard-daemon-state.json\"", shown(dir));
     Some(Problem::validate_only("stateFile".into(), what, fix))
 }
 

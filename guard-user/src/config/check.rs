@@ -156,13 +156,19 @@ impl Checker {
     fn repeated(&mut self, config: &mut Config) {
         let repeated: Vec<written::Occurrences> = self.written.repeated().cloned().collect();
         for k in repeated {
-            let mut lines: Vec<String> = k.lines.iter().map(|l| l.to_string()).collect();
-            if k.count > lines.len() {
+            // A line named once (a file written on one line repeats a key on the same line).
+            let mut distinct = k.lines.clone();
+            distinct.dedup();
+            let mut lines: Vec<String> = distinct.iter().map(|l| l.to_string()).collect();
+            if k.count > k.lines.len() {
                 lines.push("…".into());
             }
             let last = lines.pop().unwrap_or_default();
-            let on = if lines.is_empty() { last } else { format!("{} and {last}", lines.join(", ")) };
-            let what = format!("is written {} times (lines {on}); the daemon uses the last one", k.count);
+            let on = match lines.is_empty() {
+                true => format!("line {last}"),
+                false => format!("lines {} and {last}", lines.join(", ")),
+            };
+            let what = format!("is written {} times ({on}); the daemon uses the last one", k.count);
             self.warn(escape::text(k.path.as_bytes()), what, "keep only the one you mean".into());
             config.repeated_keys.push(RepeatedKey { key: k.path, lines: k.lines, count: k.count });
         }

@@ -74,19 +74,19 @@ impl Checker {
 }
 
 /// A `sessions.roots` pattern (or, with `index` `None`, the whole list) that matches the empty
-/// command line or every other one (`pattern::match_all::too_broad_for_roots`): every process
+/// command line or every ordinary one (`pattern::match_all::too_broad_for_roots`): every process
 /// would be a root, and every orphan a leftover, so the config is refused (docs/configuration.md).
 pub fn too_broad_root(index: Option<usize>, pattern: &str) -> Problem {
     let list = PatternList::SessionsRoots;
     let key = index.map_or_else(|| list.key().to_string(), |i| format!("{}[{i}]", list.key()));
     let what = match index {
         Some(_) => format!(
-            "\"{}\" matches every command line (or the empty one), so every process would be a session root and \
-             every orphan a leftover",
+            "\"{}\" matches every ordinary command line (or the empty one), so nearly every process would be a \
+             session root and every orphan a leftover",
             escape::text_capped(pattern.as_bytes(), 60)
         ),
-        None => "together these patterns match every command line, so every process would be a session root and \
-                 every orphan a leftover"
+        None => "together these patterns match every ordinary command line, so nearly every process would be a \
+                 session root and every orphan a leftover"
             .to_string(),
     };
     let error = ConfigError::Pattern { list, pattern: prefix(pattern), index, why: what.clone(), fix: FIX_BROAD_ROOT };

@@ -483,3 +483,13 @@ fn every_config_error_line_starts_with_the_token_of_its_what() {
         assert_eq!(crate::log::What::of_reason(&reason), Some(e.what()), "{reason}");
     }
 }
+
+#[test]
+fn a_key_repeated_on_one_line_names_that_line_once() {
+    let json = r#"{"threshold": 5, "threshold": 6, "threshold": 7}"#;
+    let listed: Vec<String> = problems(json.as_bytes(), &home()).iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        listed,
+        ["threshold: is written 3 times (line 1); the daemon uses the last one; keep only the one you mean"]
+    );
+}

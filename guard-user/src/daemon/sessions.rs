@@ -4,14 +4,15 @@
 //! sandboxed matcher), decide ([`decide_sessions`] and the rules of `policy::roots`, pure), apply
 //! (the lineage's answers to the pump, the lines, the signals the plan names through the
 //! enforcer's pidfd and identity check, never a wait, then the chase of what the signalled
-//! members forked meanwhile).
+//! members forked meanwhile, each fork's command line read again and ended only on a verdict of
+//! `End`: `policy::sessions_chase`).
 //!
 //! Roots are matched here, off the pump: reading `/proc/PID/cmdline` can block on a hostile
 //! process, and the pump must keep draining. So a root is recognised by the command line a tick
 //! reads after its exec (within one interval of it), and the lineage keeps what the process
 //! forks meanwhile in a pending session until the tick says whether it is a root.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     time::{Duration, Instant},
 };
 
@@ -21,6 +22,7 @@ use super::{
     keeper::{LineageMode, MAX_CANDIDATES_PER_TICK},
     match_all::RootsWatch,
     pump::PumpHandle,
+    verdicts::VerdictCache,
 };
 use crate::{
     budget::{Held, Pool, HELD_CMDLINE_BYTES},
@@ -34,8 +36,8 @@ use crate::{
         outage::Outage,
         roots,
         sessions::{
-            after_reap, chase, decide_sessions, due_members, record, status, Ages, ReapTarget, RootsRead, SessionBook,
-            SessionLimits, SessionsInput,
+            after_reap, chase, chase_asks, decide_sessions, due_members, record, status, Ages, ReapTarget, RootsRead,
+            SessionBook, SessionLimits, SessionsInput,
         },
         CmdVerdict, Now, Signal,
     },
@@ -49,7 +51,10 @@ pub fn mode(config: &Config, uid: u32) -> LineageMode {
     }
 }
 
-/// The matching round for roots: at most 2 s, and a quarter of the tick's deadline.
+/// The matching round for roots: at most 2 s, and a quarter of the tick's deadline; it also ends
+/// by [`Ctx::roots_by`] (but never before a quarter of that share), so a stop's signals and
+/// chase after it fit the deadline after a long verdict round (a candidate not read waits for
+/// the next tick).
 fn round_budget(deadline: Duration) -> Duration {
     (deadline / 4).min(Duration::from_secs(2))
 }
@@ -125,9 +130,9 @@ impl SessionsTick {
 
     /// Reads, decides and applies (see the module doc).
     pub fn run(&mut self, ctx: Ctx) -> Done {
-        let Ctx { fx, pump, view, config, verdicts, now, dry_run, deadline, pool } = ctx;
+        let Ctx { fx, pump, view, config, verdicts, cache, now, dry_run, deadline, roots_by, pool } = ctx;
         let (Some(view), Some(sessions)) = (view, config.sessions.as_ref()) else { return Done::default() };
-        let roots = if self.roots_ok { read_roots(fx, pool, view, deadline) } else { RootsRead::default() };
+        let roots = if self.roots_ok { read_roots(fx, pool, view, deadline, roots_by) } else { RootsRead::default() };
         let ages = Ages { boot_unix: fx.procs.boot_unix(), ticks_per_sec: clock_ticks_per_sec() };
         let limits = SessionLimits {
             caps: Caps::DAEMON,
@@ -162,7 +167,7 @@ impl SessionsTick {
         }
         self.book = plan.book;
         if plan.term_signal != Signal::Verify && (!plan.term.is_empty() || !plan.kill.is_empty()) {
-            if let Some(v) = self.chase(fx, pump, config) {
+            if let Some(v) = self.chase(fx, pump, config, cache, pool) {
                 after = Some(v);
             }
         }
@@ -178,17 +183,34 @@ impl SessionsTick {
     }
 
     /// The chase (`policy::sessions::chase`): looks at the lineage again, events drained, and
-    /// signals what the members just signalled forked meanwhile, until nothing new is doomed or
-    /// its time is up. Returns the last look.
-    fn chase(&mut self, fx: &mut Effects, pump: &PumpHandle, config: &Config) -> Option<SessionsView> {
+    /// signals what the members just signalled forked meanwhile, each fork once and only on the
+    /// verdict `End` for the command line it has now ([`chase_verdicts`]), until nothing new is
+    /// signalled or its time is up. Returns the last look.
+    fn chase(
+        &mut self,
+        fx: &mut Effects,
+        pump: &PumpHandle,
+        config: &Config,
+        cache: &VerdictCache,
+        pool: &Pool,
+    ) -> Option<SessionsView> {
         let until = Instant::now() + CHASE_FOR;
         let mut last = None;
         let mut doom: Vec<LineageCmd> = Vec::new();
         let mut tried: BTreeSet<ProcId> = BTreeSet::new();
         for _ in 0..CHASE_LOOKS {
             let view = pump.lineage_blocking(std::mem::take(&mut doom))?;
-            let targets: Vec<(ReapTarget, Signal)> =
-                chase(&view, &self.book, config).into_iter().filter(|(t, _)| tried.insert(t.proc.id)).collect();
+            // Each fork is read and judged once per chase: one left now waits for the next round.
+            let asks: Vec<ProcState> =
+                chase_asks(&view, &self.book, config).into_iter().filter(|p| tried.insert(p.id)).collect();
+            let max = fx.classifier.max_text_bytes();
+            let judged = if asks.is_empty() {
+                HashMap::new()
+            } else {
+                let mut reader = CmdlineReader::new(&mut *fx.procs, pool.clone(), until, CHASE_FOR / 8);
+                chase_verdicts(&mut reader, max, cache, config, &asks)
+            };
+            let targets = chase(&view, &self.book, config, &judged);
             last = Some(view);
             if targets.is_empty() || Instant::now() >= until {
                 break;
@@ -206,6 +228,35 @@ impl SessionsTick {
     }
 }
 
+/// The chase's verdicts on `asks` (`policy::sessions_chase`): `End` for a fork whose command line,
+/// read now (within the chase's time), is a text this tick's round settled `End` on (the one it
+/// kept from its parent, typically); nothing for any other (rewritten, unread, too long, gone),
+/// which the next round reads and matches. Without patterns every live fork is `End`, as in
+/// `daemon::verdicts`: an empty list protects nothing.
+fn chase_verdicts(
+    reader: &mut CmdlineReader,
+    max: usize,
+    cache: &VerdictCache,
+    config: &Config,
+    asks: &[ProcState],
+) -> HashMap<ProcId, CmdVerdict> {
+    if config.exclude_commands.is_empty() {
+        return asks.iter().filter(|p| reader.exists(p.id.pid)).map(|p| (p.id, CmdVerdict::End)).collect();
+    }
+    let ends = cache.end_texts();
+    if ends.is_empty() {
+        return HashMap::new();
+    }
+    let mut out = HashMap::new();
+    for p in asks {
+        let read = reader.read(p.id.pid, max) == Read::Text;
+        if read && reader.text().len() <= max && ends.contains(&cache.key(reader.text())) {
+            out.insert(p.id, CmdVerdict::End);
+        }
+    }
+    out
+}
+
 /// What [`SessionsTick::run`] works with.
 pub struct Ctx<'a> {
     pub fx: &'a mut Effects,
@@ -213,12 +264,17 @@ pub struct Ctx<'a> {
     pub view: Option<&'a SessionsView>,
     pub config: &'a Config,
     /// `excludeCommands` verdicts, including those of [`SessionsTick::due`]'s members.
-    pub verdicts: &'a std::collections::HashMap<ProcId, CmdVerdict>,
+    pub verdicts: &'a HashMap<ProcId, CmdVerdict>,
+    /// The cache those verdicts were kept in: the chase judges forks by it.
+    pub cache: &'a VerdictCache,
     /// Both clocks: the steps are timed on the monotonic one, the status shows wall times.
     pub now: Now,
     pub dry_run: bool,
-    /// The tick's deadline; the roots round takes a share of what is left.
+    /// The tick's deadline; the roots round takes a share of it.
     pub deadline: Duration,
+    /// When the roots round ends at the latest: three quarters into the tick, leaving the rest
+    /// to a stop's signals (SIGKILL 0.5 s after SIGTERM) and its chase (0.5 s at most).
+    pub roots_by: Instant,
     /// The tick's pool of command-line bytes held for a matcher.
     pub pool: &'a Pool,
 }
@@ -253,10 +309,13 @@ impl roots::CandidateReader for Candidates<'_, '_> {
 
 /// The candidates' command lines, read round-robin through the tick's reader and judged by
 /// `policy::roots`; the texts it asks about are matched in one bounded round and dropped after it.
-fn read_roots(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration) -> RootsRead {
+fn read_roots(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Duration, by: Instant) -> RootsRead {
     let max = fx.roots.max_text_bytes();
     let now = Instant::now();
-    let ends = now + round_budget(deadline);
+    // Never less than a quarter of its own share: recognition always moves on, even in a tick
+    // whose verdict round took all it could.
+    let share = round_budget(deadline);
+    let ends = (now + share).min(by).max(now + share / 4);
     let mut reader = CmdlineReader::for_phase(&mut *fx.procs, pool.clone(), now, ends);
     let reading = roots::read_candidates(&view.candidates, &mut Candidates { reader: &mut reader, max });
     drop(reader);
@@ -269,4 +328,46 @@ fn read_roots(fx: &mut Effects, pool: &Pool, view: &SessionsView, deadline: Dura
         fx.roots.classify_from(&texts, &from, ends)
     };
     RootsRead { verdicts: roots::verdicts(reading, &progress).into_iter().collect(), read_after, capped }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{budget::Pool, comm::Comm, config::parse, daemon::recording::FakeProcs,
+        pattern::{MatchOutcome, Progress},
+    };
+
+    fn proc(pid: u32) -> ProcState {
+        ProcState { id: ProcId { pid, start_ticks: u64::from(pid) }, euid: 1000, comm: Comm::new(b"worker") }
+    }
+
+    /// The chase reads each fork's command line again: only one still a text the tick's round
+    /// settled `End` on is `End`; one rewritten since (`setproctitle` to a protected text), gone,
+    /// or longer than the matcher takes is left for the next round.
+    #[test]
+    fn the_chase_judges_a_fork_by_the_command_line_it_has_now() {
+        let config = parse(br#"{"excludeCommands": ["--keep"]}"#, std::path::Path::new("/h")).unwrap();
+        let mut cache = VerdictCache::default();
+        cache.use_list(&config.exclude_commands);
+        // The signalled member 201: "worker --run", settled End; 300: "other --keep", matched.
+        cache.store(proc(201).id, cache.key(b"worker --run"), Progress::Settled(MatchOutcome::NoMatch));
+        cache.store(proc(300).id, cache.key(b"other --keep"), Progress::Settled(MatchOutcome::Matched(0)));
+        let mut procs = FakeProcs::default();
+        for (pid, text) in [(202, &b"worker --run"[..]), (203, b"worker --keep"), (204, b"other --keep"), (206, b"x")] {
+            procs.0.lock().unwrap().insert(pid, text.to_vec());
+        }
+        let asks = [proc(202), proc(203), proc(204), proc(205), proc(206)];
+        let until = Instant::now() + Duration::from_secs(60);
+        let mut reader = CmdlineReader::new(&mut procs, Pool::new(1 << 20), until, Duration::from_secs(10));
+        let got = chase_verdicts(&mut reader, 1 << 20, &cache, &config, &asks);
+        assert_eq!(got, HashMap::from([(proc(202).id, CmdVerdict::End)]));
+        // A text over the matcher's bound is never judged on a prefix.
+        let got = chase_verdicts(&mut reader, 4, &cache, &config, &asks);
+        assert!(got.is_empty(), "{got:?}");
+        // Without patterns every live fork is End, read or not (an empty list protects nothing).
+        let none = parse(br#"{"excludeCommands": []}"#, std::path::Path::new("/h")).unwrap();
+        let got = chase_verdicts(&mut reader, 1 << 20, &cache, &none, &asks);
+        let ended: BTreeSet<u32> = got.iter().filter(|(_, v)| **v == CmdVerdict::End).map(|(id, _)| id.pid).collect();
+        assert_eq!(ended, BTreeSet::from([202, 203, 204, 206]));
+    }
 }

@@ -220,9 +220,11 @@ impl Ticker {
             view: snap.sessions.as_ref(),
             config: &config,
             verdicts: &gathered.verdicts,
+            cache: &self.verdicts,
             now: gathered.round_now,
             dry_run: self.opts.dry_run,
             deadline: self.deadline,
+            roots_by: began + self.deadline * 3 / 4,
             pool: &self.pool,
         });
         self.totals.skipped += sessions.skipped;

@@ -183,6 +183,15 @@ impl VerdictCache {
         true
     }
 
+    /// The command lines settled `End` (every pattern of the list answered "no match" on them),
+    /// whichever process they were read from: the verdict is the list's on the text alone, so a
+    /// fork that kept one of them as its command line has that verdict too (a stop's chase,
+    /// `daemon::sessions`).
+    pub fn end_texts(&self) -> HashSet<TextKey> {
+        let end = |e: &&Entry| matches!(e.progress, Progress::Settled(MatchOutcome::NoMatch));
+        self.entries.values().filter(end).map(|e| e.text).collect()
+    }
+
     /// Forgets one process (it is gone).
     pub fn forget(&mut self, id: ProcId) {
         self.entries.remove(&id);

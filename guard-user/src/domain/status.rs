@@ -123,6 +123,8 @@ pub struct SessionStatus {
     pub root_name: String,
     /// The root's command line when it was recognised (escaped, at most 256 bytes of it).
     pub command: String,
+    /// Bytes of that command line after the first 256, not kept (0 when it is kept whole).
+    pub command_omitted_bytes: u64,
     /// When it was recognised (unix seconds; written `since_unix`, `since` in older files).
     #[serde(rename = "since_unix", alias = "since")]
     pub since: Option<f64>,

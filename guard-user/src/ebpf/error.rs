@@ -55,7 +55,12 @@ pub fn holds_bpf_capabilities() -> bool {
 /// [`EbpfError::Permission`]'s text, one line: advice to the process that lacks the
 /// capabilities, and to one that holds them, what the refusal means.
 fn permission_text(what: &str, detail: &str) -> String {
-    if holds_bpf_capabilities() {
+    permission_text_for(holds_bpf_capabilities(), what, detail)
+}
+
+/// [`permission_text`] for a process that `holds` the capabilities or not.
+fn permission_text_for(holds: bool, what: &str, detail: &str) -> String {
+    if holds {
         format!(
             "the kernel refused {what} although this process holds CAP_BPF and CAP_PERFMON: it does not allow \
              this kind of program here (no BPF trampolines for fentry, lockdown, or a security module) ({detail})"
@@ -139,5 +144,41 @@ mod tests {
             let r = e.reason();
             assert!(!r.is_empty() && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{r}");
         }
+    }
+
+    /// Root with every capability is never told it "needs root": it is told what the refusal
+    /// means; only a process without them gets the advice to run as root. One line either way.
+    #[test]
+    fn a_refusal_is_advice_only_to_whom_lacks_the_capabilities() {
+        let held = permission_text_for(true, "attaching `commit_creds`", "Operation not permitted (os error 1)");
+        assert!(held.starts_with("the kernel refused attaching `commit_creds` although this process holds"), "{held}");
+        assert!(!held.contains("run guard-user as root"), "{held}");
+        let lacking = permission_text_for(false, "attaching `commit_creds`", "Operation not permitted (os error 1)");
+        assert!(lacking.starts_with("attaching `commit_creds` needs CAP_BPF and CAP_PERFMON"), "{lacking}");
+        for text in [held, lacking] {
+            assert_eq!(text.lines().count(), 1, "{text}");
+            assert_eq!(text.matches("os error 1").count(), 1, "{text}");
+        }
+    }
+
+    /// A chain whose parent repeats its source's text is said once, on one line.
+    #[test]
+    fn an_error_chain_that_repeats_itself_is_described_once() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "`sys_enter` failed: {}", self.0)
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Outer(std::io::Error::from_raw_os_error(libc::EPERM));
+        let text = describe(&e);
+        assert_eq!(text, "`sys_enter` failed: Operation not permitted (os error 1)");
+        assert!(is_permission(&e));
     }
 }

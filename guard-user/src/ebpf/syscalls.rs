@@ -89,22 +89,27 @@ mod tests {
     use super::*;
     use crate::btf::VMLINUX;
 
-    /// The running kernel's BTF has every field the fallback reads, at plausible offsets, and
-    /// the numbers are this architecture's (the host's libc agrees with each of them).
-    #[test]
-    #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
-    fn the_running_kernel_gives_the_fallback_its_offsets_and_libc_its_numbers() {
-        use guard_test::need::{here, Need};
-        if !here(&[Need::Btf], guard_test::Facts { bpf_object: crate::ebpf::object_embedded() }) {
-            return;
+    /// Needs the running kernel's BTF (guard-test's `need::here`).
+    mod needs_btf {
+        use super::*;
+
+        /// The running kernel's BTF has every field the fallback reads, at plausible offsets, and
+        /// the numbers are this architecture's (the host's libc agrees with each of them).
+        #[test]
+        #[ignore = "needs the kernel's BTF: `cargo xtask test` runs it (--ignored)"]
+        fn the_running_kernel_gives_the_fallback_its_offsets_and_libc_its_numbers() {
+            use guard_test::need::{here, Need};
+            if !here(&[Need::Btf], guard_test::Facts { bpf_object: crate::ebpf::object_embedded() }) {
+                return;
+            }
+            let btf = Btf::from_file(Path::new(VMLINUX)).unwrap();
+            let s = setuid_syscalls(&btf).unwrap();
+            assert!(s.native_mask != 0 && s.compat_mask != 0, "{s:?}");
+            assert!(s.regs_nr > 0 && s.regs_nr < 512 && s.compat_off < 16384, "{s:?}");
+            let libc = [libc::SYS_setuid, libc::SYS_setreuid, libc::SYS_setresuid].map(|n| n as u32);
+            assert_eq!(s.native, libc, "native numbers against libc's");
+            // i386 and ARM EABI share these: setuid32 213, setreuid32 203, setresuid32 208.
+            assert_eq!([s.compat[5], s.compat[3], s.compat[4]], [213, 203, 208]);
         }
-        let btf = Btf::from_file(Path::new(VMLINUX)).unwrap();
-        let s = setuid_syscalls(&btf).unwrap();
-        assert!(s.native_mask != 0 && s.compat_mask != 0, "{s:?}");
-        assert!(s.regs_nr > 0 && s.regs_nr < 512 && s.compat_off < 16384, "{s:?}");
-        let libc = [libc::SYS_setuid, libc::SYS_setreuid, libc::SYS_setresuid].map(|n| n as u32);
-        assert_eq!(s.native, libc, "native numbers against libc's");
-        // i386 and ARM EABI share these: setuid32 213, setreuid32 203, setresuid32 208.
-        assert_eq!([s.compat[5], s.compat[3], s.compat[4]], [213, 203, 208]);
     }
 }

@@ -134,6 +134,12 @@ pub fn split_words(value: &str) -> Vec<String> {
 /// validated as `run` validates them. `Err` is why not.
 pub fn validate(layout: &Layout, words: &[String]) -> Result<(), String> {
     use clap::Parser as _;
+    // The drop-in's own `--config` (when install was given one) comes with `--user` and `--home`;
+    // a second one stops the service, and without one the daemon would read another config than
+    // the one `check` compares: either way it is not GUARD_ARGS' to say.
+    if words.iter().any(|w| w == "--config" || w.starts_with("--config=")) {
+        return Err("--config is set per instance by guard-user install --config FILE, never in GUARD_ARGS".into());
+    }
     let mut argv: Vec<String> =
         ["guard-user", "run", "--user", layout.user.as_str(), "--home"].map(String::from).into();
     argv.push(layout.home.to_string_lossy().into_owned());

@@ -51,10 +51,15 @@ pub(super) fn leaked_daemons(layout: &Layout, sc: &Systemctl) -> Result<Vec<Stri
         if pid == me {
             continue;
         }
-        let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        // Only a process named guard-user has its command line read, and only as much of it as
+        // a daemon's can be: root reads nothing long or slow that an account wrote.
+        let Some(p) = procfs::read_process(pid, &mut buf) else { continue };
+        if p.comm.as_bytes() != b"guard-user" {
+            continue;
+        }
+        let Some(raw) = read_argv(pid) else { continue };
         let argv: Vec<String> =
             raw.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        let Some(p) = procfs::read_process(pid, &mut buf) else { continue };
         if !is_guard_run_for(&argv, p.euid, &layout.account) {
             continue;
         }
@@ -67,9 +72,43 @@ pub(super) fn leaked_daemons(layout: &Layout, sc: &Systemctl) -> Result<Vec<Stri
     Ok(leaked.into_iter().map(|pid| format!("guard-user pid {pid} is running outside {instance}")).collect())
 }
 
+/// The most of a command line [`leaked_daemons`] reads: a daemon's (`run` with its flags and
+/// paths) is far shorter; a longer one is no daemon this build started.
+const MAX_ARGV: usize = 64 << 10;
+
+/// `/proc/PID/cmdline` as NUL-separated bytes: whole and under [`MAX_ARGV`], read within 100 ms,
+/// else `None`.
+fn read_argv(pid: u32) -> Option<Vec<u8>> {
+    let mut file = fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut budget = crate::budget::Budget::bytes(MAX_ARGV)
+        .ending(std::time::Instant::now() + std::time::Duration::from_millis(100));
+    let mut raw = Vec::new();
+    let filled = budget.fill(&mut file, MAX_ARGV, &mut raw).ok()?;
+    (filled == crate::budget::Fill::Whole).then_some(raw)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_command_line_a_daemon_could_have_is_read() {
+        let me = read_argv(std::process::id()).expect("this process's own");
+        assert!(me.contains(&0), "NUL-separated as the kernel gives it");
+        let long = "x".repeat(MAX_ARGV);
+        let mut child = std::process::Command::new("sh").args(["-c", "sleep 30", "sh", &long]).spawn().unwrap();
+        let pid = child.id();
+        // Until the shell's own command line is there (right after the fork it is the test's).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut got = read_argv(pid);
+        while got.as_ref().is_some_and(|a| !a.starts_with(b"sh\0")) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+            got = read_argv(pid);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(got, None, "a command line over {MAX_ARGV} bytes is not read");
+    }
 
     fn acct() -> Account {
         Account { name: "alice".into(), uid: 1000, gid: 1000, home: "/home/alice".into() }

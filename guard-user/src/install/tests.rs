@@ -200,7 +200,7 @@ fn the_template_pins_its_directives() {
             "LockPersonality=yes",
             "MemoryDenyWriteExecute=yes",
             "SystemCallArchitectures=native",
-            "SystemCallFilter=@system-service bpf perf_event_open",
+            "SystemCallFilter=@system-service bpf",
             "SystemCallErrorNumber=EPERM",
             "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
             "MemoryMax=64M",

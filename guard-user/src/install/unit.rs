@@ -133,10 +133,10 @@ LockPersonality=yes
 # Nothing is mapped writable and executable (no JIT: glibc's regex and the BPF loader need none).
 MemoryDenyWriteExecute=yes
 SystemCallArchitectures=native
-# What a system service uses, plus bpf (loading the programs) and perf_event_open (the setuid
-# tracepoints where the credential hook cannot load). Anything else fails with EPERM rather than
-# killing the guard (the default action): a new glibc or kernel path degrades, never disarms.
-SystemCallFilter=@system-service bpf perf_event_open
+# What a system service uses, plus bpf (loading and attaching the programs: every one attaches
+# through BTF, none through perf_event_open). Anything else fails with EPERM rather than killing
+# the guard (the default action): a new glibc or kernel path degrades, never disarms.
+SystemCallFilter=@system-service bpf
 SystemCallErrorNumber=EPERM
 # Unix sockets for the journal, INET for the optional swarm Redis.
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6

@@ -21,7 +21,9 @@
 //! cannot settle never keep the others waiting.
 //!
 //! The root of a session stays its root whatever it execs afterwards; a root that exits, or
-//! leaves the account, ends its session, which the tick settles ([`LineageCmd::Settle`]) once it
+//! leaves the account, ends its session (one that leaves lives on as a member of the session it
+//! ended: back in the account in the same pid, as after `exec newgrp`, it is one of its
+//! leftovers), which the tick settles ([`LineageCmd::Settle`]) once it
 //! has dealt with the leftovers: they go back to the session the root was in (a nested root's
 //! leftovers belong to the outer session again), and those still alive stay listed under the
 //! ended root (*reported*) until they exit, so the log is never the only list.
@@ -408,9 +410,32 @@ impl Lineage {
         let (session, opens) = (node.session, node.opens);
         let Some(sid) = opens else { return };
         match self.sessions[&sid].state {
-            State::Rooted => self.end(sid, session),
+            State::Rooted => {
+                self.end(sid, session);
+                self.join_ended(id, sid);
+            }
             State::Pending => self.dissolve(sid, None),
             State::Ended { .. } | State::Reported => {}
+        }
+    }
+
+    /// The root `id` left the account, ending its session `sid`, but lives on: it becomes a
+    /// member of that session, so that when it comes back in the same pid (`exec newgrp`, an `sg`
+    /// that does not fork) it, what it runs and what it forks are that session's leftovers, not
+    /// members of the session around it. At the cap on members it stays where it was.
+    fn join_ended(&mut self, id: ProcId, sid: SessionId) {
+        let Some(node) = self.node(id).copied() else { return };
+        let Some(s) = self.sessions.get_mut(&sid) else { return };
+        if s.members.len() >= self.caps.members {
+            self.counts.caps.members += 1;
+            return;
+        }
+        s.members.insert(id.pid);
+        if let Some(old) = node.session.and_then(|o| self.sessions.get_mut(&o)) {
+            old.members.remove(&id.pid);
+        }
+        if let Some(n) = self.node_mut(id) {
+            n.session = Some(sid);
         }
     }
 

@@ -19,6 +19,11 @@ const FLEET_MAX_KEYS: usize = 10_000;
 pub const FLEET_BYTES: usize = 16 << 20;
 /// Keys a SCAN page asks for: 100 keys of at most ~130 bytes stay far inside a reply's budget.
 const SCAN_COUNT: u64 = 100;
+/// The longest key a heartbeat can have: the prefix, a host name (at most 253 bytes), `:` and
+/// an account name (guard takes at most 256 bytes). A longer key under the prefix is not a
+/// heartbeat and is never kept, so the keys [`fleet`] holds are at most
+/// [`FLEET_MAX_KEYS`] × this (5.3 MB), whatever a listener answers.
+const MAX_HEARTBEAT_KEY: usize = KEY_PREFIX.len() + 253 + 1 + 256;
 /// Heartbeats read per round trip.
 const GET_BATCH: usize = 50;
 /// The most of one heartbeat asked for (`GETRANGE`), so a real Redis never answers past a
@@ -98,7 +103,7 @@ pub async fn fleet(endpoint: &Endpoint) -> Result<Read<Fleet>, MirrorError> {
         scan.arg(cursor).arg("MATCH").arg(format!("{KEY_PREFIX}*")).arg("COUNT").arg(SCAN_COUNT);
         let reply = bounded(endpoint, "SCAN", deadline(), conn.call(&scan)).await?;
         let (next, batch) = scan_page(reply).map_err(|e| protocol(endpoint, e))?;
-        keys.extend(batch.into_iter().filter(|k| k != STREAM_KEY));
+        keys.extend(batch.into_iter().filter(|k| k != STREAM_KEY && k.len() <= MAX_HEARTBEAT_KEY));
         cursor = next;
         if cursor == 0 || keys.len() >= FLEET_MAX_KEYS {
             break;

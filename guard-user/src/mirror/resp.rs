@@ -396,33 +396,18 @@ mod tests {
         });
     }
 
-    /// A small deterministic generator (xorshift64*), so a failure names its case and
-    /// reproduces.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-    }
+    use guard_test::rng::Rng;
 
     fn gen_reply(rng: &mut Rng, depth: usize) -> Reply {
         let text = |rng: &mut Rng| (0..rng.below(20)).map(|_| b'a' + rng.below(26) as u8).collect::<Vec<u8>>();
         match rng.below(if depth >= MAX_DEPTH { 5 } else { 6 }) {
             0 => Reply::Nil,
-            1 => Reply::Int(rng.next() as i64),
+            1 => Reply::Int(rng.next_u64() as i64),
             2 => Reply::Status(String::from_utf8(text(rng)).unwrap()),
             3 => Reply::Error(String::from_utf8(text(rng)).unwrap()),
             4 => {
-                let n = rng.below(300) as usize;
-                Reply::Bulk((0..n).map(|_| rng.next() as u8).collect())
+                let n = rng.below(300);
+                Reply::Bulk((0..n).map(|_| rng.byte()).collect())
             }
             _ => Reply::Array((0..rng.below(12)).map(|_| gen_reply(rng, depth + 1)).collect()),
         }
@@ -471,7 +456,7 @@ mod tests {
     #[test]
     fn random_replies_read_back_within_their_budget_and_damage_never_costs_more() {
         block_on(async {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+            let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
             for case in 0..4000 {
                 let reply = gen_reply(&mut rng, 0);
                 let mut wire = Vec::new();
@@ -494,17 +479,17 @@ mod tests {
                 // Damage: cut it, flip bytes, splice random bytes in.
                 let mut bad = wire.clone();
                 match rng.below(3) {
-                    0 => bad.truncate(rng.below(bad.len() as u64 + 1) as usize),
+                    0 => bad.truncate(rng.below(bad.len() + 1)),
                     1 => {
                         for _ in 0..=rng.below(4) {
-                            let i = rng.below(bad.len() as u64) as usize;
-                            bad[i] = rng.next() as u8;
+                            let i = rng.below(bad.len().max(1));
+                            bad[i] = rng.byte();
                         }
                     }
                     _ => {
-                        let at = rng.below(bad.len() as u64 + 1) as usize;
+                        let at = rng.below(bad.len() + 1);
                         let junk: Vec<u8> =
-                            (0..rng.below(40)).map(|_| b"*$:+-\r\n0123456789"[rng.below(17) as usize]).collect();
+                            (0..rng.below(40)).map(|_| b"*$:+-\r\n0123456789"[rng.below(17)]).collect();
                         bad.splice(at..at, junk);
                     }
                 }

@@ -10,7 +10,7 @@
 //! and the pattern is the account's: it is compiled only in the sandboxed worker, never in the
 //! daemon. So the worker is asked about [`PROBES`], command lines that share nothing: the empty
 //! one, one space, one letter, one digit, punctuation, every printable ASCII character, control
-//! and non-ASCII bytes, and an ordinary command.
+//! and non-ASCII bytes, and ordinary commands ([`ORDINARY`]).
 //! - A pattern that matches every command line matches each probe, so it is always reported
 //!   (when the matcher can decide: a probe it leaves undecided reports nothing).
 //! - A pattern reported matches the empty command line and each probe. One that does without
@@ -20,7 +20,19 @@
 //!
 //! A list can also match every command line together (`^$` and `.`) with no single pattern
 //! doing so: [`covers_every_probe`] tells `validate` that the list as a whole does.
+//!
+//! # `sessions.roots`: every *ordinary* command line
+//! A roots pattern names the programs that start sessions; one that matches every ordinary
+//! command line (a shell, a login shell, a sleep, a script, a package manager, a daemon by its
+//! path: [`ORDINARY`]) names none, and would make nearly every process a root and every orphan a
+//! leftover, even though it leaves odd lines (`~`, control bytes) alone: `[a-z]`, `[[:alnum:]]`,
+//! `.`. So for roots a pattern, or the list together, is refused when it matches the empty command
+//! line or every ordinary probe ([`too_broad_for_roots`]); one that leaves any ordinary line alone
+//! (`^[^a]` leaves `apt update`) is a roots pattern, however odd.
 use super::MatchOutcome;
+
+/// Where the ordinary command lines start in [`PROBES`] (see the module doc).
+pub const ORDINARY: usize = 8;
 
 /// The probe command lines (see the module doc). Short, so a match on them costs microseconds.
 pub const PROBES: &[&[u8]] = &[
@@ -32,7 +44,20 @@ pub const PROBES: &[&[u8]] = &[
     b"--",
     b" !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~",
     b"\x01\x1b\x7f\x80\xff",
+    // [`ORDINARY`]: what an account runs every day.
     b"/usr/bin/sleep 600",
+    b"bash",
+    b"-bash",
+    b"sh -c make",
+    b"sleep 1",
+    b"python3 x.py",
+    b"apt update",
+    b"/usr/bin/env",
+    b"node server.js",
+    b"git status",
+    b"vim README.md",
+    b"/usr/lib/systemd/systemd --user",
+    b"top",
 ];
 
 /// [`PROBES`] but the empty one: the command lines an exec can have (a heavy-command slot's
@@ -86,16 +111,17 @@ pub fn list_verdict(outcomes: &[MatchOutcome]) -> ListVerdict {
 }
 
 /// For `sessions.roots` (docs/configuration.md): whether a pattern, or a list, is too broad to
-/// name session roots: it matches the empty command line, or every other probe. Such a list would
-/// make nearly every process a root, and so every orphan a leftover; it is refused.
+/// name session roots: it matches the empty command line, or every ordinary one (see the module
+/// doc). Such a list would make nearly every process a root, and so every orphan a leftover; it
+/// is refused.
 pub fn too_broad_for_roots(outcomes: &[MatchOutcome]) -> bool {
-    let matched = |o: &MatchOutcome| matches!(o, MatchOutcome::Matched(_));
-    outcomes.len() == PROBES.len() && (matched(&outcomes[0]) || outcomes[1..].iter().all(matched))
+    !matches!(roots_verdict(outcomes), ListVerdict::None)
 }
 
 /// [`list_verdict`] for `sessions.roots`: `Found(i)` when pattern `i` matches the empty command
-/// line or every other probe; `From(m)` when the list as a whole does, by different patterns, so a
-/// single one that does is at `m` or later (if none does alone, the list together is too broad).
+/// line or every ordinary probe; `From(m)` when the list as a whole matches every ordinary probe,
+/// by different patterns, so a single one that does is at `m` or later (if none does alone, the
+/// list together is too broad).
 pub fn roots_verdict(outcomes: &[MatchOutcome]) -> ListVerdict {
     if outcomes.len() != PROBES.len() {
         return ListVerdict::None;
@@ -103,12 +129,12 @@ pub fn roots_verdict(outcomes: &[MatchOutcome]) -> ListVerdict {
     if let MatchOutcome::Matched(i) = outcomes[0] {
         return ListVerdict::Found(i);
     }
-    let rest = &outcomes[1..];
-    if !rest.iter().all(|o| matches!(o, MatchOutcome::Matched(_))) {
+    let ordinary = &outcomes[ORDINARY..];
+    if !ordinary.iter().all(|o| matches!(o, MatchOutcome::Matched(_))) {
         return ListVerdict::None;
     }
     let first: Vec<usize> =
-        rest.iter().filter_map(|o| if let MatchOutcome::Matched(i) = o { Some(*i) } else { None }).collect();
+        ordinary.iter().filter_map(|o| if let MatchOutcome::Matched(i) = o { Some(*i) } else { None }).collect();
     let latest = first.iter().copied().max().unwrap_or(0);
     if first.iter().all(|&i| i == latest) {
         ListVerdict::Found(latest)
@@ -167,11 +193,34 @@ mod tests {
     }
 
     #[test]
-    fn a_roots_pattern_matching_the_empty_command_line_or_every_other_one_is_too_broad() {
-        for broad in ["^", ".*", "a||b", "$", "^$", "(^|x)", ".", "^[^z]", "[[:print:][:cntrl:]]|[^[:print:]]"] {
-            assert!(too_broad_for_roots(&outcomes(&[broad])), "{broad:?} is too broad for roots");
+    fn a_roots_pattern_matching_the_empty_command_line_or_every_ordinary_one_is_too_broad() {
+        let broad = [
+            "^",
+            ".*",
+            "a||b",
+            "$",
+            "^$",
+            "(^|x)",
+            ".",
+            "^[^z]",
+            "[[:print:][:cntrl:]]|[^[:print:]]",
+            // They leave `~` and control bytes alone, but no ordinary command line.
+            "[a-z]",
+            "[[:alnum:]]",
+            "[[:lower:]]",
+            "[^[:upper:]]",
+        ];
+        for b in broad {
+            assert!(too_broad_for_roots(&outcomes(&[b])), "{b:?} is too broad for roots");
         }
-        let fine = ["(^|/)agent-wrapper( |$)", "(^|[ /])claude( |$)", "^/usr/bin/python3 -m agent", "[a-z]"];
+        let fine = [
+            "(^|/)agent-wrapper( |$)",
+            "(^|[ /])claude( |$)",
+            "^/usr/bin/python3 -m agent",
+            // Odd, but it leaves `apt update` alone: not every ordinary command line.
+            "^[^a]",
+            "(^|/)bash( |$)",
+        ];
         for p in fine {
             assert!(!too_broad_for_roots(&outcomes(&[p])), "{p:?} names roots");
         }
@@ -179,6 +228,22 @@ mod tests {
         assert_eq!(roots_verdict(&outcomes(&["wrapper", ".", "x"])), ListVerdict::Found(1));
         // Together: a letter-led or a not-letter-led line is every non-empty line.
         assert_eq!(roots_verdict(&outcomes(&["^[^a-z]", "^[a-z]"])), ListVerdict::From(1));
+        assert!(too_broad_for_roots(&outcomes(&["^[^a]", "^a"])));
         assert_eq!(roots_verdict(&outcomes(&["(^|/)agent-wrapper( |$)"])), ListVerdict::None);
+        // An ordinary line left undecided decides nothing.
+        let mut undecided = outcomes(&["[a-z]"]);
+        undecided[ORDINARY + 1] = MatchOutcome::Budget;
+        assert!(!too_broad_for_roots(&undecided));
+    }
+
+    /// More probes keep `excludeCommands`' meaning: only a pattern that matches every line is
+    /// reported, and the slots' every-command check is unchanged for those that do.
+    #[test]
+    fn the_ordinary_probes_keep_what_every_other_list_means() {
+        for p in ["[a-z]", "[[:alnum:]]", "^[^a]", " "] {
+            assert!(!matches_every_probe(&outcomes(&[p])), "{p:?}");
+        }
+        let all: Vec<MatchOutcome> = command_probes().iter().map(|_| MatchOutcome::Matched(0)).collect();
+        assert!(matches_every_command(&all));
     }
 }

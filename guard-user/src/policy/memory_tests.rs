@@ -157,3 +157,14 @@ fn a_config_error_tick_says_why_ends_nothing_and_keeps_the_clocks() {
     assert_eq!(complete.body(), "TICK_COMPLETE flagged=0 kills=0 errors=1");
     assert_eq!(m.clocks().get(&Comm::new(b"pile")), Some(&10.0));
 }
+
+#[test]
+fn command_lines_left_unread_are_said_once_per_run_whatever_follows() {
+    let mut memory = Memory::default();
+    assert!(memory.cmdlines_unread(0, 0).is_none(), "nothing unread, nothing said");
+    let line = memory.cmdlines_unread(3, 1).expect("the first tick that leaves one unread says so");
+    assert_eq!(line.body(), "WARN cmdline_read_budget unread=3 slow=1");
+    // Later ticks (none unread, or more) say nothing again: the count is in the status.
+    assert!(memory.cmdlines_unread(0, 0).is_none());
+    assert!(memory.cmdlines_unread(7, 7).is_none());
+}

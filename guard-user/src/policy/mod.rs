@@ -17,6 +17,7 @@ pub mod memory;
 pub mod outage;
 pub mod roots;
 pub mod sessions;
+mod sessions_chase;
 mod sessions_status;
 pub mod slots;
 #[cfg(test)]

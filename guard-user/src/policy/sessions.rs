@@ -31,6 +31,7 @@ use crate::{
 };
 
 pub use super::roots::{RootVerdict, MAX_ROOT_COMMAND};
+pub use super::sessions_chase::{chase, chase_asks};
 pub use super::sessions_status::{status, MAX_STATUS_PROCESSES, MAX_STATUS_SESSIONS};
 
 /// Seconds from SIGTERM to SIGKILL (systemd's `TimeoutStopSec` role).
@@ -61,6 +62,8 @@ pub struct RootInfo {
     pub root: ProcState,
     /// Its command line when it was classified, cut to [`MAX_ROOT_COMMAND`] bytes.
     pub command: Vec<u8>,
+    /// That command line's whole length (the status says how many bytes were left out).
+    pub command_len: usize,
     /// When it was recognised (unix seconds: shown, never timed).
     pub since: f64,
 }
@@ -266,8 +269,9 @@ fn classify(input: &SessionsInput, plan: &mut SessionPlan) {
     for c in &view.candidates {
         let cmd = match roots.verdicts.get(&c.session) {
             Some(RootVerdict::Root { command }) => {
-                let command = command[..command.len().min(MAX_ROOT_COMMAND)].to_vec();
-                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, since: now.wall });
+                let command_len = command.len();
+                let command = command[..command_len.min(MAX_ROOT_COMMAND)].to_vec();
+                plan.book.roots.insert(c.session, RootInfo { root: c.process, command, command_len, since: now.wall });
                 LineageCmd::Classified { session: c.session, root: true }
             }
             Some(RootVerdict::Other) => LineageCmd::Classified { session: c.session, root: false },
@@ -326,6 +330,7 @@ pub fn decide_sessions(input: &SessionsInput) -> SessionPlan {
             root: book.roots.get(&row.id).cloned().unwrap_or(RootInfo {
                 root: ProcState { id: row.root, euid: 0, comm: Comm::new(b"") },
                 command: Vec::new(),
+                command_len: 0,
                 since: clocks.wall,
             }),
             ended_at: now,
@@ -546,29 +551,6 @@ pub fn record(book: &mut SessionBook, targets: &[ReapTarget], outcomes: &[Outcom
             }
         }
     }
-}
-
-/// The chase between rounds: the doomed members (see [`LineageCmd::Doom`]: forked from a member
-/// the stop signalled, no exec since) of each session being stopped that nothing signalled yet,
-/// with the signal of the session's phase, SIGTERM or SIGKILL. Never in a dry run (nothing is
-/// doomed then), never a name in `excludes`.
-pub fn chase(view: &SessionsView, book: &SessionBook, config: &Config) -> Vec<(ReapTarget, Signal)> {
-    let mut out = Vec::new();
-    for row in view.sessions.iter().filter(|r| r.ended && !r.reported) {
-        let Some(e) = book.ended.get(&row.id) else { continue };
-        let signal = match e.phase {
-            Phase::Grace => continue,
-            Phase::Term { .. } => Signal::Term,
-            Phase::Kill { .. } => Signal::Kill,
-        };
-        for p in row.members.iter().filter(|p| row.doomed.contains(&p.id)) {
-            if e.signalled.contains(&p.id) || e.protected.contains(&p.id) || config.is_excluded(&p.comm) {
-                continue;
-            }
-            out.push((ReapTarget { proc: *p, session: row.id, root_pid: e.root.root.id.pid }, signal));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -56,6 +56,7 @@ pub fn status(view: &SessionsView, book: &SessionBook, sessions: &Sessions, ages
             root_start: row.root.start_ticks,
             root_name: root.map(|r| r.comm.to_string()).unwrap_or_default(),
             command: info.map(|i| crate::escape::text(&i.command)).unwrap_or_default(),
+            command_omitted_bytes: info.map_or(0, |i| i.command_len.saturating_sub(i.command.len()) as u64),
             since: info.map(|i| i.since),
             root_age_secs: row.root_state.map(|r| ages.of(&r, now.wall)),
             stage: stage.into(),

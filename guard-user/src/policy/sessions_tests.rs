@@ -144,6 +144,41 @@ fn a_candidate_is_a_root_only_when_its_command_line_matched() {
         "an unread candidate waits for the next tick"
     );
     assert_eq!(plan.book.roots[&7].command.len(), MAX_ROOT_COMMAND);
+    assert_eq!(plan.book.roots[&7].command_len, 1000);
+}
+
+/// The status keeps the root's first 256 bytes, escaped once, and says how many were left out
+/// (`tree` shows `…[+N bytes]`).
+#[test]
+fn the_status_shows_a_root_command_escaped_once_and_the_bytes_left_out() {
+    let cfg = config("report", 10);
+    let mut v = view(false, &[]);
+    v.sessions.clear();
+    v.candidates = vec![cand(7, p(ROOT, "wrapper")), cand(8, p(201, "wrapper"))];
+    let mut long = b"wrapper \\ \x1b".to_vec();
+    long.resize(1000, b'w');
+    let roots = read([
+        (7, RootVerdict::Root { command: long }),
+        (8, RootVerdict::Root { command: b"wrapper a\\b".to_vec() }),
+    ]);
+    let plan = decide_sessions(&SessionsInput {
+        view: &v,
+        config: &cfg,
+        sessions: cfg.sessions.as_ref().unwrap(),
+        now: Now::same(5.0),
+        dry_run: false,
+        ages: Ages { boot_unix: 0.0, ticks_per_sec: 100 },
+        roots: &roots,
+        verdicts: &HashMap::new(),
+        book: &SessionBook::default(),
+        limits: LIMITS,
+    });
+    let mut v = view(false, &[]);
+    v.sessions.push(SessionRow { id: 8, root: p(201, "wrapper").id, ..v.sessions[0].clone() });
+    let st = status_of(&cfg, &v, &plan.book, 6.0);
+    let shown: Vec<(&str, u64)> = st.sessions.iter().map(|r| (&r.command[..12], r.command_omitted_bytes)).collect();
+    assert_eq!(shown, [("wrapper \\\\ \\", 744), ("wrapper a\\\\b", 0)]);
+    assert!(st.sessions[0].command.starts_with("wrapper \\\\ \\x1bwww"), "{}", st.sessions[0].command);
 }
 
 #[test]
@@ -293,6 +328,12 @@ fn a_member_that_survives_its_sigkill_closes_the_session_after_three_rounds() {
     assert_eq!(t.lines(), ["REAPED root=200 name=wrapper count=0 survivors=1"]);
 }
 
+/// The chase's verdicts when every candidate's command line, read at the chase, is one an `End`
+/// covers (each kept its parent's argv).
+fn all_end(v: &SessionsView, book: &SessionBook, cfg: &Config) -> HashMap<ProcId, CmdVerdict> {
+    chase_asks(v, book, cfg).iter().map(|p| (p.id, CmdVerdict::End)).collect()
+}
+
 #[test]
 fn the_chase_signals_what_doomed_members_forked_with_their_phase_and_spares_the_excluded() {
     let cfg = config("stop", 0);
@@ -302,19 +343,62 @@ fn the_chase_signals_what_doomed_members_forked_with_their_phase_and_spares_the_
     // (excluded), 204 exec'd something else (not doomed: judged at the next round).
     let mut v = view(true, &[p(201, "loop"), p(202, "loop"), p(203, "claude"), p(204, "other")]);
     v.sessions[0].doomed = vec![p(201, "x").id, p(202, "x").id, p(203, "x").id];
-    let chased = chase(&v, &t.plan.book, &cfg);
+    let asks: Vec<u32> = chase_asks(&v, &t.plan.book, &cfg).iter().map(|p| p.id.pid).collect();
+    assert_eq!(asks, [202]);
+    let chased = chase(&v, &t.plan.book, &cfg, &all_end(&v, &t.plan.book, &cfg));
     let got: Vec<(u32, Signal)> = chased.iter().map(|(t, s)| (t.proc.id.pid, *s)).collect();
     assert_eq!(got, [(202, Signal::Term)]);
     // Signalled: not chased again.
     let mut book = t.plan.book.clone();
     record(&mut book, &[chased[0].0.clone()], &[Outcome::Termed]);
-    assert!(chase(&v, &book, &cfg).is_empty());
+    assert!(chase_asks(&v, &book, &cfg).is_empty());
     // In the kill rounds the chase sends SIGKILL.
     let t = tick(&cfg, &view(true, &[p(202, "loop")]), &book, 1110.0, false);
     let mut v = view(true, &[p(205, "loop")]);
     v.sessions[0].doomed = vec![p(205, "x").id];
-    let got: Vec<(u32, Signal)> = chase(&v, &t.plan.book, &cfg).iter().map(|(t, s)| (t.proc.id.pid, *s)).collect();
+    let verdicts = all_end(&v, &t.plan.book, &cfg);
+    let got: Vec<(u32, Signal)> =
+        chase(&v, &t.plan.book, &cfg, &verdicts).iter().map(|(t, s)| (t.proc.id.pid, *s)).collect();
     assert_eq!(got, [(205, Signal::Kill)]);
+}
+
+/// §15: commands matching `excludeCommands` are never ended, forks included. A fork of a signalled
+/// member that rewrote its argv (`setproctitle`) to a protected command line, or whose command
+/// line the chase could not judge, is not signalled by the chase: the next round reads it and
+/// protects it (`SKIPPED … excluded_command`) or ends it.
+#[test]
+fn the_chase_signals_only_forks_whose_command_line_now_has_the_verdict_end() {
+    let cfg = config("stop", 0);
+    let book = recognised(&cfg);
+    let t = tick(&cfg, &view(true, &[p(201, "loop")]), &book, 1100.0, false);
+    assert_eq!(t.plan.term.len(), 1);
+    let forks = [p(202, "protected"), p(203, "loop"), p(204, "loop"), p(205, "loop"), p(206, "loop"), p(207, "loop")];
+    let mut members = vec![p(201, "loop")];
+    members.extend(forks);
+    let mut v = view(true, &members);
+    v.sessions[0].doomed = members.iter().map(|m| m.id).collect();
+    let verdicts: HashMap<ProcId, CmdVerdict> = [
+        (202, CmdVerdict::Excluded { index: 0 }),
+        (203, CmdVerdict::Deferred),
+        (204, CmdVerdict::Budget),
+        (205, CmdVerdict::TooLong),
+        (206, CmdVerdict::Gone),
+        (207, CmdVerdict::End),
+    ]
+    .into_iter()
+    .map(|(pid, v)| (p(pid, "x").id, v))
+    .collect();
+    let asks: Vec<u32> = chase_asks(&v, &t.plan.book, &cfg).iter().map(|p| p.id.pid).collect();
+    assert_eq!(asks, [202, 203, 204, 205, 206, 207]);
+    let chased: Vec<u32> = chase(&v, &t.plan.book, &cfg, &verdicts).iter().map(|(t, _)| t.proc.id.pid).collect();
+    assert_eq!(chased, [207]);
+    // Nothing read at all: nothing chased.
+    assert!(chase(&v, &t.plan.book, &cfg, &HashMap::new()).is_empty());
+    // The next round judges the one that rewrote its argv and never signals it.
+    let t = tick(&cfg, &v, &t.plan.book, 1110.0, false);
+    assert!(t.lines().contains(&"SKIPPED pid=202 name=protected reason=excluded_command".to_string()), "{:?}", t.lines());
+    assert!(t.plan.kill.iter().all(|k| k.proc.id.pid != 202));
+    assert!(chase_asks(&v, &t.plan.book, &cfg).iter().all(|p| p.id.pid != 202));
 }
 
 #[test]

@@ -173,42 +173,52 @@ fn help_and_man_pages_name_nothing_an_operator_lacks() {
     }
 }
 
-#[test]
-#[ignore = "needs groff: `cargo xtask test` runs it (--ignored)"]
-fn man_pages_format_without_groff_warnings() {
-    // lintian runs the same check (groff-message); groff-base comes with man-db.
-    if !guard_test::need::here(&[guard_test::Need::Groff], guard_test::Facts { bpf_object: false }) {
-        return;
-    }
-    let mut all = pages();
-    let config_page = crate::build_ebpf::workspace_root().join(CONFIG_PAGE);
-    all.push(Generated { name: CONFIG_PAGE.into(), bytes: std::fs::read(config_page).unwrap() });
-    for page in all {
-        let mut groff = Process::new("groff")
-            .args(["-man", "-ww", "-z", "-Tutf8", "-rLL=80n"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        groff.stdin.take().unwrap().write_all(&page.bytes).unwrap();
-        let out = groff.wait_with_output().unwrap();
-        let warnings = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && warnings.trim().is_empty(), "{}: {warnings}", page.name);
+/// Needs `groff` (guard-test's `need::here`; `cargo xtask test` runs it where it is there).
+mod needs_groff {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs groff: `cargo xtask test` runs it (--ignored)"]
+    fn man_pages_format_without_groff_warnings() {
+        // lintian runs the same check (groff-message); groff-base comes with man-db.
+        if !guard_test::need::here(&[guard_test::Need::Groff], guard_test::Facts { bpf_object: false }) {
+            return;
+        }
+        let mut all = pages();
+        let config_page = crate::build_ebpf::workspace_root().join(CONFIG_PAGE);
+        all.push(Generated { name: CONFIG_PAGE.into(), bytes: std::fs::read(config_page).unwrap() });
+        for page in all {
+            let mut groff = Process::new("groff")
+                .args(["-man", "-ww", "-z", "-Tutf8", "-rLL=80n"])
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            groff.stdin.take().unwrap().write_all(&page.bytes).unwrap();
+            let out = groff.wait_with_output().unwrap();
+            let warnings = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && warnings.trim().is_empty(), "{}: {warnings}", page.name);
+        }
     }
 }
 
-#[test]
-#[ignore = "needs zsh and fish: `cargo xtask test` runs it (--ignored)"]
-fn completions_complete_real_command_lines_in_bash_fish_and_zsh() {
-    if !guard_test::need::here(&[guard_test::Need::Shells], guard_test::Facts { bpf_object: false }) {
-        return;
-    }
-    let dir = Scratch::new("completions");
-    let bash = dir.write("guard-user", &completion(Shell::Bash));
-    let zsh = dir.write("_guard-user", &completion(Shell::Zsh));
-    let fish = dir.write("guard-user.fish", &completion(Shell::Fish));
-    for line in completion_check::check(&bash, &zsh, &fish).unwrap() {
-        eprintln!("{line}");
+/// Needs `shells` (guard-test's `need::here`; `cargo xtask test` runs it where it is there).
+mod needs_shells {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs zsh and fish: `cargo xtask test` runs it (--ignored)"]
+    fn completions_complete_real_command_lines_in_bash_fish_and_zsh() {
+        if !guard_test::need::here(&[guard_test::Need::Shells], guard_test::Facts { bpf_object: false }) {
+            return;
+        }
+        let dir = Scratch::new("completions");
+        let bash = dir.write("guard-user", &completion(Shell::Bash));
+        let zsh = dir.write("_guard-user", &completion(Shell::Zsh));
+        let fish = dir.write("guard-user.fish", &completion(Shell::Fish));
+        for line in completion_check::check(&bash, &zsh, &fish).unwrap() {
+            eprintln!("{line}");
+        }
     }
 }
 

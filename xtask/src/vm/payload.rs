@@ -26,6 +26,9 @@ use serde_json::Value;
 use super::suite::{self, Place};
 use crate::{arch::Arch, build::host_cargo, build_ebpf};
 
+/// An argument vm-init reads (never passed on): `--skip-unless-required=<need>`.
+pub const SKIP_UNLESS_REQUIRED: &str = "--skip-unless-required=";
+
 const STATIC_RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=debuginfo";
 
 /// Where vm-init's static build goes.
@@ -137,6 +140,10 @@ pub fn build(selection: &Selection, ebpf_object: Option<&Path>) -> anyhow::Resul
         let mut args = Vec::new();
         if suite::INCLUDE_IGNORED.contains(&name.as_str()) {
             args.push("--include-ignored".to_string());
+            // Which needs a guest has is its `guard.require=`: vm-init turns each of these into
+            // `--skip ::needs_<need>::` where that need is not required, so a unit test whose
+            // need the guest lacks (BTF in the no-btf guest) is not run rather than passed.
+            args.extend(guard_test::Need::ALL.iter().map(|n| format!("{SKIP_UNLESS_REQUIRED}{}", n.name())));
         }
         if !selection.all_tests && !selection.own_filters && !only.is_empty() {
             args.push("--exact".to_string());
