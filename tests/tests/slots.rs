@@ -534,9 +534,6 @@ fn explain_shows_the_slot_place_from_roots_copy_not_from_a_status_the_account_fo
         .unwrap();
     unsafe { libc::kill(d.child.id() as i32, libc::SIGCONT) };
     let text = String::from_utf8_lossy(&out.stdout);
-    let copy = fs::read_dir("/run/guard-user")
-        .ok()
-        .map(|d| d.flatten().map(|e| e.path().display().to_string()).collect::<Vec<_>>());
     assert!(text.contains("slot build: waiting, 1st in line"), "{text}\nroot's copy said: {real}");
     assert!(text.contains("slot build: holding it"), "{text}");
     drop(jobs);
