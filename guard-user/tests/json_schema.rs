@@ -272,8 +272,15 @@ fn explain_json_has_exactly_the_documented_fields() {
     let next = home(r#"{"threshold": 2, "timeout": "1h"}"#);
     // The running guard's last status says the first probe holds a slot, the second waits.
     let (first, second) = (_probes.0[0].id(), _probes.0[1].id());
-    let status = guard::status::Status { slots: Some(slots_status(first, second, None)), ..Default::default() };
-    std::fs::write(next.path().join("guard-status.json"), serde_json::to_vec(&status).unwrap()).unwrap();
+    // Run as root, explain reads the daemon's own copy only, as tree does.
+    let uid = guard::account::Account::resolve(None).map_or(0, |a| a.account.uid);
+    let status = guard::status::Status {
+        uid,
+        pid: std::process::id(),
+        slots: Some(slots_status(first, second, None)),
+        ..Default::default()
+    };
+    let _copy = TrustedCopy::write(uid, next.path(), &status);
     outputs.push(run(&["explain", "gjsonprobe", "--json"], next.path()));
     let places: Vec<&Value> = outputs[1]["processes"].as_array().unwrap().iter().map(|p| &p["slot"]["state"]).collect();
     assert!(places.contains(&&Value::from("holding")) && places.contains(&&Value::from("waiting")), "{:#}", outputs[1]);

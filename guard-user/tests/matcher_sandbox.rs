@@ -72,7 +72,7 @@ fn the_worker_runs_under_the_configured_rlimits() {
     assert_eq!(limit(pid, "Max cpu time"), ("60".to_string(), "65".to_string()));
     let (data, _) = limit(pid, "Max data size");
     let data: u64 = data.parse().unwrap();
-    assert!(data > 20 << 20 && data < 64 << 20, "RLIMIT_DATA {data}: 20 MiB above the start");
+    assert!(data > 14 << 20 && data < 64 << 20, "RLIMIT_DATA {data}: 14 MiB above the start");
     let (space, _) = limit(pid, "Max address space");
     assert!(space.parse::<u64>().is_ok(), "RLIMIT_AS is set: {space}");
 }
@@ -129,7 +129,7 @@ fn a_memory_hungry_pattern_stays_inside_the_worker_heap_limit() {
     // The worker that ran out of heap answered and lives on: its peak is bounded.
     let after = m.worker_memory().expect("still the same worker");
     println!("worker memory idle {idle:?}, after (a*)*\\1 on 100 KiB {after:?}");
-    assert!(after.peak < idle.rss + (20 << 20) + (8 << 20), "{after:?}");
+    assert!(after.peak < idle.rss + (14 << 20) + (8 << 20), "{after:?}");
 }
 
 #[guard_test(needs = [root])]

@@ -126,6 +126,39 @@ fn validate_names_a_slot_pattern_bash_refuses_or_one_that_matches_every_command_
     assert_eq!(o.status.code(), Some(0), "{o:?}");
 }
 
+/// Every problem, the slots' patterns too, whatever else is wrong (SPEC: validate prints every
+/// problem): another key's problem, or another slot's, never hides a slot's pattern.
+#[guard_test]
+fn validate_lists_a_slot_pattern_problem_beside_every_other_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = validate(dir.path(), r#"{"threshold": 0, "slots": {"build": {"commands": ["."], "max": 2}}}"#);
+    let lines = stdout_lines(&o);
+    assert!(lines.iter().any(|l| l.starts_with("threshold:")), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with(r#"slots.build.commands[0]: "." matches every command line"#)),
+        "{lines:?}"
+    );
+    let o = validate(
+        dir.path(),
+        r#"{"slots": {"build": {"commands": ["(a"], "max": 2}, "zz": {"commands": ["a"], "max": 0}}}"#,
+    );
+    let lines = stdout_lines(&o);
+    assert!(lines.iter().any(|l| l.starts_with("slots.zz.max:")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with(r#"slots.build.commands[0]: "(a" is not a valid"#)), "{lines:?}");
+    assert!(lines.last().unwrap().ends_with("is invalid: 2 problems"), "{lines:?}");
+    // What the slots' own smaller matcher refuses is said by validate, not first by the daemon:
+    // alone (one costly pattern) or together with excludeCommands.
+    let o = validate(dir.path(), r#"{"slots": {"build": {"commands": ["(^|/)cargo y{0,1000}"], "max": 2}}}"#);
+    let lines = stdout_lines(&o);
+    assert!(lines[0].starts_with("slots.build.commands[0]:") && lines[0].contains("costly"), "{lines:?}");
+    let o = validate(
+        dir.path(),
+        r#"{"excludeCommands": ["q y{0,500}"], "slots": {"build": {"commands": ["(^|/)heavyjob slot-job w{0,500}"], "max": 2}}}"#,
+    );
+    let lines = stdout_lines(&o);
+    assert!(lines[0].starts_with("slots:") && lines[0].contains("together"), "{lines:?}");
+}
+
 /// The daemon under "systemd": stdout is a pipe that `JOURNAL_STREAM` names. Its echoed lines
 /// carry `<N>`; the log file's lines do not. Runs as root for the `nobody` account, in dry run
 /// with an unreachable threshold, so it ends nothing.

@@ -287,7 +287,11 @@ fn a_stopped_daemon_or_slots_turned_off_release_every_waiting_command() {
     assert_eq!(wait_frozen(&jobs.pids(), 2).len(), 2);
     assert!(d.stop().success());
     assert!(frozen().is_empty(), "released before the daemon exited");
-    assert!(home.log().contains("reason=stop"), "{}", home.log());
+    // Both waiting commands' SLOT_START lines are in the log, before the daemon's STOPPED.
+    let log = home.log();
+    let stopped = log.find("STOPPED").unwrap_or_else(|| panic!("no STOPPED: {log}"));
+    assert_eq!(log.matches("reason=stop").count(), 2, "{log}");
+    assert!(log.rfind("reason=stop").is_some_and(|i| i < stopped), "reason=stop lines after STOPPED: {log}");
     let codes = jobs.wait_all(WAIT);
     assert!(codes.iter().all(|c| *c == Some(0)), "{codes:?}");
 }
@@ -471,3 +475,87 @@ fn cmdline(pid: u32) -> String {
 }
 
 guard_test::main!();
+
+/// The slots' matcher is the smallest (docs/architecture.md, Bounds): a list it cannot compile,
+/// alone or with `excludeCommands` (each of which the tick's larger matcher takes), is the
+/// slots' config error; nothing waits, the daemon ticks on.
+#[guard_test(needs = [root, ebpf, freezer])]
+fn a_slot_list_too_costly_for_the_slots_matcher_is_a_config_error_and_holds_nothing() {
+    let _serial = setup();
+    for (exclude, pattern) in
+        [("z", "(^|/)heavyjob slot-job y{0,700}"), ("q y{0,500}", "(^|/)heavyjob slot-job w{0,500}")]
+    {
+        let (home, exe, file) = home_with(&format!(r#"{{"commands": [{pattern:?}], "max": 1, "mode": "queue"}}"#));
+        let config = fs::read_to_string(home.path().join("guard-config.json")).unwrap();
+        home.write_config(&config.replacen('{', &format!(r#"{{"excludeCommands": [{exclude:?}], "#), 1));
+        let _d = Daemon::start(&home, &[]);
+        let log = home.wait_log(WAIT, |l| {
+            l.contains("ERROR config_malformed slots.commands")
+                && l.contains("TICK_COMPLETE flagged=0 kills=0 errors=1")
+        });
+        let error = lines(&log, "ERROR").into_iter().next().unwrap_or_else(|| panic!("{pattern}: {log}")).to_string();
+        assert!(error.contains("costly"), "{pattern}: {error}");
+        let mut jobs = Jobs::start(&exe, &file, 3, 500, TEST_UID, &[]);
+        assert!(jobs.wait_all(WAIT).iter().all(|c| *c == Some(0)));
+        assert_eq!(most_at_once(&file), 3, "{pattern}");
+        let log = home.wait_log(WAIT, |l| l.matches("TICK_COMPLETE").count() >= 3);
+        assert!(!log.contains("SLOT_WAIT") && !log.contains("PANIC"), "{pattern}: {log}");
+    }
+}
+
+/// `explain` run by root shows a command's place in its slot from root's own copy of the
+/// status, as `status` and `tree` do: a status the account rewrites in its home is not read.
+#[guard_test(needs = [root, ebpf, freezer])]
+fn explain_shows_the_slot_place_from_roots_copy_not_from_a_status_the_account_forged() {
+    let _serial = setup();
+    let (home, exe, file) = home_with(&queue(1));
+    let d = daemon(&home);
+    let jobs = Jobs::start(&exe, &file, 2, 60_000, TEST_UID, &[]);
+    let held = wait_frozen(&jobs.pids(), 1);
+    assert_eq!(held.len(), 1, "{}", home.log());
+    let waits = |s: &guard::status::Status| {
+        s.slots.as_ref().is_some_and(|x| x.slots.iter().any(|r| r.waiting.iter().any(|t| t.pid == held[0])))
+    };
+    assert!(home.wait_status(WAIT, waits).is_some_and(|s| waits(&s)), "{}", home.log());
+    // The daemon holds still (its next tick does not rewrite the file first) while the account
+    // rewrites the status in its home to show no slot at all.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGSTOP) };
+    let forged = home.path().join("guard-status.json");
+    let mut fake: serde_json::Value = serde_json::from_slice(&fs::read(&forged).unwrap()).unwrap();
+    let real = fake["slots"].clone();
+    fake["slots"]["slots"] = serde_json::json!([]);
+    let _ = fs::remove_file(&forged);
+    fs::write(&forged, serde_json::to_vec(&fake).unwrap()).unwrap();
+    std::os::unix::fs::chown(&forged, Some(TEST_UID), Some(TEST_UID)).unwrap();
+    let out = Command::new(guard_bin())
+        .args(["explain", JOB, "--user", TEST_USER, "--home"])
+        .arg(home.path())
+        .output()
+        .unwrap();
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGCONT) };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("slot build: waiting, 1st in line"), "{text}\nroot's copy said: {real}");
+    assert!(text.contains("slot build: holding it"), "{text}");
+    drop(jobs);
+}
+
+/// A command `excludeCommands` matches never waits, even when it matches a slot that is full.
+#[guard_test(needs = [root, ebpf, freezer])]
+fn a_command_matching_exclude_commands_never_waits_for_a_full_slot() {
+    let _serial = setup();
+    let (home, exe, file) = home_with(&queue(1));
+    let config = fs::read_to_string(home.path().join("guard-config.json")).unwrap();
+    home.write_config(&config.replacen('{', r#"{"excludeCommands": ["slot-job .* protected$"], "#, 1));
+    let _d = daemon(&home);
+    let holder = Jobs::start(&exe, &file, 1, 60_000, TEST_UID, &[]);
+    home.wait_log(WAIT, |l| l.contains("SLOT_START slot=build"));
+    // The slot is full: a plain job waits, a protected one runs.
+    let waiter = Jobs::start(&exe, &file, 1, 100, TEST_UID, &[]);
+    assert_eq!(wait_frozen(&waiter.pids(), 1).len(), 1, "{}", home.log());
+    let mut free = Jobs::start(&exe, &file, 1, 100, TEST_UID, &["protected"]);
+    assert_eq!(free.wait_all(WAIT), [Some(0)], "{}", home.log());
+    let log = home.log();
+    assert!(!log.contains(&format!("pid={} ", free.pids()[0])), "{log}");
+    assert_eq!(lines(&log, "SLOT_WAIT").len(), 1, "only the plain job waited: {log}");
+    drop((holder, waiter));
+}

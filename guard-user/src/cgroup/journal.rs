@@ -25,8 +25,9 @@ pub fn path(lock_dir: &Path, instance: &str) -> PathBuf {
     lock_dir.join(format!("{instance}.slots"))
 }
 
-/// The most a journal is read: the daemon holds at most 4096 processes of ~100 bytes.
-const MAX_BYTES: u64 = 4 << 20;
+/// The most a journal is read: the daemon holds at most 1024 processes of ~100 bytes (a
+/// cgroup's path the account cannot name: it is never the account's own cgroup).
+const MAX_BYTES: u64 = 1 << 20;
 
 /// Replaces the journal with `entries`.
 pub fn write(path: &Path, entries: &[Entry]) -> io::Result<()> {

@@ -316,9 +316,15 @@ pub fn main(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     // What the round did not read (an excluded name is not matched; with no excludeCommands
     // nothing is) is read here, one at a time into one buffer, only to be shown.
     let shown_only = RefCell::new((Vec::new(), Budget::until(started + 2 * OVERALL)));
-    // Slots live in the daemon only: its last status says who holds or waits.
-    let status_path = crate::status::locate(&config_path, &home, who);
-    let slots = crate::status::read(&status_path, who).ok().and_then(|s| s.slots);
+    // Slots live in the daemon only: its last status says who holds or waits (as of its last
+    // tick). Root reads root's own copy, as `status` and `tree` do: the one in the home is the
+    // account's to rewrite.
+    let slots = match crate::daemon::instance::trusted_status(who.uid, &home) {
+        Some(copy) => crate::status::read_trusted_only(&copy),
+        None => crate::status::read(&crate::status::locate(&config_path, &home, who), who),
+    }
+    .ok()
+    .and_then(|s| s.slots);
     let rows = procs.iter().map(|p| Row {
         pid: p.id.pid,
         age: age(p),

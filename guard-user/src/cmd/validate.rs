@@ -39,11 +39,12 @@ pub fn main(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                     problems.extend(state_file_problem(&config::expand_tilde(state_file, &home), &home));
                 }
             }
-            if !problems.iter().any(|p| p.key.starts_with("slots")) {
-                if let Ok(c) = config::parse(&bytes, &home) {
-                    problems.extend(slot_problems(&c.slots));
-                }
-            }
+            // Every slot's string commands too, as the slots' matcher would take them, whatever
+            // else is wrong (a pattern another problem names is left to it).
+            let slots = doc.as_ref().and_then(|v| v.get("slots")?.as_object());
+            let excludes_ok = !problems.iter().any(|p| p.key.starts_with("excludeCommands"));
+            let found = slot_problems(&slot_commands(slots, &problems), excludes.filter(|_| excludes_ok));
+            problems.extend(found);
             problems
         }
         Err(e) => vec![Problem::from_error(e)],
@@ -137,36 +138,71 @@ fn pattern_problems(list: PatternList, patterns: &[(usize, String)]) -> Vec<Prob
     out
 }
 
-/// The slots' patterns the sandboxed matcher refuses, and those that match every command line
-/// (every command of the account would take the slot): both errors for the daemon too.
-fn slot_problems(slots: &[config::Slot]) -> Vec<Problem> {
-    let mut matcher = crate::daemon::effects::sandboxed_matcher();
+/// Each slot's string `commands` from the raw document (`slots.<name>.commands[i]`, the
+/// pattern), but those a problem already names, alone or as their list or slot.
+fn slot_commands(slots: Option<&serde_json::Map<String, serde_json::Value>>, problems: &[Problem]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (name, spec) in slots.into_iter().flatten() {
+        let shown = escape::text_capped(name.as_bytes(), 60);
+        let list = format!("slots.{shown}.commands");
+        let Some(items) = spec.get("commands").and_then(|c| c.as_array()) else { continue };
+        if problems.iter().any(|p| p.key == list || p.key == format!("slots.{shown}")) {
+            continue;
+        }
+        for (i, v) in items.iter().enumerate() {
+            let key = format!("{list}[{i}]");
+            if let Some(p) = v.as_str().filter(|_| !problems.iter().any(|p| p.key == key)) {
+                out.push((key, p.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// The slots' patterns the slots' matcher (`Limits::slots`, as the daemon's) refuses or that
+/// match every command line, each named by its slot; and, when each compiles alone, whether
+/// `excludeCommands` and all of them compile together there, as the daemon compiles them.
+fn slot_problems(patterns: &[(String, String)], excludes: Option<&serde_json::Value>) -> Vec<Problem> {
+    let mut matcher = crate::pattern::Matcher::new("/proc/self/exe".into(), crate::pattern::Limits::slots());
     let mut out = Vec::new();
     let until = || std::time::Instant::now() + std::time::Duration::from_secs(5);
-    for slot in slots {
-        for (i, p) in slot.commands.iter().enumerate() {
-            let key = format!("slots.{}.commands[{i}]", slot.name);
-            let shown = escape::text_capped(p.as_bytes(), 60);
-            match matcher.set_patterns(std::slice::from_ref(p)) {
-                Ok(()) if match_all::matches_every_command(&matcher.classify(match_all::command_probes(), until())) => {
-                    out.push(Problem::validate_only(
-                        key,
-                        format!("\"{shown}\" matches every command line, so every command of the account would take the slot"),
-                        "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)"
-                            .into(),
-                    ));
-                }
-                Ok(()) => {}
-                Err(e) => {
-                    let mut problem = Problem::refused_pattern(i, p, &e);
-                    problem.key = key;
-                    out.push(problem);
-                    if let PatternSetError::Worker(_) = e {
-                        return out;
-                    }
+    for (i, (key, p)) in patterns.iter().enumerate() {
+        let shown = escape::text_capped(p.as_bytes(), 60);
+        match matcher.set_patterns(std::slice::from_ref(p)) {
+            Ok(()) if match_all::matches_every_command(&matcher.classify(match_all::command_probes(), until())) => {
+                out.push(Problem::validate_only(
+                    key.clone(),
+                    format!("\"{shown}\" matches every command line, so every command of the account would take the slot"),
+                    "match the heavy commands' own words, e.g. (^|/)cargo (build|test)( |$) (try it with guard-user match)"
+                        .into(),
+                ));
+            }
+            Ok(()) => {}
+            Err(e) => {
+                let mut problem = Problem::refused_pattern(i, p, &e);
+                problem.key = key.clone();
+                out.push(problem);
+                if let PatternSetError::Worker(_) = e {
+                    return out;
                 }
             }
         }
+    }
+    let mut all: Vec<String> =
+        excludes.and_then(|v| v.as_array()).into_iter().flatten().filter_map(|v| Some(v.as_str()?.to_string())).collect();
+    all.extend(patterns.iter().map(|(_, p)| p.clone()));
+    if out.is_empty() && !patterns.is_empty() && matcher.set_patterns(&all).is_err() {
+        out.push(Problem::validate_only(
+            "slots".into(),
+            format!(
+                "excludeCommands and every slot's commands, compiled together by the slots' matcher ({} MiB of heap), \
+                 are too costly",
+                matcher.limits().memory_bytes >> 20
+            ),
+            "use fewer or smaller repeats ({m,n} with a large n is the usual cause) in excludeCommands or the slots' \
+             commands, or fewer patterns"
+                .into(),
+        ));
     }
     out
 }

@@ -432,7 +432,7 @@ impl Checker {
                 None => "remove it; stallWatch holds peggedCpu and peggedFor".to_string(),
             };
             self.warn(
-                format!("stallWatch.{}", escape::text(key.as_bytes())),
+                format!("stallWatch.{}", shown_key(key)),
                 "is not a key guard knows, so it is ignored".into(),
                 fix,
             );
@@ -527,6 +527,12 @@ fn state_file(v: &Value) -> Result<&str, String> {
 
 /// The known key an unknown one was probably meant to be (same ignoring case, or at most two
 /// edits away).
+/// An unknown key inside a known one (`stallWatch`, `sessions`, a slot), escaped and cut as a
+/// top-level one is ([`super::doc::MAX_KEY_SHOWN`] bytes): the account may write a 1 MiB key.
+pub(super) fn shown_key(key: &str) -> String {
+    escape::text_capped(key.as_bytes(), super::doc::MAX_KEY_SHOWN)
+}
+
 fn closest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
     if key.len() > 64 {
         return None;

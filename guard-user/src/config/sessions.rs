@@ -64,7 +64,7 @@ impl Checker {
                 None => "remove it; sessions holds roots, leftovers and grace".to_string(),
             };
             self.warn(
-                format!("sessions.{}", crate::escape::text(key.as_bytes())),
+                format!("sessions.{}", super::shown_key(key)),
                 "is not a key guard knows, so it is ignored".into(),
                 fix,
             );

@@ -141,7 +141,7 @@ impl Checker {
                 None => "remove it; a slot holds commands, max, maxWait and mode".to_string(),
             };
             self.warn(
-                format!("slots.{name}.{}", crate::escape::text(key.as_bytes())),
+                format!("slots.{name}.{}", super::shown_key(key)),
                 "is not a key guard knows, so it is ignored".into(),
                 fix,
             );

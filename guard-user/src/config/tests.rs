@@ -430,6 +430,30 @@ fn a_key_written_twice_is_named_with_both_lines_and_the_last_one_is_used() {
     let json = r#"{"stallWatch": {"peggedFor": "1m", "pegged\u0046or": "2m"}, "sessions": {"roots": [], "roots": []}}"#;
     let keys: Vec<String> = parse(json.as_bytes(), &home()).unwrap().repeated_keys.into_iter().map(|r| r.key).collect();
     assert_eq!(keys, ["stallWatch.peggedFor", "sessions.roots"]);
+    // Inside slots: a slot's name twice, a member twice in one slot (the last one is used).
+    let json = "{\"slots\": {\n \"build\": {\"commands\": [\"make\"], \"max\": 1},\n \"test\": {\"commands\": [\"pytest\"], \
+                \"max\": 1, \"max\": 3},\n \"build\": {\"commands\": [\"cargo\"], \"max\": 2}}}";
+    let c = parse(json.as_bytes(), &home()).unwrap();
+    let keys: Vec<(String, Vec<usize>)> = c.repeated_keys.into_iter().map(|r| (r.key, r.lines)).collect();
+    assert_eq!(keys, [("slots.build".to_string(), vec![2, 4]), ("slots.test.max".to_string(), vec![3, 3])]);
+    assert_eq!(c.slots.iter().map(|s| (s.name.as_str(), s.max)).collect::<Vec<_>>(), [("build", 2), ("test", 3)]);
+    let listed: Vec<String> = problems(json.as_bytes(), &home()).iter().map(|p| p.to_string()).collect();
+    assert!(listed.iter().any(|p| p.starts_with("slots.build: is written 2 times (lines 2 and 4)")), "{listed:?}");
+    assert!(listed.iter().any(|p| p.starts_with("slots.test.max: is written 2 times")), "{listed:?}");
+}
+
+#[test]
+fn an_unknown_key_inside_slots_sessions_or_stall_watch_is_shown_cut_like_a_top_level_one() {
+    let long = "k".repeat(1 << 20);
+    for json in [
+        format!(r#"{{"slots": {{"build": {{"commands": ["make"], "max": 1, "{long}": 1}}}}}}"#),
+        format!(r#"{{"sessions": {{"roots": [], "{long}": 1}}}}"#),
+        format!(r#"{{"stallWatch": {{"peggedCpu": 90, "{long}": 1}}}}"#),
+    ] {
+        let listed: Vec<String> = problems(json.as_bytes(), &home()).iter().map(|p| p.to_string()).collect();
+        assert_eq!(listed.len(), 1, "{}", listed.iter().map(|p| &p[..p.len().min(300)]).collect::<Vec<_>>().join("\n"));
+        assert!(listed[0].len() < 600 && listed[0].contains("kkk…"), "{} bytes: {}", listed[0].len(), &listed[0][..300]);
+    }
 }
 
 #[test]

@@ -5,14 +5,21 @@
 //!
 //! One linear pass over a document serde_json has already accepted (so it is valid JSON; the
 //! scanner still never indexes past the end). Only the keys guard knows are recorded — the top
-//! level's and those inside the `stallWatch` and `sessions` objects — each with at most
-//! [`MAX_LINES`] lines and its count, so a hostile file of a million repeats costs a counter.
+//! level's, those inside the `stallWatch`, `sessions` and `slots` objects, and those inside each
+//! slot — each with at most [`MAX_LINES`] lines and its count, so a hostile file of a million
+//! repeats costs a counter; at most [`MAX_KEYS`] keys of at most [`MAX_KEY_BYTES`] bytes are
+//! recorded, so a file of a million distinct keys costs a scan.
 use std::borrow::Cow;
 
 use super::KNOWN_KEYS;
 
 /// The objects whose members are recorded too, under `<key>.<member>`.
-const NESTED: &[&str] = &["stallWatch", "sessions"];
+const NESTED: &[&str] = &["stallWatch", "sessions", "slots"];
+/// Keys recorded at most: the known ones, and 16 slots of a few members each, fit many times.
+pub const MAX_KEYS: usize = 512;
+/// Longest key recorded (a known key is at most 15 bytes, a slot's name 32): a longer one is
+/// not guard's (a problem of its own), and a 1 MiB key never becomes a path.
+const MAX_KEY_BYTES: usize = 64;
 /// Lines kept per key; the count goes on.
 pub const MAX_LINES: usize = 8;
 /// Bytes of a scalar value kept as written (a number, a string with its quotes).
@@ -81,6 +88,13 @@ pub fn scan(bytes: &[u8]) -> Written {
                             (Some(p), Some(k)) if p.is_empty() && b == b'{' && NESTED.contains(&k.as_str()) => {
                                 Some(format!("{k}."))
                             }
+                            // One slot's members: `slots.<name>.max`.
+                            // One slot's members: `slots.<name>.max`; those of a slot written again
+                            // are not (the slot's own repeat says it).
+                            (Some(p), Some(k)) if p == "slots." && b == b'{' && k.len() <= MAX_KEY_BYTES => {
+                                let again = out.keys.iter().any(|o| o.count > 1 && o.path == format!("slots.{k}"));
+                                (!again).then(|| format!("slots.{k}."))
+                            }
                             _ => None,
                         }
                     }
@@ -104,8 +118,14 @@ pub fn scan(bytes: &[u8]) -> Written {
                         top.pending = None;
                         let key = decode_key(literal);
                         if let (Some(prefix), Some(k)) = (&top.prefix, &key) {
-                            if !prefix.is_empty() || KNOWN_KEYS.contains(&k.as_ref()) {
-                                top.pending = Some(record(&mut out, format!("{prefix}{k}"), line));
+                            let known = if prefix.is_empty() {
+                                KNOWN_KEYS.contains(&k.as_ref())
+                            } else {
+                                k.len() <= MAX_KEY_BYTES
+                            };
+                            let path = format!("{prefix}{k}");
+                            if known && (out.keys.len() < MAX_KEYS || out.keys.iter().any(|o| o.path == path)) {
+                                top.pending = Some(record(&mut out, path, line));
                             }
                         }
                         top.key = key.map(Cow::into_owned);

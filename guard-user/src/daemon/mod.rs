@@ -49,6 +49,7 @@ pub mod sessions;
 pub mod slots;
 pub mod slots_io;
 mod slots_releaser;
+mod slots_lines;
 pub mod source;
 pub mod supervise;
 pub mod tick;

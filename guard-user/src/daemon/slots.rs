@@ -307,9 +307,11 @@ impl SlotKeeper {
         })
     }
 
-    /// The daemon stops: every waiting tree is let go (`SLOT_START reason=stop`), and the
-    /// holder puts back anything still held before it answers (at most `within`).
+    /// The daemon stops: every waiting tree is let go (`SLOT_START reason=stop`), the holder
+    /// puts back anything still held before it answers, and the lines it wrote are in the log
+    /// before the daemon's `STOPPED` (at most `within` in all).
     pub fn stop(&mut self, within: Duration) {
+        let end = std::time::Instant::now() + within;
         let now = self.now();
         let actions = self.book.release_all(now, "stop");
         self.act(actions);
@@ -318,6 +320,7 @@ impl SlotKeeper {
             if links.io.send(IoJob::Stop(tx)).is_ok() {
                 let _ = rx.recv_timeout(within);
             }
+            links.lines.flush(end.saturating_duration_since(std::time::Instant::now()));
         }
     }
 }

@@ -10,21 +10,20 @@
 //!   waits for its stdin to close, which happens however the daemon ends (SIGKILL included), and
 //!   then puts back everything the daemon held.
 //!
-//! Lines go through a writer thread of their own: a log in a home that stops answering must not
+//! Lines go through a writer thread of their own ([`Lines`]): a log in a home that stops answering must not
 //! stop a release.
 use std::{
     collections::HashMap,
     process::{Child, ChildStdin},
     sync::{
-        mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError},
-        Arc,
+        mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender},
     },
     time::{Duration, Instant},
 };
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::effects::{Clock, LogSink, MirrorSink};
+pub use super::slots_lines::Lines;
 pub use super::slots_releaser::releaser_main;
 use super::slots_releaser::spawn_releaser;
 use crate::{
@@ -34,8 +33,7 @@ use crate::{
     config::Slot,
     event::{ProcId, ProcState},
     log::{Line, Notice, What},
-    mirror::StreamEvent,
-    pattern::{match_all, MatchOutcome, Matcher},
+    pattern::{match_all, MatchOutcome, Matcher, PatternSetError},
     policy::slots::{TreeId, Verdict},
 };
 
@@ -91,47 +89,20 @@ pub enum Answer {
 }
 
 /// Most execs waiting for the classifier; past it an exec is not classified (it never waits).
-pub const CLASSIFY_QUEUE: usize = 4096;
-/// Most processes held at once (the journal's size, the signal watch's round).
-pub const MAX_HELD: usize = 4096;
+pub const CLASSIFY_QUEUE: usize = 2048;
+/// Most processes held at once (the journal's size, the signal watch's round): 256 waiting trees
+/// of a few processes each; a part of the daemon's memory bound (docs/architecture.md, Bounds).
+pub const MAX_HELD: usize = 1024;
 /// How often held processes are looked at for a signal waiting for them.
 const SIGNAL_WATCH: Duration = Duration::from_millis(200);
-/// Bytes of command lines one classifying round reads at most (a command line may be 1 MiB).
-const ROUND_BYTES: usize = 4 << 20;
+/// Bytes of command lines one classifying round holds at most (a command line the slots match
+/// is at most 64 KiB, `Limits::slots`): a part of the daemon's memory bound
+/// (docs/architecture.md, "Bounds").
+const ROUND_BYTES: usize = 512 << 10;
 /// How long one round may read command lines: one slow to read (a hostile process can make its
 /// own memory slow to read) costs this much and one chunk past it, is no slot's, and the next
 /// exec starts a new round.
 const ROUND_READ: Duration = Duration::from_millis(250);
-
-/// The lines' writer: never blocks its callers (a full queue drops the line and counts it).
-#[derive(Clone)]
-pub struct Lines {
-    tx: SyncSender<Line>,
-}
-
-impl Lines {
-    pub fn spawn(log: Arc<dyn LogSink>, mirror: Arc<dyn MirrorSink>, clock: Arc<dyn Clock>) -> Lines {
-        let (tx, rx) = mpsc::sync_channel::<Line>(1024);
-        std::thread::Builder::new()
-            .name("guard-slot-log".into())
-            .spawn(move || {
-                for line in rx {
-                    log.write(&line);
-                    if let Some(ev) = StreamEvent::of(&line, clock.now_unix()) {
-                        mirror.event(ev);
-                    }
-                }
-            })
-            .expect("spawn the slots' log writer");
-        Lines { tx }
-    }
-
-    pub fn write(&self, line: Line) {
-        if let Err(TrySendError::Full(line)) = self.tx.try_send(line) {
-            tracing::warn!("slot line dropped (the log writer is behind): {}", line.body());
-        }
-    }
-}
 
 /// Starts the classifier; its answers go to `answers`.
 pub fn spawn_classifier(answers: UnboundedSender<Answer>) -> SyncSender<ClassifyJob> {
@@ -144,7 +115,7 @@ pub fn spawn_classifier(answers: UnboundedSender<Answer>) -> SyncSender<Classify
 }
 
 fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
-    let mut matcher = super::effects::sandboxed_matcher();
+    let mut matcher = Matcher::new(std::path::PathBuf::from("/proc/self/exe"), crate::pattern::Limits::slots());
     let mut excl = 0usize;
     let mut slots: Vec<Slot> = Vec::new();
     let mut usable = false;
@@ -161,7 +132,6 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
         // Gone, blank or not to be matched: no slot's, answered with the round.
         let mut others = Vec::new();
         let mut budget = read_budget();
-        let mut buf = Vec::new();
         for job in batch {
             match job {
                 ClassifyJob::Lists { exclude_commands, slots: s } => {
@@ -180,8 +150,10 @@ fn classifier(rx: Receiver<ClassifyJob>, answers: UnboundedSender<Answer>) {
                 }
                 ClassifyJob::Exec { tree, seq, process } => {
                     let max = matcher.limits().max_text_bytes;
+                    // Read into its own buffer, kept as it is: a round holds each text once.
+                    let mut buf = Vec::new();
                     if usable && read_cmdline(&process, max, &mut budget, &mut buf) {
-                        execs.push((tree, seq, process, buf.clone()));
+                        execs.push((tree, seq, process, buf));
                     } else {
                         others.push((tree, seq, process.comm, Verdict::Other));
                     }
@@ -235,7 +207,37 @@ fn set_lists(matcher: &mut Matcher, exclude: &[String], mine: &[String]) -> Resu
     }
     let mut all = exclude.to_vec();
     all.extend_from_slice(mine);
-    Ok(matcher.set_patterns(&all).is_ok())
+    match matcher.set_patterns(&all) {
+        Ok(()) => Ok(true),
+        // Each list compiles on its own worker, but not both in the slots' smaller one: said as
+        // a config error (no command waits), not left to match nothing in silence.
+        Err(e) if e.is_config_error() => Err(together_refused(&all, exclude.len(), matcher.limits(), &e)),
+        Err(e) => {
+            tracing::warn!("the slots' matcher cannot run: {e}");
+            Ok(false)
+        }
+    }
+}
+
+/// `excludeCommands` and the slots' patterns, together, are more than the slots' matcher takes
+/// (each may compile on its own): the slots' error, at the pattern where it ran out.
+fn together_refused(all: &[String], excl: usize, limits: &crate::pattern::Limits, e: &PatternSetError) -> String {
+    use crate::config::{ConfigError, PatternList};
+    let i = e.index().unwrap_or(excl);
+    ConfigError::Pattern {
+        list: PatternList::SlotCommands,
+        pattern: all.get(i).map_or("", String::as_str).chars().take(crate::config::MAX_SHOWN_VALUE + 1).collect(),
+        index: i.checked_sub(excl),
+        why: format!(
+            "excludeCommands and every slot's commands, compiled together by the slots' matcher ({} MiB of heap, \
+             {} s), are too costly at this pattern",
+            limits.memory_bytes >> 20,
+            limits.compile.as_secs()
+        ),
+        fix: "use fewer or smaller repeats ({m,n} with a large n is the usual cause) in excludeCommands or the slots' \
+              commands, or fewer patterns (guard-user validate checks them)",
+    }
+    .log_reason()
 }
 
 /// What one round may read: [`ROUND_BYTES`] of command lines within [`ROUND_READ`] (a command

@@ -9,13 +9,13 @@
 //! | `max_patterns` | 256 | 10,000 simple patterns hold 276 MB compiled; 256 shipped-like ones hold ~7 MB, inside the worker's heap. A real list has a handful. |
 //! | `max_pattern_bytes` | 1024 | a pattern is one command-line shape; 1 KiB is several times the longest sensible one and bounds the parse (nesting depth ≤ 512). |
 //! | `max_expansion` | 2048 nodes | glibc copies a repeated atom once per count (`a{1,255}` is 255 copies) and its compile cost grows with the square of optional copies: 1,000 cost 9.5 MB and 20 ms, 3,000 cost 73 MB. 2048 lets any 1 KiB pattern without huge repeats through (a literal byte is one node) and refuses `((a{1,255}){1,255}){1,255}` (16.8 million) before anything is compiled; what passes is still bounded by `memory_bytes` and `compile`. |
-//! | `max_text_bytes` | 1 MiB | a command line is at most ~6 MiB (Linux's exec limit), almost always under 4 KiB. The shipped set takes 3.4 ms on a 1 MiB text (up to ~60 ms per pattern on a run of one byte), far inside `per_match`; a longer one is `Budget` (protected), never matched against a cut-off prefix (`$` would change meaning). |
+//! | `max_text_bytes` | 1 MiB (slots: 64 KiB) | a command line is at most ~6 MiB (Linux's exec limit), almost always under 4 KiB. The shipped set takes 3.4 ms on a 1 MiB text (up to ~60 ms per pattern on a run of one byte), far inside `per_match`; a longer one is `Budget` (protected), never matched against a cut-off prefix (`$` would change meaning); for the slots, a longer one is no slot's (it never waits). |
 //! | `spawn` | 2 s | starting the worker (exec, hardening, first frame) takes ~2 ms; 2 s absorbs a loaded host. |
 //! | `compile` | 2 s | the shipped set compiles in 0.06 ms; patterns within `max_expansion` compile in ≤ ~150 ms. A set that needs more is refused as too costly, once per config change. |
 //! | `per_match` | 250 ms | one pattern on one text. The shipped patterns take ≤ 60 ms on a 1 MiB text, microseconds on a real one (10,000 texts × 4 patterns: 22 ms through the worker); `(a*)*\1` needs seconds on 300 bytes. The worker is killed between 250 and ~315 ms into a regexec (the parent samples the progress page every quarter of it). |
 //! | `strikes` | 3 | after three texts a pattern could not decide in one [`Round`](super::Round), it is skipped for the rest of the round (its texts are `Budget` unless a later pattern matches), so a hostile pattern costs at most ~1 s of a tick, not 250 ms per process. The same count bounds one text: after three patterns overran or ran out of memory on it, it is `Budget` without trying the rest (it is protected whatever they say), so a hostile text costs ~1 s too, not 250 ms per pattern. |
-//! | `memory_bytes` | 20 MiB (the `sessions.roots` worker: 8 MiB, `Limits::roots`) | the worker's heap (RLIMIT_DATA above what it had at start). The unit's `MemoryMax=64M` covers the daemon, this worker and the roots worker, each at its bound at once (docs/architecture.md, "Bounds", adds them up); the worker at rest is 3.9 MB resident, 0.3 MB of it its own. 256 shipped-like patterns compile into ~7 MB; the shipped set matches a 1 MiB text in a few MB. `(a*)*\1` on 100 KiB reaches it in ~0.2 s and gets `Budget`. |
-//! | `stack_bytes` | 4 MiB (roots: 2 MiB) | RLIMIT_STACK. Legitimate patterns recurse a few hundred frames at most (nesting depth ≤ 512 bytes/2); `()(\1\1)+` recurses without end and dies whatever the limit, so the limit only caps what such a crash touches. |
+//! | `memory_bytes` | 14 MiB (the `sessions.roots` worker: 8 MiB, `Limits::roots`; the slots' worker: 4 MiB, `Limits::slots`) | the worker's heap (RLIMIT_DATA above what it had at start). The unit's `MemoryMax=64M` covers the daemon, this worker, the roots worker and the slots' worker, each at its bound at once (docs/architecture.md, "Bounds", adds them up); the worker at rest is 3.9 MB resident, 0.3 MB of it its own. 256 shipped-like patterns compile into ~7 MB; the shipped set matches a 1 MiB text in a few MB. `(a*)*\1` on 100 KiB reaches it in ~0.2 s and gets `Budget`. |
+//! | `stack_bytes` | 4 MiB (roots: 2 MiB, slots: 1 MiB) | RLIMIT_STACK. Legitimate patterns recurse a few hundred frames at most (nesting depth ≤ 512 bytes/2); `()(\1\1)+` recurses without end and dies whatever the limit, so the limit only caps what such a crash touches. |
 //! | `cpu_seconds` | 60 s | RLIMIT_CPU, a backstop should the parent die without killing the worker mid-match. It is cumulative, so the parent replaces a worker that used half of it (after hours of real matching) between calls. |
 //! | `run_as` | 65534:65534 | the identity the worker takes when started as root: `nobody`, not root (it parses hostile input with a C engine) and not the guarded account (which could then signal it). |
 use std::{fmt, time::Duration};
@@ -65,7 +65,7 @@ impl Default for Limits {
             compile: Duration::from_secs(2),
             per_match: Duration::from_millis(250),
             strikes: 3,
-            memory_bytes: 20 << 20,
+            memory_bytes: 14 << 20,
             stack_bytes: 4 << 20,
             cpu_seconds: 60,
             run_as: Some((65534, 65534)),
@@ -81,6 +81,15 @@ impl Limits {
     /// "Bounds").
     pub fn roots() -> Limits {
         Limits { memory_bytes: 8 << 20, stack_bytes: 2 << 20, ..Limits::default() }
+    }
+
+    /// The slots' worker's (`daemon::slots_io`): `excludeCommands` and every slot's `commands`
+    /// (the shipped four and a few slots compile in a fraction of it) in a 4 MiB heap and a 1 MiB
+    /// stack, on command lines of at most 64 KiB. A longer command line is no slot's (it never
+    /// waits); lists that do not compile within it are a config error (`ERROR config_malformed
+    /// slots.commands`), and no command waits.
+    pub fn slots() -> Limits {
+        Limits { memory_bytes: 4 << 20, stack_bytes: 1 << 20, max_text_bytes: 64 << 10, ..Limits::default() }
     }
 }
 

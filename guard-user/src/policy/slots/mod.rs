@@ -52,9 +52,11 @@ pub struct Caps {
 }
 
 impl Caps {
-    /// 65,536 nodes (~100 bytes each) as for the session lineage; 16,384 execs in flight to the
-    /// classifier; 256 waiting trees, each a few frozen processes.
-    pub const DAEMON: Caps = Caps { nodes: 65_536, pending: 16_384, waiting: 256 };
+    /// 8,192 nodes: only the members of slot trees and of trees not yet classified have one,
+    /// and at most one tree each, ~140 bytes a node with its tree (a heavy command's tree is a
+    /// few hundred processes); 2,048 execs in flight to the classifier (its queue); 256 waiting
+    /// trees, each a few frozen processes. At most 1.2 MiB in all (docs/architecture.md, Bounds).
+    pub const DAEMON: Caps = Caps { nodes: 8_192, pending: 2_048, waiting: 256 };
 }
 
 /// What the classifier said about one exec's command line.
