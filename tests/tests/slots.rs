@@ -333,12 +333,23 @@ fn a_waiting_command_its_parent_kills_goes_away_cleanly() {
     for p in pids {
         unsafe { libc::kill(p as i32, libc::SIGTERM) };
     }
-    assert_eq!(handler.wait_all(WAIT), [Some(3)], "let go to act on its signal");
+    let handled = handler.wait_all(WAIT);
     assert_eq!(plain.wait_all(WAIT), [Some(-1)], "ended by SIGTERM while frozen");
-    assert!(events(&file).iter().any(|(k, p, _)| k == "signal15" && *p == pids[0]));
+    let seen = events(&file);
+    let said = |what: &str| seen.iter().any(|(k, p, _)| k == what && *p == pids[0]);
+    if said("armed") || said("signal15") {
+        // Its handler was in place: the guard let it go to act on its signal.
+        assert_eq!(handled, [Some(3)], "let go to act on its signal");
+        assert!(said("signal15"));
+        let log = home.wait_log(WAIT, |l| l.contains("reason=signal"));
+        assert!(log.contains(&format!("SLOT_START slot=build pid={} ", pids[0])), "{log}");
+    } else {
+        // Held before it got to install its handler (a slow guest: the hold lands within
+        // milliseconds of the exec): SIGTERM's default action ended it, frozen, as the plain one.
+        eprintln!("note: the handler job was frozen before its handlers were in place");
+        assert_eq!(handled, [Some(-1)], "ended by SIGTERM while frozen, with no handler yet");
+    }
     assert!(frozen().is_empty());
-    let log = home.wait_log(WAIT, |l| l.contains("reason=signal"));
-    assert!(log.contains(&format!("SLOT_START slot=build pid={} ", pids[0])), "{log}");
     // The queue is clean: the status lists no waiting command.
     let st = home.wait_status(WAIT, |s| s.slots.as_ref().is_some_and(|x| x.slots[0].waiting_count == 0));
     assert!(st.is_some());

@@ -2,8 +2,9 @@
 //! 300 ms (a slot holds it within milliseconds of its exec, so the hold lands before its work),
 //! appends `start <pid> <boottime ns>` to FILE, works WORK_MS (sleeping), appends `end <pid>
 //! <ns>` and exits 0. With `handler` it catches SIGTERM and SIGINT (as a build tool does), appends
-//! `signal <pid> <sig>` and exits 3: a frozen process with a handler holds the signal until it
-//! thaws, so only a released one can write that line.
+//! `armed <pid>` once its handlers are in place, and on a signal `signal<sig> <pid>` and exits 3:
+//! a frozen process with a handler holds the signal until it thaws, so only a released one can
+//! write that line.
 use std::{io::Write, time::Duration};
 
 static mut FILE: Option<std::fs::File> = None;
@@ -41,6 +42,8 @@ pub fn main(args: &[String]) -> ! {
             for sig in [libc::SIGTERM, libc::SIGINT] {
                 libc::signal(sig, on_signal as *const () as libc::sighandler_t);
             }
+            // Said once both are in place: a job frozen before this line has no handler yet.
+            note("armed");
         }
     }
     std::thread::sleep(Duration::from_millis(300));
