@@ -3,7 +3,9 @@
 //! the N-th tick hang forever, `GUARD_FAULT=hang_pump:N` makes the pump hang on its N-th
 //! snapshot request. The supervision tests use them to prove a hang ends in exit 70.
 //! `GUARD_FAULT=holders_read:PID` makes `holders` hang reading process PID (its progress watch
-//! must leave it behind and say so).
+//! must leave it behind and say so). `GUARD_FAULT=lose_forks:N` drops every N-th fork event
+//! before the pump sees it and counts it lost, as the kernel does with what its ring buffer has
+//! no room for (the sessions tests prove the lineage recovers every member from such a loss).
 
 /// Whether `GUARD_FAULT` asks for `what` at occurrence `n`.
 #[cfg(debug_assertions)]
@@ -38,4 +40,24 @@ pub fn number(what: &str) -> Option<u64> {
 #[inline(always)]
 pub fn number(_what: &str) -> Option<u64> {
     None
+}
+
+/// `GUARD_FAULT=lose_forks:N` (see the module doc): drops every N-th fork event of `batch`;
+/// returns how many it dropped.
+#[cfg(debug_assertions)]
+pub fn lose_forks(batch: &mut Vec<crate::event::Event>) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static FORKS: AtomicU64 = AtomicU64::new(0);
+    let Some(n) = number("lose_forks").filter(|&n| n > 0) else { return 0 };
+    let before = batch.len();
+    batch.retain(|e| {
+        !matches!(e, crate::event::Event::Fork { .. }) || !(FORKS.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(n)
+    });
+    (before - batch.len()) as u64
+}
+
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub fn lose_forks(_batch: &mut Vec<crate::event::Event>) -> u64 {
+    0
 }

@@ -89,16 +89,17 @@ impl LineageKeeper {
             LineageMode::On { uid } => {
                 self.configure(LineageMode::Off, table);
                 self.lineage = Some(Lineage::new(uid, self.ignore_pid, self.caps));
-                self.on_table(None, table);
+                self.on_table(None, table, None);
             }
         }
     }
 
     /// A scan rebuilt the table (`before` → `table`): processes the lineage never saw forked are
-    /// adopted (their parents read next), nodes of processes gone unseen are dropped.
-    pub fn on_table(&mut self, before: Option<&ProcessTable>, table: &ProcessTable) {
+    /// adopted (their parents read next), and so is every process started from `adopt_since`
+    /// on (events were lost then); nodes of processes gone unseen are dropped.
+    pub fn on_table(&mut self, before: Option<&ProcessTable>, table: &ProcessTable, adopt_since: Option<u64>) {
         let Some(l) = self.lineage.as_mut() else { return };
-        let adopted = l.reconcile(before, table);
+        let adopted = l.reconcile(before, table, adopt_since);
         self.tell_news();
         if adopted.is_empty() {
             return;

@@ -158,6 +158,8 @@ struct Pump<S: EventSource> {
     announced: bool,
     /// Snapshot requests answered (for the test-only fault hook).
     snapshots: u64,
+    /// Events the test-only fault hook dropped (0 in release builds).
+    lost_on_purpose: u64,
 }
 
 /// Starts the pump for the table of `account`; it ends when every [`PumpHandle`] is dropped or
@@ -190,6 +192,7 @@ pub fn spawn<S: EventSource>(
         scope,
         announced: false,
         snapshots: 0,
+        lost_on_purpose: 0,
     };
     (PumpHandle { tx, wake }, tokio::spawn(pump.run(rx, audit_every)))
 }
@@ -263,7 +266,7 @@ impl<S: EventSource> Pump<S> {
                             Ok(procs) => {
                                 let fresh = ProcessTable::from_snapshot(procs, self.scope);
                                 let before = std::mem::replace(&mut self.table, fresh);
-                                self.keeper.on_table(Some(&before), &self.table);
+                                self.keeper.on_table(Some(&before), &self.table, None);
                                 self.slots.on_table(&self.table);
                             }
                             Err(e) => tracing::warn!("cannot read /proc: {e}"),
@@ -359,6 +362,7 @@ impl<S: EventSource> Pump<S> {
     fn drain_once(&mut self) -> usize {
         self.batch.clear();
         let n = self.src.drain(BATCH, &mut self.batch);
+        self.lost_on_purpose += super::fault::lose_forks(&mut self.batch);
         for e in &self.batch {
             self.table.apply(e);
         }
@@ -367,12 +371,12 @@ impl<S: EventSource> Pump<S> {
         self.wake_for_slots();
         self.stats.events += self.batch.len() as u64;
         let mut step = self.rebuild.on_events(&self.batch);
-        let lost = self.src.lost();
+        let lost = self.src.lost() + self.lost_on_purpose;
+        if self.rebuild.on_lost(lost.saturating_sub(self.last_lost)) == Step::Scan {
+            step = Step::Scan;
+        }
         if lost > self.last_lost {
             self.stats.lost = lost;
-            if self.rebuild.on_lost(lost - self.last_lost) == Step::Scan {
-                step = Step::Scan;
-            }
             self.last_lost = lost;
         }
         if step == Step::Scan {
@@ -407,7 +411,7 @@ impl<S: EventSource> Pump<S> {
                 crate::startup_phase("table consistent (/proc scan + replay)");
             }
             let before = std::mem::replace(&mut self.table, t);
-            self.keeper.on_table(Some(&before), &self.table);
+            self.keeper.on_table(Some(&before), &self.table, done.adopt_since);
             self.slots.on_table(&self.table);
             // The scan's and the replay's buffers are freed; give their pages back.
             super::trim::heap();

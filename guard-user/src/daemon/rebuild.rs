@@ -8,6 +8,14 @@
 //! [`crate::table`]), the result is exact: nothing born during the scan is missed or counted
 //! twice. Causes: start-up, events the kernel could not deliver, and the periodic audit (which
 //! only logs when the table had drifted).
+//!
+//! A loss also costs the lineage what the lost events said: a fork the kernel could not deliver
+//! leaves its child, and every process that child forks, outside its session, though the table
+//! holds them (their later events did arrive). So the rebuilder keeps the *loss window*: the
+//! start time from which a lost event's process can date, namely the newest start any event had
+//! when the loss counter was last read unchanged, less [`LOSS_MARGIN_SECS`] (a process's start
+//! time is set a moment before its fork is reported). The scan that repairs the loss hands it on
+//! ([`Finished::adopt_since`]): the lineage then asks again about every process of the window.
 use std::io;
 
 use crate::{
@@ -47,6 +55,10 @@ pub enum Step {
 /// Recorded events beyond this during one scan: the scan restarts (memory stays bounded).
 pub const MAX_RECORDED: usize = 1 << 20;
 
+/// How far before the newest start seen at the last clean read of the loss counter a process
+/// whose event was lost can have started (see the module doc).
+pub const LOSS_MARGIN_SECS: u64 = 10;
+
 #[derive(Debug)]
 struct Active {
     reason: Reason,
@@ -65,6 +77,14 @@ pub struct Rebuilder {
     ready: bool,
     /// The cap on recorded events (tests lower it).
     max_recorded: usize,
+    /// The newest start time (clock ticks) any event carried.
+    newest_start: u64,
+    /// `newest_start` when the loss counter was last read unchanged.
+    clean_mark: u64,
+    /// The loss window not yet handed to the lineage: processes started from then on.
+    loss_since: Option<u64>,
+    /// [`LOSS_MARGIN_SECS`] in clock ticks.
+    margin_ticks: u64,
 }
 
 /// The end of a scan.
@@ -79,16 +99,19 @@ pub struct Finished {
     pub next: Step,
     /// Why the scan failed, if it did.
     pub failed: Option<io::Error>,
+    /// Events were lost: the lineage asks again about the processes started from this time on
+    /// (clock ticks), though the table held them before (see the module doc).
+    pub adopt_since: Option<u64>,
 }
 
 impl Rebuilder {
     pub fn new() -> Rebuilder {
-        Rebuilder { max_recorded: MAX_RECORDED, ..Default::default() }
+        Rebuilder::with_max_recorded(MAX_RECORDED)
     }
 
-    #[cfg(test)]
-    fn with_max_recorded(max: usize) -> Rebuilder {
-        Rebuilder { max_recorded: max, ..Default::default() }
+    fn with_max_recorded(max_recorded: usize) -> Rebuilder {
+        let margin_ticks = LOSS_MARGIN_SECS * crate::event::clock_ticks_per_sec();
+        Rebuilder { max_recorded, margin_ticks, ..Default::default() }
     }
 
     /// The start-up rebuild.
@@ -112,6 +135,11 @@ impl Rebuilder {
 
     /// Events the pump just applied to the live table.
     pub fn on_events(&mut self, events: &[Event]) -> Step {
+        for e in events {
+            if let Event::Fork { child: s, .. } | Event::State { state: s, .. } = e {
+                self.newest_start = self.newest_start.max(s.id.start_ticks);
+            }
+        }
         let Some(a) = self.active.as_mut() else { return Step::Nothing };
         a.recorded.extend_from_slice(events);
         if a.recorded.len() > self.max_recorded {
@@ -121,11 +149,15 @@ impl Rebuilder {
         Step::Nothing
     }
 
-    /// The source reports `delta` more lost events.
+    /// The loss counter was read after the events applied so far: `delta` more lost events
+    /// (0: none since the last read).
     pub fn on_lost(&mut self, delta: u64) -> Step {
         if delta == 0 {
+            self.clean_mark = self.newest_start;
             return Step::Nothing;
         }
+        let since = self.clean_mark.saturating_sub(self.margin_ticks);
+        self.loss_since = Some(self.loss_since.map_or(since, |s| s.min(since)));
         if self.active.is_some() {
             self.pending_lost += delta;
             return Step::Nothing;
@@ -145,7 +177,7 @@ impl Rebuilder {
     /// is the live table (to tell whether an audit found drift).
     pub fn on_scan(&mut self, current: &ProcessTable, scan: io::Result<Vec<ProcState>>, scope: Scope) -> Finished {
         let Some(a) = self.active.take() else {
-            return Finished { table: None, resync: None, next: Step::Nothing, failed: None };
+            return Finished { table: None, resync: None, next: Step::Nothing, failed: None, adopt_since: None };
         };
         let mut out = match scan {
             Ok(procs) => {
@@ -160,15 +192,21 @@ impl Rebuilder {
                     resync: worth_a_line.then(|| Line::Resync { reason: a.reason.line_reason(), lost: a.lost }),
                     next: Step::Nothing,
                     failed: None,
+                    adopt_since: None,
                 }
             }
-            Err(e) => Finished { table: None, resync: None, next: Step::Nothing, failed: Some(e) },
+            Err(e) => Finished { table: None, resync: None, next: Step::Nothing, failed: Some(e), adopt_since: None },
         };
         if self.pending_lost > 0 {
             let lost = std::mem::take(&mut self.pending_lost);
             out.next = self.begin(Reason::LostEvents, lost);
         } else if !self.ready {
             out.next = self.begin(Reason::Startup, 0);
+        }
+        // The window goes with the table that no further scan for a loss follows (a window
+        // handed on earlier would miss what the next scan repairs).
+        if out.table.is_some() && out.next == Step::Nothing {
+            out.adopt_since = self.loss_since.take();
         }
         out
     }

@@ -89,3 +89,34 @@ fn an_audit_while_scanning_and_a_stray_scan_result_change_nothing() {
     let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![st(1, 1, "x")]), SCOPE);
     assert!(f.table.is_none() && f.resync.is_none());
 }
+
+#[test]
+fn a_loss_hands_the_lineage_the_window_its_lost_processes_can_date_from_once() {
+    let mut r = Rebuilder::new();
+    r.start_up();
+    r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
+    let margin = LOSS_MARGIN_SECS * crate::event::clock_ticks_per_sec();
+    let fork = |pid, start| Event::Fork { child: st(pid, start, "x"), parent_pid: 1 };
+    // Read clean after a process started at margin + 50; then one at margin + 90, then a loss.
+    r.on_events(&[fork(10, margin + 20), fork(11, margin + 50)]);
+    assert_eq!(r.on_lost(0), Step::Nothing);
+    r.on_events(&[fork(12, margin + 90)]);
+    assert_eq!(r.on_lost(4), Step::Scan);
+    // More loss while it scans: the window keeps its earliest start, and goes with the last scan.
+    r.on_events(&[fork(13, margin + 120)]);
+    assert_eq!(r.on_lost(1), Step::Nothing);
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
+    assert_eq!((f.next, f.adopt_since), (Step::Scan, None), "another scan follows: not yet");
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
+    assert_eq!(f.adopt_since, Some(50), "the newest start at the last clean read, less the margin");
+    // Handed once: an audit after it asks nothing of the lineage.
+    assert_eq!(r.on_audit(), Step::Scan);
+    assert_eq!(r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE).adopt_since, None);
+    // A loss before any clean read reaches back to the start.
+    let mut r = Rebuilder::new();
+    r.start_up();
+    r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE);
+    r.on_events(&[fork(10, 5)]);
+    r.on_lost(2);
+    assert_eq!(r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE).adopt_since, Some(0));
+}

@@ -222,7 +222,7 @@ fn start_up_adoption_takes_sessions_from_parent_links_in_start_order() {
         w.table.upsert(p);
     }
     w.table.upsert(st(300, 13, "watcher"));
-    let adopted = w.lineage.reconcile(None, &w.table);
+    let adopted = w.lineage.reconcile(None, &w.table, None);
     assert_eq!(adopted.iter().map(|id| id.pid).collect::<Vec<_>>(), [100, 200, 201, 202, 300]);
     // Given in any order: applied parents first.
     let parents = [(adopted[3], 201), (adopted[2], 200), (adopted[1], 100), (adopted[4], 1), (adopted[0], 1)];
@@ -243,12 +243,46 @@ fn a_rebuild_ends_the_sessions_whose_roots_died_unseen_and_adopts_the_unknown() 
     let before = w.table.clone();
     w.table.remove(ProcId { pid: 200, start_ticks: 10 });
     w.table.upsert(st(202, 12, "watcher"));
-    let adopted = w.lineage.reconcile(Some(&before), &w.table);
+    let adopted = w.lineage.reconcile(Some(&before), &w.table, None);
     assert_eq!(adopted, [ProcId { pid: 202, start_ticks: 12 }]);
     assert!(w.lineage.take_news());
     w.lineage.attach_parents(&adopted, &[(adopted[0], 201)]);
     assert!(w.lineage.is_consistent());
     assert_eq!(w.members(200), [201, 202]);
+}
+
+#[test]
+fn after_lost_forks_a_rebuild_asks_again_about_the_window_and_every_member_comes_back() {
+    let mut w = with_shell();
+    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
+    w.classify(&["wrapper"]);
+    // Lost: 200 forked 201 (start 11) and 203 (start 13). Delivered: 201 forked 202, 203 exec'd,
+    // and outside the session the shell forked 300 (start 14).
+    w.fork(201, 202, 12, "wrapper");
+    w.exec(203, 13, "cargo");
+    w.fork(100, 300, 14, "bash");
+    assert_eq!(w.members(200), Vec::<u32>::new());
+    // The scan finds 201; the table already held 202, 203 and 300.
+    let before = w.table.clone();
+    w.table.upsert(st(201, 11, "wrapper"));
+    let asked = w.lineage.reconcile(Some(&before), &w.table, Some(11));
+    let ids: Vec<u32> = asked.iter().map(|id| id.pid).collect();
+    assert_eq!(ids, [201, 202, 203, 300], "every process of the window, oldest first");
+    let parents = [(asked[0], 200), (asked[1], 201), (asked[2], 200), (asked[3], 100)];
+    w.lineage.attach_parents(&asked, &parents);
+    assert!(w.lineage.is_consistent());
+    w.classify(&[]);
+    assert_eq!(w.members(200), [201, 202, 203]);
+    assert_eq!(w.lineage.session_of(ProcId { pid: 300, start_ticks: 14 }), None, "the shell's child stays out");
+    // Without the window (a rebuild with no loss) only what the table lacked is adopted.
+    let mut w = with_shell();
+    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
+    w.classify(&["wrapper"]);
+    w.fork(201, 202, 12, "wrapper");
+    let before = w.table.clone();
+    w.table.upsert(st(201, 11, "wrapper"));
+    let asked = w.lineage.reconcile(Some(&before), &w.table, None);
+    assert_eq!(asked, [ProcId { pid: 201, start_ticks: 11 }]);
 }
 
 #[test]

@@ -64,11 +64,11 @@ fn a_member_away_at_a_rebuild_is_asked_about_and_dropped_only_when_gone() {
     let mut w = with_root();
     w.ev(Event::State { kind: StateKind::Setuid, state: away(201, 11, "wrapper") });
     let before = w.table.clone();
-    let asked = w.lineage.reconcile(Some(&before), &w.table);
+    let asked = w.lineage.reconcile(Some(&before), &w.table, None);
     assert_eq!(asked, [id(201, 11)], "not in the table, not taken for dead: asked about");
     w.lineage.attach_parents(&asked, &[(id(201, 11), 200)]);
     assert!(w.lineage.is_away(id(201, 11)), "still alive: kept");
-    let asked = w.lineage.reconcile(Some(&before), &w.table);
+    let asked = w.lineage.reconcile(Some(&before), &w.table, None);
     w.lineage.attach_parents(&asked, &[]);
     assert!(w.lineage.is_consistent());
     assert_eq!(w.lineage.session_of(id(201, 11)), None, "gone unseen: dropped");

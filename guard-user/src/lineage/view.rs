@@ -16,7 +16,17 @@ impl Lineage {
     /// process. Returns the processes whose `/proc` entry to read (oldest first): the adopted
     /// ones, for their parent, and the members away from the account (the table does not hold
     /// them), to learn whether they still live ([`Lineage::attach_parents`]).
-    pub fn reconcile(&mut self, before: Option<&ProcessTable>, table: &ProcessTable) -> Vec<ProcId> {
+    ///
+    /// `adopt_since` (clock ticks) says events were lost, so what the lineage knows of the
+    /// processes started from then on may lack their fork: each of them without a node is adopted
+    /// though `before` held it, and each that opened a pending session by its exec, in no session
+    /// itself, has its parent read too.
+    pub fn reconcile(
+        &mut self,
+        before: Option<&ProcessTable>,
+        table: &ProcessTable,
+        adopt_since: Option<u64>,
+    ) -> Vec<ProcId> {
         let live: Vec<ProcState> = table.processes().into_iter().filter(|p| self.mine(p)).collect();
         let ids: HashSet<ProcId> = live.iter().map(|p| p.id).collect();
         let dead: Vec<ProcId> = self
@@ -29,14 +39,33 @@ impl Lineage {
         for id in dead {
             self.gone(id);
         }
+        let in_window = |id: &ProcId| adopt_since.is_some_and(|t| id.start_ticks >= t);
         let seen = |id: &ProcId| before.is_some_and(|t| t.get(id.pid).is_some_and(|p| p.id == *id));
         let mut adopted: Vec<ProcId> =
-            live.iter().map(|p| p.id).filter(|id| self.node(*id).is_none() && !seen(id)).collect();
+            live.iter().map(|p| p.id).filter(|id| self.node(*id).is_none() && (in_window(id) || !seen(id))).collect();
         adopted.sort_by_key(|id| (id.start_ticks, id.pid));
         for id in &adopted {
             self.open_pending(*id, true);
         }
         adopted.retain(|id| self.node(*id).is_some());
+        let unplaced: Vec<ProcId> = live
+            .iter()
+            .map(|p| p.id)
+            .filter(in_window)
+            .filter(|id| {
+                self.node(*id).is_some_and(|n| {
+                    !n.away
+                        && !n.awaiting_parent // the adopted
+                        && n.session.is_none()
+                        && n.opens.is_some_and(|sid| self.sessions[&sid].state == State::Pending)
+                })
+            })
+            .collect();
+        for id in &unplaced {
+            self.node_mut(*id).expect("present").awaiting_parent = true;
+        }
+        adopted.extend(unplaced);
+        adopted.sort_by_key(|id| (id.start_ticks, id.pid));
         let mut away: Vec<ProcId> =
             self.nodes.iter().filter(|(_, n)| n.away).map(|(&pid, n)| ProcId { pid, start_ticks: n.start }).collect();
         away.sort_by_key(|id| (id.start_ticks, id.pid));
