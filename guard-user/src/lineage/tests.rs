@@ -71,11 +71,17 @@ fn with_shell() -> World {
     w
 }
 
-#[test]
-fn a_roots_session_keeps_a_setsid_child_a_double_forked_grandchild_and_renamed_or_execd_members() {
+/// The shell and a root `wrapper` 200 (start 10) it started, recognised.
+fn with_wrapper() -> World {
     let mut w = with_shell();
     w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
     w.classify(&["wrapper"]);
+    w
+}
+
+#[test]
+fn a_roots_session_keeps_a_setsid_child_a_double_forked_grandchild_and_renamed_or_execd_members() {
+    let mut w = with_wrapper();
     // setsid child (a fork; setsid itself is no event), which execs.
     w.fork(200, 201, 11, "wrapper").exec(201, 11, "watcher");
     // Double fork: 202 forks 203 and exits; 203 is reparented to init and execs.
@@ -97,9 +103,7 @@ fn a_roots_session_keeps_a_setsid_child_a_double_forked_grandchild_and_renamed_o
 
 #[test]
 fn what_a_non_root_forked_goes_back_to_the_session_it_is_in() {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(200, 201, 11, "wrapper").exec(201, 11, "make");
     w.fork(201, 202, 12, "make"); // stamped into make's pending session
     w.classify(&["wrapper"]); // make is not a root: 202 goes back to the wrapper's session
@@ -113,9 +117,7 @@ fn what_a_non_root_forked_goes_back_to_the_session_it_is_in() {
 
 #[test]
 fn a_root_that_re_execs_stays_the_root_of_one_session() {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(200, 201, 11, "wrapper");
     w.exec(200, 10, "wrapper").exec(200, 10, "something-else");
     assert!(w.view().candidates.is_empty(), "a root's exec opens no pending session");
@@ -167,9 +169,7 @@ fn a_nested_root_has_its_own_session_and_its_survivors_go_back_to_the_outer_one_
 
 #[test]
 fn a_member_that_becomes_another_accounts_process_stays_in_its_session_away_and_so_do_its_forks() {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(200, 201, 11, "wrapper").fork(200, 202, 12, "wrapper");
     w.ev(Event::State { kind: StateKind::Setuid, state: ProcState { euid: OTHER, ..st(201, 11, "wrapper") } });
     // Its fork is another account's process, still of the session.
@@ -186,9 +186,7 @@ fn a_member_that_becomes_another_accounts_process_stays_in_its_session_away_and_
 
 #[test]
 fn a_root_that_becomes_another_accounts_process_ends_its_session() {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(200, 201, 11, "wrapper");
     w.ev(Event::State { kind: StateKind::Setuid, state: ProcState { euid: OTHER, ..st(200, 10, "wrapper") } });
     assert!(w.lineage.take_news(), "a root that left ended its session");
@@ -199,9 +197,7 @@ fn a_root_that_becomes_another_accounts_process_ends_its_session() {
 
 #[test]
 fn a_recycled_pid_whose_exit_was_lost_ends_the_old_process_not_the_new_one() {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(200, 201, 11, "wrapper");
     // The root's exit is lost; its pid is reused by a process forked by the shell.
     w.table.remove(ProcId { pid: 200, start_ticks: 10 });
@@ -235,9 +231,7 @@ fn start_up_adoption_takes_sessions_from_parent_links_in_start_order() {
 
 #[test]
 fn a_rebuild_ends_the_sessions_whose_roots_died_unseen_and_adopts_the_unknown() {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(200, 201, 11, "wrapper");
     // Lost events: the root exited, 202 was born to 201.
     let before = w.table.clone();
@@ -253,9 +247,7 @@ fn a_rebuild_ends_the_sessions_whose_roots_died_unseen_and_adopts_the_unknown() 
 
 #[test]
 fn after_lost_forks_a_rebuild_asks_again_about_the_window_and_every_member_comes_back() {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     // Lost: 200 forked 201 (start 11) and 203 (start 13). Delivered: 201 forked 202, 203 exec'd,
     // and outside the session the shell forked 300 (start 14).
     w.fork(201, 202, 12, "wrapper");
@@ -275,14 +267,37 @@ fn after_lost_forks_a_rebuild_asks_again_about_the_window_and_every_member_comes
     assert_eq!(w.members(200), [201, 202, 203]);
     assert_eq!(w.lineage.session_of(ProcId { pid: 300, start_ticks: 14 }), None, "the shell's child stays out");
     // Without the window (a rebuild with no loss) only what the table lacked is adopted.
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(201, 202, 12, "wrapper");
     let before = w.table.clone();
     w.table.upsert(st(201, 11, "wrapper"));
     let asked = w.lineage.reconcile(Some(&before), &w.table, None);
     assert_eq!(asked, [ProcId { pid: 201, start_ticks: 11 }]);
+}
+
+/// Hostile: an account that forks faster than the ring buffer drains makes every rebuild re-ask
+/// about its whole storm; the window's adoption stays within the caps on pending sessions and
+/// nodes, however many processes the window holds, and what it asks about is what it holds.
+#[test]
+fn a_storms_loss_window_is_adopted_within_the_caps() {
+    let caps = Caps { nodes: 40, pending: 16, sessions: 4, members: 40, reported: 4 };
+    let mut w = World::with_caps(caps);
+    w.exec(100, 1, "bash");
+    w.classify(&[]);
+    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
+    w.classify(&["wrapper"]);
+    // 5,000 processes whose forks from the root were lost; each forked once (delivered).
+    for i in 0..5_000u32 {
+        w.table.upsert(st(1_000 + 2 * i, 11 + u64::from(i), "storm"));
+        w.fork(1_000 + 2 * i, 1_001 + 2 * i, 11 + u64::from(i), "storm");
+    }
+    let before = w.table.clone();
+    let asked = w.lineage.reconcile(Some(&before), &w.table, Some(0));
+    let c = w.lineage.counts();
+    assert!(c.nodes <= 40 && c.pending <= 16, "{c:?}");
+    assert!(asked.len() <= 40, "asked about {} processes", asked.len());
+    assert!(c.unclassified_total > 0, "the cap was reached and counted: {c:?}");
+    assert!(w.lineage.is_consistent());
 }
 
 #[test]

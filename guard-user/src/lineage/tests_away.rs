@@ -12,9 +12,7 @@ fn id(pid: u32, start: u64) -> ProcId {
 
 /// The shell, a root `wrapper` 200 (start 10) recognised, and its member 201 (start 11).
 fn with_root() -> World {
-    let mut w = with_shell();
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper();
     w.fork(200, 201, 11, "wrapper");
     w
 }
