@@ -65,7 +65,10 @@ impl World {
 
 /// The shell that starts the wrapper, already classified (not a root).
 fn with_shell() -> World {
-    let mut w = World::new();
+    shell_in(World::new())
+}
+
+fn shell_in(mut w: World) -> World {
     w.exec(100, 1, "bash");
     w.classify(&[]);
     w
@@ -73,7 +76,12 @@ fn with_shell() -> World {
 
 /// The shell and a root `wrapper` 200 (start 10) it started, recognised.
 fn with_wrapper() -> World {
-    let mut w = with_shell();
+    with_wrapper_under(Caps::DAEMON)
+}
+
+/// `with_wrapper` in a lineage with these caps.
+fn with_wrapper_under(caps: Caps) -> World {
+    let mut w = shell_in(World::with_caps(caps));
     w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
     w.classify(&["wrapper"]);
     w
@@ -280,12 +288,7 @@ fn after_lost_forks_a_rebuild_asks_again_about_the_window_and_every_member_comes
 /// nodes, however many processes the window holds, and what it asks about is what it holds.
 #[test]
 fn a_storms_loss_window_is_adopted_within_the_caps() {
-    let caps = Caps { nodes: 40, pending: 16, sessions: 4, members: 40, reported: 4 };
-    let mut w = World::with_caps(caps);
-    w.exec(100, 1, "bash");
-    w.classify(&[]);
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper_under(Caps { nodes: 40, pending: 16, sessions: 4, members: 40, reported: 4 });
     // 5,000 processes whose forks from the root were lost; each forked once (delivered).
     for i in 0..5_000u32 {
         w.table.upsert(st(1_000 + 2 * i, 11 + u64::from(i), "storm"));
@@ -302,12 +305,7 @@ fn a_storms_loss_window_is_adopted_within_the_caps() {
 
 #[test]
 fn a_fork_bomb_under_a_root_is_held_to_the_member_cap_and_the_rest_is_counted_untracked() {
-    let caps = Caps { nodes: 1000, pending: 100, sessions: 4, members: 50, reported: 4 };
-    let mut w = World::with_caps(caps);
-    w.exec(100, 1, "bash");
-    w.classify(&[]);
-    w.fork(100, 200, 10, "bash").exec(200, 10, "wrapper");
-    w.classify(&["wrapper"]);
+    let mut w = with_wrapper_under(Caps { nodes: 1000, pending: 100, sessions: 4, members: 50, reported: 4 });
     for i in 0..250u32 {
         // The root forks 250; the last of those forks a chain of 250 more.
         w.fork(200, 1000 + i, 100 + u64::from(i), "bomb");
