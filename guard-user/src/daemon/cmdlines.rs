@@ -81,7 +81,8 @@ impl<'a> CmdlineReader<'a> {
         }
     }
 
-    /// The command line the last [`CmdlineReader::read`] gave (empty after any other outcome).
+    /// The command line the last [`CmdlineReader::read`] gave; after [`Read::Deferred`], what was
+    /// read before it stopped (its length says whether the text was long).
     pub fn text(&self) -> &[u8] {
         &self.buf
     }

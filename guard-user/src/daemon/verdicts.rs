@@ -33,6 +33,8 @@
 //! same key tells two processes' identical texts apart from different ones within a tick. At
 //! most [`MAX_ENTRIES`] entries (about 1 MiB); past the cap a new process's verdict is not kept,
 //! so it is matched again each tick, within the budget, as every process was before the cache.
+//! Beside them, whether each process's command line was longer than `CHEAP_BYTES` when last
+//! read (at most [`MAX_ENTRIES`], about 32 bytes each): long ones are read after short ones.
 //!
 //! # Without patterns, and past the matcher's cap
 //! An empty `excludeCommands` list protects nothing, so every live process is `End` without
@@ -65,7 +67,7 @@ use crate::{
     event::ProcId,
     pattern::{MatchOutcome, Progress, Resume},
     policy::{
-        cmdline::{needs_reading, reading_order, route, Deferred, Route, Waiting},
+        cmdline::{needs_reading, reading_order, route, Cost, Deferred, Route, Waiting, CHEAP_BYTES},
         AccountView, CmdVerdict, FlagClocks,
     },
 };
@@ -104,6 +106,10 @@ pub struct VerdictCache {
     /// they stand in this tick's reading order). At most one per process of a name at the
     /// threshold, and [`MAX_ENTRIES`].
     deferred: HashMap<ProcId, Waiting>,
+    /// Whether each process's command line was longer than [`CHEAP_BYTES`] when last read (a
+    /// long one is read after the short ones, `policy::cmdline::reading_order`), at most
+    /// [`MAX_ENTRIES`] processes.
+    long: HashMap<ProcId, bool>,
     /// Calls of [`verdicts`] so far: the clock of [`Waiting::since`].
     ticks: u64,
     keys: [RandomState; 2],
@@ -123,6 +129,7 @@ impl VerdictCache {
             list: None,
             entries: HashMap::new(),
             deferred: HashMap::new(),
+            long: HashMap::new(),
             ticks: 0,
             keys: [RandomState::new(), RandomState::new()],
             cap,
@@ -192,16 +199,41 @@ impl VerdictCache {
         self.entries.values().filter(end).map(|e| e.text).collect()
     }
 
+    /// What is known of the cost of process `id`'s command line: costly when it was longer than
+    /// [`CHEAP_BYTES`] when last read, or is a text a pattern overran on and that is not settled
+    /// yet (`policy::cmdline::reading_order` reads it after every cheap one).
+    pub fn cost(&self, id: ProcId) -> Cost {
+        let overran = || self.entries.get(&id).is_some_and(|e| matches!(e.progress, Progress::Unsettled(r) if r.failures > 0));
+        match self.long.get(&id) {
+            None => Cost::Unknown,
+            Some(true) => Cost::Costly,
+            Some(false) if overran() => Cost::Costly,
+            Some(false) => Cost::Cheap,
+        }
+    }
+
+    /// Remembers how long the command line just read for process `id` was.
+    fn note_length(&mut self, id: ProcId, len: usize) {
+        let long = len > CHEAP_BYTES;
+        if let Some(l) = self.long.get_mut(&id) {
+            *l = long;
+        } else if self.long.len() < MAX_ENTRIES {
+            self.long.insert(id, long);
+        }
+    }
+
     /// Forgets one process (it is gone).
     pub fn forget(&mut self, id: ProcId) {
         self.entries.remove(&id);
         self.deferred.remove(&id);
+        self.long.remove(&id);
     }
 
     /// Forgets every process not in `seen`.
     pub fn keep_only(&mut self, seen: &HashSet<ProcId>) {
         self.entries.retain(|id, _| seen.contains(id));
         self.deferred.retain(|id, _| seen.contains(id));
+        self.long.retain(|id, _| seen.contains(id));
     }
 }
 
@@ -304,7 +336,7 @@ pub fn verdicts(
     cache.ticks += 1;
     let has_patterns = !config.exclude_commands.is_empty();
     let max = classifier.max_text_bytes();
-    let order = reading_order(view, config, clocks, &cache.deferred);
+    let order = reading_order(view, config, clocks, &cache.deferred, |id| cache.cost(id));
     // Forget the processes not seen before keeping new verdicts, so they make room at once.
     let seen: HashSet<ProcId> = order.iter().map(|p| p.id).collect();
     cache.keep_only(&seen);
@@ -327,6 +359,11 @@ pub fn verdicts(
             Read::Deferred(why) => {
                 work.deferred += 1;
                 work.slow += usize::from(why == Deferred::Slow);
+                // A read that overran its share, or was cut after more than a cheap command
+                // line, is costly however long the text turns out to be.
+                if why == Deferred::Slow || reader.text().len() > CHEAP_BYTES {
+                    cache.note_length(p.id, usize::MAX);
+                }
                 // One left unread again keeps its place in the queue.
                 let since = match cache.deferred.get(&p.id) {
                     Some(w) if w.why == why => w.since,
@@ -339,6 +376,7 @@ pub fn verdicts(
             }
             Read::Text => {
                 let cmd = reader.text();
+                cache.note_length(p.id, cmd.len());
                 // The rules (no pattern, past the cap, a settled verdict, a matcher that is
                 // down) are the policy's; this reads, looks up and asks.
                 let mut known = None;

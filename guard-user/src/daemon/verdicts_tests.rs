@@ -295,11 +295,13 @@ fn the_command_lines_held_for_the_matcher_never_pass_the_pool() {
     assert_eq!(v.values().filter(|v| **v == CmdVerdict::End).count(), 19);
 }
 
-/// Reads whose time the test controls: `slow` pids take their whole share and stop there, and
-/// every read is counted.
+/// Reads whose time the test controls: `slow` pids take their whole share and stop there, a
+/// command line longer than `CHEAP_BYTES` costs `per_long` (a loaded host), and every read is
+/// counted.
 struct Timed {
     texts: FakeProcs,
     slow: HashSet<u32>,
+    per_long: Duration,
     reads: Vec<u32>,
 }
 
@@ -313,7 +315,11 @@ impl ProcessReader for Timed {
             buf.clear();
             return budget.in_time().err().map_or(CmdRead::Text, CmdRead::Stopped);
         }
-        self.texts.cmdline(pid, max, budget, buf)
+        let read = self.texts.cmdline(pid, max, budget, buf);
+        if buf.len() > crate::policy::cmdline::CHEAP_BYTES {
+            std::thread::sleep(self.per_long);
+        }
+        read
     }
 
     fn exists(&mut self, pid: u32) -> bool {
@@ -332,7 +338,7 @@ impl ProcessReader for Timed {
 fn a_command_line_not_read_in_time_protects_its_process_and_is_read_again_next_tick() {
     let members: Vec<(ProcId, &str)> = (1..=6).map(|i| (id(i, 1), "w")).collect();
     let (view, texts) = world("w", &members);
-    let mut procs = Timed { texts, slow: HashSet::from([1, 2, 3]), reads: Vec::new() };
+    let mut procs = Timed { texts, slow: HashSet::from([1, 2, 3]), per_long: Duration::ZERO, reads: Vec::new() };
     let cfg = config(&["keep"]);
     let mut cache = VerdictCache::default();
     let mut c = Scripted::default();
@@ -349,6 +355,9 @@ fn a_command_line_not_read_in_time_protects_its_process_and_is_read_again_next_t
     let (v, work) = tick(&mut procs, &mut cache, &mut c);
     assert!(v.values().all(|v| *v == CmdVerdict::Deferred), "{v:?}");
     assert_eq!((work.deferred, work.slow), (6, 2), "{work:?}");
+    // A read that overran its share is costly from now on (read after every cheap one); one
+    // never reached is still unknown.
+    assert_eq!((cache.cost(id(1, 1)), cache.cost(id(4, 1))), (Cost::Costly, Cost::Unknown));
     let unread = [3, 4, 5, 6];
     // Next tick: the unread ones first, the slow ones last.
     procs.slow.clear();
@@ -359,6 +368,53 @@ fn a_command_line_not_read_in_time_protects_its_process_and_is_read_again_next_t
     assert_eq!(procs.reads, [unread.as_slice(), &[1, 2]].concat());
 }
 
+/// The account's long command lines cannot delay the verdicts on another name's short ones:
+/// once read, a long one is read after every short one, so a pile of ordinary command lines is
+/// read and decided at every tick, however many long ones wait for their turn (here a tick
+/// reads about five of 40). The long ones still take turns: none waits more than the queue.
+#[test]
+fn short_command_lines_are_read_and_decided_every_tick_however_many_long_ones_wait() {
+    let long: Vec<String> = (0..40).map(|i| format!("{i:02} {}", "z".repeat(900 << 10))).collect();
+    let (big, small) = (Comm::new(b"big"), Comm::new(b"small"));
+    let texts = FakeProcs::default();
+    let mut members = BTreeMap::new();
+    for (i, t) in long.iter().enumerate() {
+        let id = id(100 + i as u32, 1);
+        texts.0.lock().unwrap().insert(id.pid, t.as_bytes().to_vec());
+        members.entry(big).or_insert_with(Vec::new).push(ProcState { id, euid: 1000, comm: big });
+    }
+    for pid in 900..903 {
+        texts.0.lock().unwrap().insert(pid, b"small --plain".to_vec());
+        members.entry(small).or_insert_with(Vec::new).push(ProcState { id: id(pid, 1), euid: 1000, comm: small });
+    }
+    let view = AccountView { counts: vec![(big, 40), (small, 3)], members };
+    // `big` was flagged first: before this change its 40 long reads came first every tick.
+    let clocks = FlagClocks::from([(big, 1.0), (small, 2.0)]);
+    let cfg = config(&["keep"]);
+    let mut procs = Timed { texts, slow: HashSet::new(), per_long: Duration::from_millis(20), reads: Vec::new() };
+    let mut cache = VerdictCache::default();
+    let mut c = Scripted::default();
+    let mut long_read = HashSet::new();
+    for tick in 0..12 {
+        procs.reads.clear();
+        let now = Instant::now();
+        let until = now + Duration::from_millis(100);
+        let mut r = CmdlineReader::new(&mut procs, Pool::new(HELD_CMDLINE_BYTES), until, Duration::from_millis(50));
+        let ask = Ask { view: &view, config: &cfg, clocks: &clocks, matcher_ok: true, deadline: now + Duration::from_secs(5) };
+        let (v, _) = verdicts(&mut cache, &mut r, &mut c, ask);
+        long_read.extend(procs.reads.iter().copied().filter(|p| *p < 900));
+        if tick == 0 {
+            // Nothing was known yet: `big`, flagged first, went first and used the reading time.
+            continue;
+        }
+        assert_eq!(&procs.reads[..3], [900, 901, 902], "tick {tick}: the short ones first: {:?}", procs.reads);
+        for pid in 900..903 {
+            assert_eq!(v[&id(pid, 1)], CmdVerdict::End, "tick {tick}");
+        }
+    }
+    assert_eq!(long_read.len(), 40, "every long one had its turn: {long_read:?}");
+}
+
 /// With no pattern nothing can protect a process, so no command line is read at all: a slow or
 /// huge one costs nothing and protects nothing.
 #[test]
@@ -366,7 +422,7 @@ fn without_patterns_no_command_line_is_read() {
     let members: Vec<(ProcId, &str)> = (1..=3).map(|i| (id(i, 1), "w")).collect();
     let (view, texts) = world("w", &members);
     texts.0.lock().unwrap().remove(&3);
-    let mut procs = Timed { texts, slow: HashSet::from([1, 2]), reads: Vec::new() };
+    let mut procs = Timed { texts, slow: HashSet::from([1, 2]), per_long: Duration::ZERO, reads: Vec::new() };
     let (v, work) = run(&mut VerdictCache::default(), &mut procs, &mut Scripted::default(), &view, &config(&[]));
     assert!(procs.reads.is_empty());
     assert_eq!((v[&id(1, 1)], v[&id(2, 1)], v[&id(3, 1)]), (CmdVerdict::End, CmdVerdict::End, CmdVerdict::Gone));

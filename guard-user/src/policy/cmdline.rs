@@ -31,22 +31,47 @@ pub struct Waiting {
     pub since: u64,
 }
 
+/// Command lines at most this long are cheap to read and to match: nearly every real one (a
+/// shell's, an editor's, a build's) is. Longer ones, and texts on which a pattern overran, are
+/// read after every cheap one.
+pub const CHEAP_BYTES: usize = 4096;
+
+/// What is known of the cost of a process's command line (see [`reading_order`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// Never read.
+    Unknown,
+    /// At most [`CHEAP_BYTES`] when last read, and no pattern overran on it.
+    Cheap,
+    /// Longer, or a text a pattern overran on and that is not settled yet.
+    Costly,
+}
+
 /// The processes whose command lines a tick reads, in order: every member of a name at or over
 /// the threshold (and every extra process the tick added to the view, e.g. a session's
 /// leftovers due for a step) whose name `excludes` does not list, since an excluded name is never
 /// ended and its command lines decide nothing. In order:
-/// 1. the processes the last tick did not reach ([`Deferred::NotReached`]), those waiting longest
-///    first: a queue, so however many there are, a process waits at most as many ticks as it
-///    takes to read the ones ahead of it;
-/// 2. then, name by name, the name flagged longest first (the one due, or nearest to it, is
-///    decided first if time runs out), names not flagged yet last, ties in name order; each
-///    name's processes in the view's order (by pid);
+/// 1. the cheap ones: processes whose command line was at most [`CHEAP_BYTES`] when last read
+///    and whose text no pattern overran on (`cost` says; one never read is cheap unless a
+///    member of its name is costly: forks share their argv, so new forks of a name of long
+///    command lines cannot go first by being new). The account can make a command line 1 MiB long, slow to read and slow
+///    to match, but not for a process it does not own: with its long ones read after every
+///    short one, a name of ordinary command lines is read, matched and decided every tick,
+///    however many long ones wait (a loaded host reads few of them per tick);
+/// 2. then the costly ones, the same way;
 /// 3. last, the processes whose read overran its share at the last tick ([`Deferred::Slow`]).
+///
+/// Within 1 and 2: first the processes the last tick did not reach ([`Deferred::NotReached`]),
+/// those waiting longest first: a queue, so however many there are, a process waits at most as
+/// many ticks as it takes to read the ones ahead of it; then, name by name, the name flagged
+/// longest first (the one due, or nearest to it, is decided first if time runs out), names not
+/// flagged yet last, ties in name order; each name's processes in the view's order (by pid).
 pub fn reading_order<'a>(
     view: &'a AccountView,
     config: &Config,
     clocks: &FlagClocks,
     deferred: &HashMap<ProcId, Waiting>,
+    cost: impl Fn(ProcId) -> Cost,
 ) -> Vec<&'a ProcState> {
     let mut names: Vec<_> = view.members.iter().filter(|(name, _)| !config.is_excluded(name)).collect();
     // The sort is stable: the map's name order stays among equal flag times.
@@ -54,14 +79,22 @@ pub fn reading_order<'a>(
         let at = |n| clocks.get(n).copied().unwrap_or(f64::INFINITY);
         at(*a).total_cmp(&at(*b))
     });
-    let rank = |p: &ProcState| match deferred.get(&p.id) {
-        Some(Waiting { why: Deferred::NotReached, since }) => (0, *since),
-        None => (1, 0),
-        Some(Waiting { why: Deferred::Slow, .. }) => (2, 0),
+    let mut order: Vec<(&ProcState, bool)> = Vec::new();
+    for (_, members) in names {
+        let costs: Vec<Cost> = members.iter().map(|p| cost(p.id)).collect();
+        let name_costly = costs.contains(&Cost::Costly);
+        for (p, c) in members.iter().zip(costs) {
+            order.push((p, c == Cost::Costly || (c == Cost::Unknown && name_costly)));
+        }
+    }
+    let rank = |(p, costly): &(&ProcState, bool)| match deferred.get(&p.id) {
+        Some(Waiting { why: Deferred::Slow, .. }) => (2, 0, 0),
+        Some(Waiting { why: Deferred::NotReached, since }) => (u8::from(*costly), 0, *since),
+        None => (u8::from(*costly), 1, 0),
     };
-    let mut order: Vec<&ProcState> = names.into_iter().flat_map(|(_, members)| members).collect();
-    order.sort_by_key(|p| rank(p));
-    order
+    // Stable: equal ranks keep the names' order.
+    order.sort_by_key(rank);
+    order.into_iter().map(|(p, _)| p).collect()
 }
 
 /// Whether a process's verdict needs its command line at all: with no pattern nothing can
@@ -141,7 +174,7 @@ mod tests {
         let config = Config::defaults(std::path::Path::new("/home/x"));
         assert!(config.is_excluded(&Comm::new(b"bash")));
         let v = view(&procs);
-        let order = reading_order(&v, &config, &clocks, &HashMap::new());
+        let order = reading_order(&v, &config, &clocks, &HashMap::new(), |_| Cost::Cheap);
         assert_eq!(pids(&order), [3, 2, 1, 5], "cc (flagged first), bb, then aa not flagged yet; bash never");
     }
 
@@ -155,7 +188,7 @@ mod tests {
                 .into_iter()
                 .collect();
         let v = view(&procs);
-        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred);
+        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred, |_| Cost::Cheap);
         assert_eq!(pids(&order), [4, 2, 3, 1]);
         // Among the ones left unread, the longest waiting first, whatever their names' flags.
         let deferred: HashMap<ProcId, Waiting> = [
@@ -165,8 +198,38 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred);
+        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred, |_| Cost::Cheap);
         assert_eq!(pids(&order), [3, 4, 1, 2]);
+    }
+
+    #[test]
+    fn every_cheap_command_line_is_read_before_any_costly_one_and_a_slow_one_last() {
+        // 1–4 of a name flagged long ago whose command lines were long (costly) when last read,
+        // 5 and 6 of a name flagged last with short ones; 2 and 6 were not reached last tick, 3
+        // overran its share.
+        let procs = [proc(1, "big"), proc(2, "big"), proc(3, "big"), proc(4, "big"), proc(5, "new"), proc(6, "new")];
+        let clocks: FlagClocks = [(Comm::new(b"big"), 1.0), (Comm::new(b"new"), 50.0)].into_iter().collect();
+        let wait = |why, since| Waiting { why, since };
+        let deferred: HashMap<ProcId, Waiting> = [
+            (procs[1].id, wait(Deferred::NotReached, 4)),
+            (procs[2].id, wait(Deferred::Slow, 4)),
+            (procs[5].id, wait(Deferred::NotReached, 9)),
+        ]
+        .into_iter()
+        .collect();
+        let costly = |id: ProcId| if id.pid <= 4 { Cost::Costly } else { Cost::Cheap };
+        let v = view(&procs);
+        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred, costly);
+        assert_eq!(pids(&order), [6, 5, 2, 1, 4, 3], "cheap (waiting, then by flag), costly, slow");
+        // A process never read is cheap, unless its name has a costly member: a new fork of a
+        // name of long command lines does not go first.
+        let cost = |id: ProcId| match id.pid {
+            1 => Cost::Costly,
+            2 | 5 => Cost::Unknown,
+            _ => Cost::Cheap,
+        };
+        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &HashMap::new(), cost);
+        assert_eq!(pids(&order), [3, 4, 5, 6, 1, 2]);
     }
 
     #[test]
