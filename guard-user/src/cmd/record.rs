@@ -84,34 +84,27 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
             let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), src.wait()).await;
             batch.clear();
             EventSource::drain(&mut src, usize::MAX, &mut batch);
-            for e in &batch {
-                let Some(state) = e.state() else {
-                    if mine.remove(&e.id().pid) {
-                        trace.records.push((t(), Record::Event { event: *e, lost: false }));
-                    }
-                    continue;
-                };
-                if state.euid != uid && !mine.contains(&state.id.pid) {
-                    continue;
-                }
-                trace.records.push((t(), Record::Event { event: *e, lost: false }));
-                if state.euid == uid {
-                    mine.insert(state.id.pid);
-                }
-                if matches!(e, Event::State { kind: StateKind::Exec, .. } | Event::Fork { .. }) {
-                    if let Some(text) = texts.read(state.id.pid).filter(|t| !t.is_empty()) {
-                        trace.records.push((t(), Record::Cmdline { pid: state.id.pid, text }));
-                    }
-                }
-            }
+            let now = t();
+            record_batch(&batch, now, uid, &mut mine, &mut texts, &mut trace);
             let lost_now = src.lost();
             if lost_now > lost_seen {
                 let at = t();
                 trace.records.push((at, Record::Lost(lost_now - lost_seen)));
                 lost_seen = lost_now;
                 // What the lost events did is unknown: from here on the truth is a fresh scan,
-                // which a replay's rebuild reads (as the daemon's reads /proc). It carries the
-                // loss's time, so the replay has it by the time the loss starts the rebuild.
+                // which a replay's rebuild reads (as the daemon's reads /proc). What the ring
+                // still holds happened before the scan, so it goes before it (a fork queued
+                // there whose exit was lost would otherwise come after the scan and live on in
+                // the truth), as the daemon applies what is queued before its scan starts. They
+                // carry the loss's time, so the replay has them by the time the loss starts
+                // the rebuild.
+                for _ in 0..64 {
+                    batch.clear();
+                    if EventSource::drain(&mut src, usize::MAX, &mut batch) == 0 {
+                        break;
+                    }
+                    record_batch(&batch, at, uid, &mut mine, &mut texts, &mut trace);
+                }
                 if let Ok(scan) = account_scan(uid) {
                     mine = scan.iter().map(|p| p.id.pid).collect();
                     let parents = parents_of(&scan);
@@ -158,6 +151,38 @@ pub fn main(args: RecordArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(&args.out, out).with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("guard-user record: {} records in {}", trace.records.len(), args.out.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Records one drained batch at `at`: the account's events (and every event of a process that
+/// was the account's), and the command line of each exec and fork.
+fn record_batch(
+    batch: &[crate::event::Event],
+    at: f64,
+    uid: u32,
+    mine: &mut HashSet<u32>,
+    texts: &mut Texts,
+    trace: &mut Trace,
+) {
+    for e in batch {
+        let Some(state) = e.state() else {
+            if mine.remove(&e.id().pid) {
+                trace.records.push((at, Record::Event { event: *e, lost: false }));
+            }
+            continue;
+        };
+        if state.euid != uid && !mine.contains(&state.id.pid) {
+            continue;
+        }
+        trace.records.push((at, Record::Event { event: *e, lost: false }));
+        if state.euid == uid {
+            mine.insert(state.id.pid);
+        }
+        if matches!(e, Event::State { kind: StateKind::Exec, .. } | Event::Fork { .. }) {
+            if let Some(text) = texts.read(state.id.pid).filter(|t| !t.is_empty()) {
+                trace.records.push((at, Record::Cmdline { pid: state.id.pid, text }));
+            }
+        }
+    }
 }
 
 /// The parent links of scanned processes (what the session lineage adopts them by).

@@ -160,6 +160,9 @@ struct Pump<S: EventSource> {
     snapshots: u64,
     /// Events the test-only fault hook dropped (0 in release builds).
     lost_on_purpose: u64,
+    /// Applying what the source holds before a rebuild's scan ([`Pump::settle_then_scan`]); a
+    /// scan asked for meanwhile is the one about to start.
+    settling: bool,
 }
 
 /// Starts the pump for the table of `account`; it ends when every [`PumpHandle`] is dropped or
@@ -193,6 +196,7 @@ pub fn spawn<S: EventSource>(
         announced: false,
         snapshots: 0,
         lost_on_purpose: 0,
+        settling: false,
     };
     (PumpHandle { tx, wake }, tokio::spawn(pump.run(rx, audit_every)))
 }
@@ -354,6 +358,7 @@ impl<S: EventSource> Pump<S> {
         if let Some(old) = self.scan.take() {
             old.abort();
         }
+        self.rebuild.scan_starting();
         let scanner = self.scanner.clone();
         self.scan = Some(tokio::task::spawn_blocking(move || scanner()));
     }
@@ -379,10 +384,25 @@ impl<S: EventSource> Pump<S> {
             self.stats.lost = lost;
             self.last_lost = lost;
         }
-        if step == Step::Scan {
-            self.start_scan();
+        if step == Step::Scan && !self.settling {
+            self.settle_then_scan();
         }
         n
+    }
+
+    /// Starts a rebuild's scan once what the source already holds is applied: all of it
+    /// happened before the scan starts, so the scan reads what it did, and a fork queued there
+    /// whose exit was lost is not replayed over the scan as a ghost (`daemon::rebuild`).
+    /// Bounded: [`MAX_ROUNDS`] batches, then the scan starts whatever still comes.
+    fn settle_then_scan(&mut self) {
+        self.settling = true;
+        for _ in 0..MAX_ROUNDS {
+            if self.drain_once() < BATCH {
+                break;
+            }
+        }
+        self.settling = false;
+        self.start_scan();
     }
 
     /// Counts a snapshot being answered; the test-only fault hook may hang the pump here.

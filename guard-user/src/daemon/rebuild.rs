@@ -6,7 +6,12 @@
 //! them here. When the scan ends, the recorded events are replayed over the snapshot in order;
 //! because every event carries a full process state keyed by pid + start time (see
 //! [`crate::table`]), the result is exact: nothing born during the scan is missed or counted
-//! twice. Causes: start-up, events the kernel could not deliver, and the periodic audit (which
+//! twice. The pump first applies what the source already holds, then tells the rebuilder the
+//! scan starts ([`Rebuilder::scan_starting`]): what happened before it is what the scan reads, so
+//! of the events recorded until then only the exits are kept for the replay (a process can still
+//! show in /proc a moment after its exit was reported). Replaying a fork from before the scan
+//! would bring back a child the scan rightly left out, when the child's exit was lost: a ghost,
+//! counted until the next audit. Causes: start-up, events the kernel could not deliver, and the periodic audit (which
 //! only logs when the table had drifted).
 //!
 //! A loss also costs the lineage what the lost events said: a fork the kernel could not deliver
@@ -163,6 +168,14 @@ impl Rebuilder {
             return Step::Nothing;
         }
         self.begin(Reason::LostEvents, delta)
+    }
+
+    /// The scan is starting now (the pump applied what its source held first): of the events
+    /// recorded so far only exits are replayed over it (see the module doc).
+    pub fn scan_starting(&mut self) {
+        if let Some(a) = self.active.as_mut() {
+            a.recorded.retain(|e| matches!(e, Event::Exit(_)));
+        }
     }
 
     /// The periodic audit is due.

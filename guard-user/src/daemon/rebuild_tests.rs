@@ -120,3 +120,27 @@ fn a_loss_hands_the_lineage_the_window_its_lost_processes_can_date_from_once() {
     r.on_lost(2);
     assert_eq!(r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![]), SCOPE).adopt_since, Some(0));
 }
+
+/// What the pump applied before the scan started is what the scan reads: a fork from then is
+/// not replayed over it (its child, which the scan left out, had exited, its exit lost), while
+/// an exit from then is (a process can still show a moment after its exit was reported). What
+/// comes after the start is replayed whole.
+#[test]
+fn of_what_came_before_the_scan_started_only_exits_are_replayed() {
+    let mut r = Rebuilder::new();
+    r.start_up();
+    r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![st(10, 1, "a")]), SCOPE);
+    assert_eq!(r.on_lost(4), Step::Scan);
+    // Queued before the scan: a storm child whose exit was lost, and 10's exit.
+    r.on_events(&[
+        Event::Fork { child: st(20, 7, "storm"), parent_pid: 10 },
+        Event::Exit(ProcId { pid: 10, start_ticks: 1 }),
+    ]);
+    r.scan_starting();
+    // During the scan: 21 is born after the scan passed its pid.
+    r.on_events(&[Event::Fork { child: st(21, 9, "new"), parent_pid: 1 }]);
+    // The scan still saw 10 (exiting), not 20 (gone) nor 21 (too late).
+    let f = r.on_scan(&ProcessTable::new(SCOPE), Ok(vec![st(10, 1, "a"), st(30, 2, "b")]), SCOPE);
+    let t = f.table.unwrap();
+    assert_eq!(t, ProcessTable::from_snapshot(vec![st(21, 9, "new"), st(30, 2, "b")], SCOPE));
+}
