@@ -11,8 +11,8 @@
 //! of the events recorded until then only the exits are kept for the replay (a process can still
 //! show in /proc a moment after its exit was reported). Replaying a fork from before the scan
 //! would bring back a child the scan rightly left out, when the child's exit was lost: a ghost,
-//! counted until the next audit. Causes: start-up, events the kernel could not deliver, and the periodic audit (which
-//! only logs when the table had drifted).
+//! counted until the next audit. Causes: start-up, events the kernel could not deliver, and the
+//! periodic audit (which only logs when the table had drifted).
 //!
 //! A loss also costs the lineage what the lost events said: a fork the kernel could not deliver
 //! leaves its child, and every process that child forks, outside its session, though the table

@@ -54,10 +54,10 @@ pub enum Cost {
 /// 1. the cheap ones: processes whose command line was at most [`CHEAP_BYTES`] when last read
 ///    and whose text no pattern overran on (`cost` says; one never read is cheap unless a
 ///    member of its name is costly: forks share their argv, so new forks of a name of long
-///    command lines cannot go first by being new). The account can make a command line 1 MiB long, slow to read and slow
-///    to match, but not for a process it does not own: with its long ones read after every
-///    short one, a name of ordinary command lines is read, matched and decided every tick,
-///    however many long ones wait (a loaded host reads few of them per tick);
+///    command lines cannot go first by being new). The account can make a command line 1 MiB
+///    long, slow to read and slow to match, but not for a process it does not own: with its long
+///    ones read after every short one, a name of ordinary command lines is read, matched and
+///    decided every tick, however many long ones wait (a loaded host reads few of them per tick);
 /// 2. then the costly ones, the same way;
 /// 3. last, the processes whose read overran its share at the last tick ([`Deferred::Slow`]).
 ///
@@ -219,7 +219,8 @@ mod tests {
         .collect();
         let costly = |id: ProcId| if id.pid <= 4 { Cost::Costly } else { Cost::Cheap };
         let v = view(&procs);
-        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &deferred, costly);
+        let config = Config::defaults(std::path::Path::new("/h"));
+        let order = reading_order(&v, &config, &clocks, &deferred, costly);
         assert_eq!(pids(&order), [6, 5, 2, 1, 4, 3], "cheap (waiting, then by flag), costly, slow");
         // A process never read is cheap, unless its name has a costly member: a new fork of a
         // name of long command lines does not go first.
@@ -228,7 +229,7 @@ mod tests {
             2 | 5 => Cost::Unknown,
             _ => Cost::Cheap,
         };
-        let order = reading_order(&v, &Config::defaults(std::path::Path::new("/h")), &clocks, &HashMap::new(), cost);
+        let order = reading_order(&v, &config, &clocks, &HashMap::new(), cost);
         assert_eq!(pids(&order), [3, 4, 5, 6, 1, 2]);
     }
 
